@@ -1,0 +1,66 @@
+# Beacon. Two commands a newcomer needs: `make demo` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+TEAM ?= demo
+PY := .venv/bin/python
+STAMP_PY := .venv/.installed
+STAMP_NODE := node_modules/.installed
+INSTALL_LOG := .beacon/install.log
+CDK := JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 npx --no-install cdk
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help install demo test synth lint deploy destroy bench clean
+
+help:
+	@echo "make demo    install what is missing, then run Beacon end to end with no AWS account"
+	@echo "make test    install what is missing, then run every test"
+	@echo "make synth   synthesize all stacks of TEAM=$(TEAM) into cdk.out/ (cdk-nag enforced)"
+	@echo "make lint    ruff and mypy"
+	@echo "make deploy TEAM=<name>   npx cdk deploy --all -c team=<name>"
+	@echo "make destroy TEAM=<name>  npx cdk destroy --all -c team=<name>"
+
+# Reinstalls only when a pin changes; a second run touches no network.
+$(STAMP_PY): requirements.txt requirements-dev.txt training/requirements.txt constraints.txt
+	@mkdir -p .beacon
+	@echo "beacon: installing Python packages into .venv (log: $(INSTALL_LOG))"
+	@test -x $(PY) || python3 -m venv .venv >>$(INSTALL_LOG) 2>&1
+	@$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt >>$(INSTALL_LOG) 2>&1 \
+		|| { echo "beacon: pip install failed; see $(INSTALL_LOG)" >&2; tail -5 $(INSTALL_LOG) >&2; exit 1; }
+	@touch $@
+
+$(STAMP_NODE): package.json package-lock.json
+	@mkdir -p .beacon
+	@echo "beacon: installing the pinned aws-cdk CLI (npm ci)"
+	@npm ci --no-audit --no-fund --loglevel=error >>$(INSTALL_LOG) 2>&1 \
+		|| { echo "beacon: npm ci failed; see $(INSTALL_LOG)" >&2; exit 1; }
+	@touch $@
+
+install: $(STAMP_PY) $(STAMP_NODE)
+
+synth: install
+	@rm -rf cdk.out
+	@$(CDK) synth --all --quiet -c team=$(TEAM)
+	@$(PY) -m stacks.summary cdk.out
+
+demo: install
+	@rm -rf cdk.out
+	@$(CDK) synth --all --quiet -c team=demo
+	@$(PY) -m stacks.summary cdk.out
+
+test: install
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	@$(PY) -m ruff check .
+	@$(PY) -m ruff format --check .
+	@$(PY) -m mypy
+
+deploy: install
+	$(CDK) deploy --all -c team=$(TEAM)
+
+destroy: install
+	$(CDK) destroy --all -c team=$(TEAM)
+
+clean:
+	rm -rf cdk.out .beacon .pytest_cache .mypy_cache .ruff_cache

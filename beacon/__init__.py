@@ -1,0 +1,1 @@
+"""The operator side of Beacon: reads synthesized templates and the shared contract."""

@@ -1,0 +1,129 @@
+"""Provision, in an embedded AWS (moto server), what a training job touches, from the templates.
+
+moto's CloudFormation lacks BucketPolicy, Alarm and EKS types, so Beacon creates these resources
+through the service APIs, with the policy documents taken from the synthesized template.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from beacon.templates import Resolver, Template, TemplateError
+
+# Bucket-policy statements moto cannot evaluate faithfully. The template tests assert them.
+# - aws:SecureTransport: the embedded server speaks plain HTTP, so it would deny everything.
+# - s3:if-none-match: moto never fills this key; it honours the header itself (412 on a second create).
+UNEVALUABLE_CONDITION_KEYS = ("aws:SecureTransport", "s3:if-none-match")
+
+
+@dataclass
+class ArtifactStoreHandles:
+    bucket: str
+    key_arn: str
+    writer_role_arn: str
+    reader_role_arn: str
+    skipped_statements: list[str] = field(default_factory=list)
+
+
+def _moto_actions(document: dict[str, Any]) -> dict[str, Any]:
+    """moto authorizes CloudWatch calls as ``monitoring:*`` (the endpoint prefix), not ``cloudwatch:*``."""
+    for statement in document["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        aliases = [f"monitoring:{a.split(':', 1)[1]}" for a in actions if a.startswith("cloudwatch:")]
+        statement["Action"] = actions + aliases
+    return document
+
+
+def _condition_keys(statement: dict[str, Any]) -> set[str]:
+    return {key for operator in statement.get("Condition", {}).values() for key in operator}
+
+
+def _policy_for_role(template: Template, role_id: str) -> dict[str, Any]:
+    for policy in template.of_type("AWS::IAM::Policy").values():
+        if {"Ref": role_id} in policy["Properties"]["Roles"]:
+            return dict(policy["Properties"])
+    raise TemplateError(f"{template.name}: no AWS::IAM::Policy attached to {role_id}")
+
+
+def provision_artifact_store(
+    template: Template,
+    *,
+    s3: Any,
+    kms: Any,
+    iam: Any,
+    account: str,
+    region: str,
+    bucket_name: str,
+    trusted_principal_arn: str,
+) -> ArtifactStoreHandles:
+    """Create the bucket, key and roles of the artifacts template.
+
+    No service assumes roles in the embedded AWS, and moto matches trust principals literally, so
+    ``trusted_principal_arn`` (the operator that acts as the job) joins each of the template's
+    trust statements beside its service principal.
+    """
+    bucket_id, _ = template.one_of_type("AWS::S3::Bucket", logical_id_prefix="ArtifactStoreBucket")
+    key_id, _ = template.one_of_type("AWS::KMS::Key")
+    key = kms.create_key(Description="beacon artifact store")["KeyMetadata"]
+    role_ids = {
+        "writer": template.one_of_type("AWS::IAM::Role", logical_id_prefix="ArtifactStoreWriterRole")[0],
+        "reader": template.one_of_type("AWS::IAM::Role", logical_id_prefix="ArtifactStoreReaderRole")[0],
+    }
+    role_names = {logical_id: f"beacon-{kind}-{bucket_name}"[:64] for kind, logical_id in role_ids.items()}
+
+    def attributes(logical_id: str, attribute: str | None) -> str:
+        if logical_id == bucket_id:
+            return f"arn:aws:s3:::{bucket_name}" if attribute == "Arn" else bucket_name
+        if logical_id == key_id:
+            return str(key["Arn"] if attribute == "Arn" else key["KeyId"])
+        if logical_id in role_names:
+            name = role_names[logical_id]
+            return f"arn:aws:iam::{account}:role/{name}" if attribute == "Arn" else name
+        raise TemplateError(f"{template.name}: cannot resolve {logical_id}.{attribute} in the embedded AWS")
+
+    resolver = Resolver(account=account, region=region, attributes=attributes)
+
+    s3.create_bucket(Bucket=bucket_name)
+    s3.put_bucket_versioning(Bucket=bucket_name, VersioningConfiguration={"Status": "Enabled"})
+    s3.put_bucket_encryption(
+        Bucket=bucket_name,
+        ServerSideEncryptionConfiguration={
+            "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key["Arn"]}}]
+        },
+    )
+
+    for logical_id, name in role_names.items():
+        role = template.resources[logical_id]["Properties"]
+        trust = resolver.resolve(role["AssumeRolePolicyDocument"])
+        for statement in trust["Statement"]:
+            statement["Principal"] = {**statement["Principal"], "AWS": trusted_principal_arn}
+        iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))
+        policy = _policy_for_role(template, logical_id)
+        iam.put_role_policy(
+            RoleName=name,
+            PolicyName=policy["PolicyName"],
+            PolicyDocument=json.dumps(_moto_actions(resolver.resolve(policy["PolicyDocument"]))),
+        )
+
+    skipped = []
+    for policy in template.of_type("AWS::S3::BucketPolicy").values():
+        if policy["Properties"]["Bucket"] != {"Ref": bucket_id}:
+            continue
+        document = resolver.resolve(policy["Properties"]["PolicyDocument"])
+        kept = []
+        for statement in document["Statement"]:
+            if _condition_keys(statement) & set(UNEVALUABLE_CONDITION_KEYS):
+                skipped.append(statement.get("Sid") or "+".join(sorted(_condition_keys(statement))))
+            else:
+                kept.append(statement)
+        s3.put_bucket_policy(Bucket=bucket_name, Policy=json.dumps({**document, "Statement": kept}))
+
+    return ArtifactStoreHandles(
+        bucket=bucket_name,
+        key_arn=str(key["Arn"]),
+        writer_role_arn=attributes(role_ids["writer"], "Arn"),
+        reader_role_arn=attributes(role_ids["reader"], "Arn"),
+        skipped_statements=skipped,
+    )

@@ -1,0 +1,199 @@
+"""The artifact store: a versioned, KMS-encrypted bucket and the roles that may use it."""
+
+from __future__ import annotations
+
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from beacon_constructs.nag import acknowledge
+from beacon_constructs.tagging import tag_component
+from training import contract
+
+WRITER_OBJECT_ACTIONS = ("s3:PutObject", "s3:GetObject")
+READER_OBJECT_ACTIONS = ("s3:GetObject", "s3:GetObjectVersion")
+DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion")
+
+
+class ArtifactStore(Construct):
+    """Bucket, access-log bucket, KMS key, a least-privilege writer and a read-only reader.
+
+    The writer is the training job's identity (EKS Pod Identity or SageMaker). It may create
+    and read objects under ``experiments/`` only, never delete, and never overwrite history:
+    the bucket policy refuses any write to an append-only prefix that is not a conditional create.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        noncurrent_version_retention: Duration,
+        abort_incomplete_multipart_after: Duration,
+        metric_namespace: str,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        tag_component(self, "artifact-store")
+
+        self.key = kms.Key(
+            self,
+            "Key",
+            description="Beacon artifact store: training records, checkpoints and event files",
+            enable_key_rotation=True,
+            removal_policy=removal_policy,
+        )
+        self.logs_bucket = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,  # log delivery supports SSE-S3 only
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            enforce_ssl=True,
+            versioned=True,
+            removal_policy=removal_policy,
+        )
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            versioned=True,
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=self.key,
+            bucket_key_enabled=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            enforce_ssl=True,
+            server_access_logs_bucket=self.logs_bucket,
+            server_access_logs_prefix="artifacts/",
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-noncurrent-versions",
+                    noncurrent_version_expiration=noncurrent_version_retention,
+                    abort_incomplete_multipart_upload_after=abort_incomplete_multipart_after,
+                )
+            ],
+            removal_policy=removal_policy,
+        )
+        self._deny_overwriting_history()
+
+        self.writer_role = iam.Role(
+            self,
+            "WriterRole",
+            description="Beacon training jobs: write records and checkpoints under experiments/",
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            max_session_duration=Duration.hours(12),
+        )
+        # EKS Pod Identity needs TagSession as well as AssumeRole.
+        self.writer_role.assume_role_policy.add_statements(  # type: ignore[union-attr]
+            iam.PolicyStatement(
+                actions=["sts:AssumeRole", "sts:TagSession"],
+                principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")],
+            )
+        )
+        self.writer_policy = iam.Policy(
+            self,
+            "WriterPolicy",
+            roles=[self.writer_role],
+            statements=[
+                iam.PolicyStatement(
+                    sid="ReadWriteExperiments",
+                    actions=list(WRITER_OBJECT_ACTIONS),
+                    resources=[self.experiments_arn],
+                ),
+                self._list_experiments_statement("ListExperiments"),
+                self._key_via_s3_statement("UseKeyViaS3", ["kms:GenerateDataKey", "kms:Decrypt"]),
+                iam.PolicyStatement(
+                    sid="PutBeaconMetrics",
+                    actions=["cloudwatch:PutMetricData"],
+                    resources=["*"],  # PutMetricData has no resource type; the namespace scopes it
+                    conditions={"StringEquals": {"cloudwatch:namespace": metric_namespace}},
+                ),
+            ],
+        )
+        # Belt and braces: even a later, broader grant cannot make the writer delete history.
+        self.bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="WriterNeverDeletes",
+                effect=iam.Effect.DENY,
+                actions=list(DELETE_ACTIONS),
+                principals=[iam.ArnPrincipal(self.writer_role.role_arn)],
+                resources=[self.bucket.arn_for_objects("*")],
+            )
+        )
+
+        self.reader_role = iam.Role(
+            self,
+            "ReaderRole",
+            description="People and dashboards: read and list Beacon artifacts",
+            assumed_by=iam.AccountRootPrincipal(),
+        )
+        self.reader_policy = iam.Policy(
+            self,
+            "ReaderPolicy",
+            roles=[self.reader_role],
+            statements=[
+                iam.PolicyStatement(
+                    sid="ReadExperiments",
+                    actions=list(READER_OBJECT_ACTIONS),
+                    resources=[self.experiments_arn],
+                ),
+                self._list_experiments_statement("ListExperiments", versions=True),
+                self._key_via_s3_statement("DecryptViaS3", ["kms:Decrypt"]),
+            ],
+        )
+
+        self._acknowledge_findings()
+
+    @property
+    def experiments_arn(self) -> str:
+        return self.bucket.arn_for_objects(f"{contract.EXPERIMENTS_PREFIX}*")
+
+    def _list_experiments_statement(self, sid: str, *, versions: bool = False) -> iam.PolicyStatement:
+        actions = ["s3:ListBucket"] + (["s3:ListBucketVersions"] if versions else [])
+        return iam.PolicyStatement(
+            sid=sid,
+            actions=actions,
+            resources=[self.bucket.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [contract.EXPERIMENTS_PREFIX, f"{contract.EXPERIMENTS_PREFIX}*"]}},
+        )
+
+    def _key_via_s3_statement(self, sid: str, actions: list[str]) -> iam.PolicyStatement:
+        return iam.PolicyStatement(
+            sid=sid,
+            actions=actions,
+            resources=[self.key.key_arn],
+            conditions={"StringEquals": {"kms:ViaService": f"s3.{Aws.REGION}.amazonaws.com"}},
+        )
+
+    def _acknowledge_findings(self) -> None:
+        bucket_id = Stack.of(self).resolve(Stack.of(self).get_logical_id(self.bucket.node.default_child))  # type: ignore[arg-type]
+        prefix_finding = f"IAM5[Resource::<{bucket_id}.Arn>/{contract.EXPERIMENTS_PREFIX}*]"
+        for policy in (self.writer_policy, self.reader_policy):
+            acknowledge(
+                policy,
+                prefix_finding,
+                "Runs create keys at run time; the grant is limited to the experiments/ prefix of this bucket.",
+            )
+        acknowledge(
+            self.writer_policy,
+            "IAM5[Resource::*]",
+            "cloudwatch:PutMetricData has no resource type; the cloudwatch:namespace condition limits it to Beacon.",
+        )
+
+    def _deny_overwriting_history(self) -> None:
+        # Multipart parts carry no conditional header; ObjectCreationOperation exempts them.
+        self.bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="HistoryIsCreateOnly",
+                effect=iam.Effect.DENY,
+                actions=["s3:PutObject"],
+                principals=[iam.AnyPrincipal()],
+                resources=[self.bucket.arn_for_objects(p) for p in contract.append_only_resource_patterns()],
+                conditions={
+                    "StringNotEquals": {"s3:if-none-match": "*"},
+                    "Bool": {"s3:ObjectCreationOperation": "true"},
+                },
+            )
+        )

@@ -1,0 +1,1 @@
+"""What runs in the training image. Imports nothing of Beacon's outside this package."""

@@ -1,0 +1,128 @@
+"""The contract every room shares: S3 key layout and CloudWatch metrics.
+
+The monitoring stack, the job and the operator CLI import these names; none of them
+writes a metric name, a dimension or a key format as a literal of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+# --- S3 layout -------------------------------------------------------------------------
+EXPERIMENTS_PREFIX = "experiments/"
+EVENTS = "events"
+CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tensorboard"
+PREFLIGHT = "preflight"
+# History that must never be overwritten: create-only writes (If-None-Match: *).
+APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD)
+
+# S3-safe and Kubernetes-label-safe identifiers.
+ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def validate_id(kind: str, value: str) -> str:
+    if not ID_PATTERN.match(value):
+        raise ValueError(f"{kind} {value!r} must be 1-63 of a-z, 0-9 and '-', starting with a letter or digit")
+    return value
+
+
+def run_prefix(experiment: str, run: str) -> str:
+    return f"{EXPERIMENTS_PREFIX}{experiment}/{run}/"
+
+
+def events_key(experiment: str, run: str, chunk: int) -> str:
+    return f"{run_prefix(experiment, run)}{EVENTS}/chunk-{chunk:08d}.jsonl"
+
+
+def tensorboard_key(experiment: str, run: str, file_name: str) -> str:
+    return f"{run_prefix(experiment, run)}{TENSORBOARD}/{file_name}"
+
+
+def checkpoint_key(experiment: str, run: str, step: int) -> str:
+    return f"{run_prefix(experiment, run)}{CHECKPOINTS}/step-{step:08d}.pt"
+
+
+def preflight_key(experiment: str, run: str, probe: str) -> str:
+    return f"{run_prefix(experiment, run)}{PREFLIGHT}/{probe}"
+
+
+def append_only_resource_patterns() -> list[str]:
+    """Key patterns (IAM wildcards) under which history is create-only."""
+    return [f"{EXPERIMENTS_PREFIX}*/*/{kind}/*" for kind in APPEND_ONLY_KINDS]
+
+
+# --- CloudWatch ------------------------------------------------------------------------
+NAMESPACE = "Beacon"
+
+
+class Dim(StrEnum):
+    TEAM = "Team"
+    EXPERIMENT = "Experiment"
+    RUN = "Run"
+
+
+class Unit(StrEnum):
+    NONE = "None"
+    COUNT = "Count"
+    SECONDS = "Seconds"
+    MILLISECONDS = "Milliseconds"
+    COUNT_PER_SECOND = "Count/Second"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: Unit
+    high_resolution: bool = False
+
+    @property
+    def storage_resolution(self) -> int:
+        return 1 if self.high_resolution else 60
+
+
+LOSS = Metric("Loss", Unit.NONE)
+STEP = Metric("Step", Unit.COUNT)
+STEPS_PER_SECOND = Metric("StepsPerSecond", Unit.COUNT_PER_SECOND)
+# Sent by a thread independent of the loop; high resolution so the alarm can use 30 s periods.
+HEARTBEAT = Metric("Heartbeat", Unit.COUNT, high_resolution=True)
+# Seconds since the loop last finished a step, minus time spent inside a checkpoint.
+PROGRESS_AGE = Metric("ProgressAge", Unit.SECONDS, high_resolution=True)
+UPLOAD_LATENCY = Metric("UploadLatency", Unit.MILLISECONDS)
+UPLOAD_FAILURES = Metric("UploadFailures", Unit.COUNT)
+SPOOL_BACKLOG = Metric("SpoolBacklog", Unit.COUNT)
+CHECKPOINT_SECONDS = Metric("CheckpointSeconds", Unit.SECONDS)
+
+JOB_METRICS = (
+    LOSS,
+    STEP,
+    STEPS_PER_SECOND,
+    HEARTBEAT,
+    PROGRESS_AGE,
+    UPLOAD_LATENCY,
+    UPLOAD_FAILURES,
+    SPOOL_BACKLOG,
+    CHECKPOINT_SECONDS,
+)
+# Per-run metrics carry all three; team roll-ups (for team alarms) carry Team only.
+RUN_DIMENSIONS = (Dim.TEAM, Dim.EXPERIMENT, Dim.RUN)
+TEAM_DIMENSIONS = (Dim.TEAM,)
+# Delivery signals are also sent rolled up per team, so one team alarm covers every run.
+TEAM_ROLLUP_METRICS = (UPLOAD_FAILURES, SPOOL_BACKLOG)
+
+
+def run_dimensions(team: str, experiment: str, run: str) -> dict[str, str]:
+    return {Dim.TEAM.value: team, Dim.EXPERIMENT.value: experiment, Dim.RUN.value: run}
+
+
+def team_dimensions(team: str) -> dict[str, str]:
+    return {Dim.TEAM.value: team}
+
+
+# Container Insights (the CloudWatch Observability add-on) publishes these.
+CONTAINER_INSIGHTS_NAMESPACE = "ContainerInsights"
+CONTAINER_RESTARTS = "pod_number_of_container_restarts"
+GPU_UTILIZATION = "node_gpu_utilization"
+TRAINING_NAMESPACE = "training"
