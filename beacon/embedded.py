@@ -28,11 +28,18 @@ class ArtifactStoreHandles:
 
 
 def _moto_actions(document: dict[str, Any]) -> dict[str, Any]:
-    """moto authorizes CloudWatch calls as ``monitoring:*`` (the endpoint prefix), not ``cloudwatch:*``."""
+    """Rewrite an identity policy into what moto can authorize, keeping its actions.
+
+    - moto authorizes CloudWatch calls as ``monitoring:*`` (the endpoint prefix), not ``cloudwatch:*``.
+    - moto checks every service but S3 against the resource ``*``, so a scoped resource would never
+      match; such statements are widened to ``*``. The template tests assert the real scoping.
+    """
     for statement in document["Statement"]:
         actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
         aliases = [f"monitoring:{a.split(':', 1)[1]}" for a in actions if a.startswith("cloudwatch:")]
         statement["Action"] = actions + aliases
+        if not any(a.startswith("s3:") for a in actions):
+            statement["Resource"] = "*"
     return document
 
 
@@ -126,4 +133,54 @@ def provision_artifact_store(
         writer_role_arn=attributes(role_ids["writer"], "Arn"),
         reader_role_arn=attributes(role_ids["reader"], "Arn"),
         skipped_statements=skipped,
+    )
+
+
+@dataclass
+class MonitoringHandles:
+    topic_arn: str
+    run_alarm_parameter: str
+    team_alarm_names: list[str]
+
+
+def provision_monitoring(
+    template: Template,
+    *,
+    cloudwatch: Any,
+    ssm: Any,
+    sns: Any,
+    iam: Any,
+    account: str,
+    region: str,
+    writer_role_name: str,
+) -> MonitoringHandles:
+    """Create the alarm topic, the team alarms and the run-alarm template of the monitoring stack,
+    and attach the stack's grant (the job's own run alarms) to the writer role."""
+    topic_id, _ = template.one_of_type("AWS::SNS::Topic")
+    topic_arn = sns.create_topic(Name=f"beacon-alarms-{topic_id[-8:].lower()}")["TopicArn"]
+    parameter_id, parameter = template.one_of_type("AWS::SSM::Parameter")
+
+    def attributes(logical_id: str, attribute: str | None) -> str:
+        if logical_id == topic_id:
+            return str(topic_arn)
+        if logical_id == parameter_id:
+            return str(parameter["Properties"]["Name"])
+        raise TemplateError(f"{template.name}: cannot resolve {logical_id}.{attribute} in the embedded AWS")
+
+    resolver = Resolver(account=account, region=region, attributes=attributes)
+    properties = resolver.resolve(parameter["Properties"])
+    ssm.put_parameter(Name=properties["Name"], Value=properties["Value"], Type="String", Tier=properties["Tier"])
+    names = []
+    for alarm in template.of_type("AWS::CloudWatch::Alarm").values():
+        definition = resolver.resolve(alarm["Properties"])
+        cloudwatch.put_metric_alarm(**definition)
+        names.append(str(definition["AlarmName"]))
+    for policy in template.of_type("AWS::IAM::Policy").values():
+        iam.put_role_policy(
+            RoleName=writer_role_name,
+            PolicyName=policy["Properties"]["PolicyName"],
+            PolicyDocument=json.dumps(_moto_actions(resolver.resolve(policy["Properties"]["PolicyDocument"]))),
+        )
+    return MonitoringHandles(
+        topic_arn=str(topic_arn), run_alarm_parameter=str(properties["Name"]), team_alarm_names=names
     )

@@ -10,15 +10,21 @@ from cdk_nag import AwsSolutionsChecks
 from beacon_constructs.tagging import tag_team
 from config import TeamConfig
 from stacks.artifacts import ArtifactsStack
+from stacks.monitoring import MonitoringStack
 
 
 @dataclass(frozen=True)
 class BeaconStacks:
     artifacts: ArtifactsStack
+    monitoring: MonitoringStack
 
 
 def stack_name(config: TeamConfig, component: str) -> str:
     return f"beacon-{config.team}-{component}"
+
+
+def cluster_name(config: TeamConfig) -> str:
+    return f"beacon-{config.team}"
 
 
 def build_app(app: App, config: TeamConfig) -> BeaconStacks:
@@ -34,4 +40,13 @@ def build_app(app: App, config: TeamConfig) -> BeaconStacks:
         description=f"Beacon {config.team}: artifact store (stateful, retained)",
         termination_protection=config.account is not None,
     )
-    return BeaconStacks(artifacts=artifacts)
+    monitoring = MonitoringStack(
+        app,
+        stack_name(config, "monitoring"),
+        config=config,
+        cluster_name=cluster_name(config),
+        writer_role=artifacts.store.writer_role,
+        env=env,
+        description=f"Beacon {config.team}: alarms, dashboard and alarm topic",
+    )
+    return BeaconStacks(artifacts=artifacts, monitoring=monitoring)

@@ -6,9 +6,12 @@ writes a metric name, a dimension or a key format as a literal of its own.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 # --- S3 layout -------------------------------------------------------------------------
 EXPERIMENTS_PREFIX = "experiments/"
@@ -126,3 +129,69 @@ CONTAINER_INSIGHTS_NAMESPACE = "ContainerInsights"
 CONTAINER_RESTARTS = "pod_number_of_container_restarts"
 GPU_UTILIZATION = "node_gpu_utilization"
 TRAINING_NAMESPACE = "training"
+
+
+# --- Health alarms: periods and budgets -------------------------------------------------
+# A job is silent when its heartbeat stops; stalled when the heartbeat lives but steps do not
+# advance. Per-run alarms exist only while a run does (the job creates them after preflight and
+# deletes them on a clean exit), so an idle team has nothing that can sit in ALARM.
+SILENT_BUDGET_S = 120
+STALLED_BUDGET_S = 180
+HEARTBEAT_PERIOD_S = 30  # high-resolution metrics allow 10, 20 or 30 s periods
+SILENT_EVALUATION_PERIODS = 3  # last beat, then 3 empty periods: ALARM by last beat + 120 s
+STALL_THRESHOLD_S = 90  # ProgressAge above this is not progress (checkpoint time excluded)
+STALLED_EVALUATION_PERIODS = 2  # beat after threshold + 2 periods: ALARM by stall + 165 s
+DELIVERY_PERIOD_S = 60
+DELIVERY_EVALUATION_PERIODS = 3
+DELIVERY_DATAPOINTS_TO_ALARM = 2
+BACKLOG_THRESHOLD_RECORDS = 500
+RESTARTS_PERIOD_S = 60
+
+ALARM_PREFIX = "beacon"
+EXPERIMENT_PLACEHOLDER = "${Experiment}"
+RUN_PLACEHOLDER = "${Run}"
+
+
+class RunAlarm(StrEnum):
+    SILENT = "silent"
+    STALLED = "stalled"
+    METRICS_LOST = "metrics-lost"
+
+
+class TeamAlarm(StrEnum):
+    UPLOAD_FAILURES = "upload-failures"
+    SPOOL_BACKLOG = "spool-backlog"
+    RESTARTS = "restarts"
+
+
+def run_alarm_prefix(team: str) -> str:
+    return f"{ALARM_PREFIX}-{team}-run-"
+
+
+def run_alarm_name(team: str, experiment: str, run: str, kind: RunAlarm) -> str:
+    return f"{run_alarm_prefix(team)}{experiment}-{run}-{kind.value}"
+
+
+def team_alarm_name(team: str, kind: TeamAlarm) -> str:
+    return f"{ALARM_PREFIX}-{team}-{kind.value}"
+
+
+def run_alarm_parameter_name(team: str) -> str:
+    return f"/beacon/{team}/run-alarm-template"
+
+
+def render_run_alarms(template: str, experiment: str, run: str) -> dict[str, Any]:
+    """Fill a run-alarm template (JSON from the monitoring stack) for one run."""
+    validate_id("experiment", experiment)
+    validate_id("run", run)
+    filled = template.replace(EXPERIMENT_PLACEHOLDER, experiment).replace(RUN_PLACEHOLDER, run)
+    return dict(json.loads(filled))
+
+
+def run_alarms_arm_at(first_heartbeat_at: float) -> float:
+    """When a job may create its run alarms: once the period holding its first heartbeat closed.
+
+    The silent alarm treats missing data as breaching; created earlier, it would find only empty
+    periods to evaluate and open in ALARM.
+    """
+    return (math.floor(first_heartbeat_at / HEARTBEAT_PERIOD_S) + 1) * HEARTBEAT_PERIOD_S

@@ -1,0 +1,334 @@
+"""Monitoring: alarms that tell a silent job from a stalled one, a dashboard, and the SNS topic.
+
+Team-wide alarms (delivery, restarts) live in the template. Per-run alarms (silent, stalled and
+the "metrics lost" composite) would sit in ALARM whenever no job runs, so they are not created
+here: the stack publishes their definitions as a template in SSM, and each job instantiates them
+for its run after preflight and deletes them on a clean exit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_ssm as ssm
+from constructs import Construct
+
+from beacon_constructs.nag import acknowledge
+from beacon_constructs.tagging import tag_component
+from training import contract
+from training.contract import Metric, RunAlarm, TeamAlarm
+
+FIRST_CHECKS = (
+    "1. Job status: kubectl -n training get jobs,pods (or the SageMaker job's status): running, restarted, evicted?",
+    "2. Container log, first 20 s: timeouts or 'connection refused' mean the endpoint or network is wrong.",
+    "3. Bucket write permission and volume mount: the preflight record under the run prefix, and the PVC.",
+)
+
+
+def runbook(meaning: str, doctor: str) -> str:
+    return "\n".join([meaning, "First checks:", *FIRST_CHECKS, f"Then run: {doctor}"])
+
+
+def doctor_command(team: str, *, run_scoped: bool) -> str:
+    run = f" --experiment {contract.EXPERIMENT_PLACEHOLDER} --run {contract.RUN_PLACEHOLDER}" if run_scoped else ""
+    return f"beacon doctor --team {team}{run}"
+
+
+class TrainingMonitoring(Construct):
+    """Alarms, dashboard and topic for one team's training jobs."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        team: str,
+        cluster_name: str,
+        alarm_email: str | None,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        tag_component(self, "monitoring")
+        self.team = team
+
+        self.topic_key = kms.Key(self, "TopicKey", description=f"Beacon {team}: alarm topic", enable_key_rotation=True)
+        # CloudWatch publishes to the encrypted topic, so it must be able to use the key.
+        self.topic_key.grant(iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey*")
+        self.topic = sns.Topic(
+            self, "AlarmTopic", display_name=f"Beacon {team} alarms", master_key=self.topic_key, enforce_ssl=True
+        )
+        if alarm_email:
+            self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
+        notify = cw_actions.SnsAction(self.topic)
+
+        self.upload_failures_alarm = self._team_alarm(
+            TeamAlarm.UPLOAD_FAILURES,
+            metric=self._team_metric(contract.UPLOAD_FAILURES, "Sum"),
+            threshold=1,
+            comparison=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            meaning="Uploads to S3 are failing after every retry: records wait in the spool and may be lost "
+            "if the pod's volume goes away. Training itself may be fine.",
+        )
+        self.spool_backlog_alarm = self._team_alarm(
+            TeamAlarm.SPOOL_BACKLOG,
+            metric=self._team_metric(contract.SPOOL_BACKLOG, "Maximum"),
+            threshold=contract.BACKLOG_THRESHOLD_RECORDS,
+            comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            meaning=f"More than {contract.BACKLOG_THRESHOLD_RECORDS} records are not yet acknowledged by S3: "
+            "delivery is slower than training (a far endpoint, throttling, or no route to S3).",
+        )
+        self.restarts_alarm = cw.Alarm(
+            self,
+            "RestartsAlarm",
+            alarm_name=contract.team_alarm_name(team, TeamAlarm.RESTARTS),
+            alarm_description=runbook(
+                f"A container in the '{contract.TRAINING_NAMESPACE}' namespace restarted: the orchestrator is "
+                "restarting a job, which loses its in-memory state and can hide the cause.",
+                doctor_command(team, run_scoped=False),
+            ),
+            metric=cw.Metric(
+                namespace=contract.CONTAINER_INSIGHTS_NAMESPACE,
+                metric_name=contract.CONTAINER_RESTARTS,
+                dimensions_map={"ClusterName": cluster_name, "Namespace": contract.TRAINING_NAMESPACE},
+                statistic="Maximum",
+                period=Duration.seconds(contract.RESTARTS_PERIOD_S),
+            ),
+            threshold=1,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
+        self.restarts_alarm.add_alarm_action(notify)
+        self.restarts_alarm.add_ok_action(notify)
+        self.team_alarms = (self.upload_failures_alarm, self.spool_backlog_alarm, self.restarts_alarm)
+
+        self.run_alarm_template = self._run_alarm_template()
+        self.run_alarm_parameter = ssm.StringParameter(
+            self,
+            "RunAlarmTemplate",
+            parameter_name=contract.run_alarm_parameter_name(team),
+            description="Beacon per-run alarms; each job fills in ${Experiment} and ${Run}",
+            string_value=json.dumps(self.run_alarm_template, sort_keys=True),
+            tier=ssm.ParameterTier.ADVANCED,  # the runbook descriptions exceed the standard 4 KB
+        )
+        self.dashboard = self._dashboard(cluster_name)
+
+    # --- team alarms ------------------------------------------------------------------
+    def _team_metric(self, metric: Metric, statistic: str) -> cw.Metric:
+        return cw.Metric(
+            namespace=contract.NAMESPACE,
+            metric_name=metric.name,
+            dimensions_map=contract.team_dimensions(self.team),
+            statistic=statistic,
+            period=Duration.seconds(contract.DELIVERY_PERIOD_S),
+        )
+
+    def _team_alarm(
+        self, kind: TeamAlarm, *, metric: cw.Metric, threshold: float, comparison: cw.ComparisonOperator, meaning: str
+    ) -> cw.Alarm:
+        # No actions of their own: each run's "metrics lost" composite notifies, once.
+        return cw.Alarm(
+            self,
+            f"{kind.value.title().replace('-', '')}Alarm",
+            alarm_name=contract.team_alarm_name(self.team, kind),
+            alarm_description=runbook(meaning, doctor_command(self.team, run_scoped=False)),
+            metric=metric,
+            threshold=threshold,
+            comparison_operator=comparison,
+            evaluation_periods=contract.DELIVERY_EVALUATION_PERIODS,
+            datapoints_to_alarm=contract.DELIVERY_DATAPOINTS_TO_ALARM,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
+
+    # --- per-run alarms (a template the job instantiates) ------------------------------
+    def _run_alarm_name(self, kind: RunAlarm) -> str:
+        return contract.run_alarm_name(self.team, contract.EXPERIMENT_PLACEHOLDER, contract.RUN_PLACEHOLDER, kind)
+
+    def _run_metric_alarm(self, kind: RunAlarm, metric: Metric, meaning: str, **shape: Any) -> dict[str, Any]:
+        dimensions = contract.run_dimensions(self.team, contract.EXPERIMENT_PLACEHOLDER, contract.RUN_PLACEHOLDER)
+        return {
+            "AlarmName": self._run_alarm_name(kind),
+            "AlarmDescription": runbook(meaning, doctor_command(self.team, run_scoped=True)),
+            "ActionsEnabled": False,  # the composite notifies
+            "Namespace": contract.NAMESPACE,
+            "MetricName": metric.name,
+            "Dimensions": [{"Name": k, "Value": v} for k, v in dimensions.items()],
+            "Period": contract.HEARTBEAT_PERIOD_S,
+            **shape,
+        }
+
+    def _run_alarm_template(self) -> dict[str, Any]:
+        silent = self._run_metric_alarm(
+            RunAlarm.SILENT,
+            contract.HEARTBEAT,
+            f"The job's heartbeat has stopped for {contract.SILENT_BUDGET_S} s: the process is frozen, killed, "
+            "or cannot reach CloudWatch. Its metrics are not arriving.",
+            Statistic="SampleCount",
+            Threshold=1,
+            ComparisonOperator="LessThanThreshold",
+            EvaluationPeriods=contract.SILENT_EVALUATION_PERIODS,
+            DatapointsToAlarm=contract.SILENT_EVALUATION_PERIODS,
+            TreatMissingData="breaching",
+        )
+        stalled = self._run_metric_alarm(
+            RunAlarm.STALLED,
+            contract.PROGRESS_AGE,
+            "The job is alive (heartbeat arrives) but no training step has finished for "
+            f"{contract.STALL_THRESHOLD_S} s outside checkpoints: a hung DataLoader worker, "
+            "a collective waiting on a dead rank, or a deadlock.",
+            Statistic="Maximum",
+            Threshold=contract.STALL_THRESHOLD_S,
+            ComparisonOperator="GreaterThanThreshold",
+            EvaluationPeriods=contract.STALLED_EVALUATION_PERIODS,
+            DatapointsToAlarm=contract.STALLED_EVALUATION_PERIODS,
+            TreatMissingData="notBreaching",  # no heartbeat at all is the silent alarm's case
+        )
+        members = [silent["AlarmName"], stalled["AlarmName"]] + [
+            contract.team_alarm_name(self.team, kind) for kind in (TeamAlarm.UPLOAD_FAILURES, TeamAlarm.SPOOL_BACKLOG)
+        ]
+        composite = {
+            "AlarmName": self._run_alarm_name(RunAlarm.METRICS_LOST),
+            "AlarmDescription": runbook(
+                "This run's metrics are being lost: it is silent, stalled, or cannot deliver to S3.",
+                doctor_command(self.team, run_scoped=True),
+            ),
+            "AlarmRule": " OR ".join(f'ALARM("{name}")' for name in members),
+            "ActionsEnabled": True,
+            "AlarmActions": [self.topic.topic_arn],
+            "OKActions": [self.topic.topic_arn],
+        }
+        return {"metric_alarms": [silent, stalled], "composite_alarm": composite}
+
+    def grant_run_alarms(self, grantee: iam.IRole) -> iam.Policy:
+        """Let a job read the template and create or delete its own run's alarms, and no others."""
+        alarm_arn = Stack.of(self).format_arn(
+            service="cloudwatch",
+            resource="alarm",
+            resource_name=f"{contract.run_alarm_prefix(self.team)}*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        policy = iam.Policy(
+            self,
+            "RunAlarmsPolicy",
+            roles=[grantee],
+            statements=[
+                iam.PolicyStatement(
+                    sid="ManageOwnRunAlarms",
+                    actions=["cloudwatch:PutMetricAlarm", "cloudwatch:PutCompositeAlarm", "cloudwatch:DeleteAlarms"],
+                    resources=[alarm_arn],
+                ),
+                iam.PolicyStatement(
+                    sid="ReadRunAlarmTemplate",
+                    actions=["ssm:GetParameter"],
+                    resources=[self.run_alarm_parameter.parameter_arn],
+                ),
+            ],
+        )
+        acknowledge(
+            policy,
+            f"IAM5[Resource::arn:<AWS::Partition>:cloudwatch:<AWS::Region>:<AWS::AccountId>:alarm:"
+            f"{contract.run_alarm_prefix(self.team)}*]",
+            "Run ids are chosen at job start; the grant is limited to this team's run-alarm name prefix.",
+        )
+        return policy
+
+    # --- dashboard ----------------------------------------------------------------------
+    def _search(self, metric: Metric, statistic: str, period: int, label: str) -> cw.MathExpression:
+        dims = ",".join(d.value for d in contract.RUN_DIMENSIONS)
+        query = (
+            f'SEARCH(\'{{{contract.NAMESPACE},{dims}}} MetricName="{metric.name}" '
+            f"{contract.Dim.TEAM.value}=\"{self.team}\"', '{statistic}', {period})"
+        )
+        return cw.MathExpression(expression=query, label=label, period=Duration.seconds(period))
+
+    def _dashboard(self, cluster_name: str) -> cw.Dashboard:
+        dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=f"beacon-{self.team}")
+        period = contract.HEARTBEAT_PERIOD_S
+        silent_line = cw.HorizontalAnnotation(value=contract.SILENT_BUDGET_S, label="silent: 120 s")
+        stall_line = cw.HorizontalAnnotation(value=contract.STALLED_BUDGET_S, label="stalled: 180 s")
+        stall_threshold = cw.HorizontalAnnotation(value=contract.STALL_THRESHOLD_S, label="stall threshold")
+        insights = {"ClusterName": cluster_name}
+        dashboard.add_widgets(
+            cw.TextWidget(
+                markdown="\n".join(
+                    [
+                        f"# Beacon — {self.team}",
+                        "Metrics missing? Run `" + doctor_command(self.team, run_scoped=False) + " --run <run>`.",
+                        "",
+                        *FIRST_CHECKS,
+                    ]
+                ),
+                width=24,
+                height=4,
+            ),
+            cw.AlarmStatusWidget(alarms=list(self.team_alarms), title="Team alarms", width=24, height=2),
+        )
+        dashboard.add_widgets(
+            cw.GraphWidget(title="Loss per run", left=[self._search(contract.LOSS, "Average", 60, "")], width=12),
+            cw.GraphWidget(
+                title="Steps per second per run",
+                left=[self._search(contract.STEPS_PER_SECOND, "Average", 60, "")],
+                width=12,
+            ),
+        )
+        dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Heartbeats per 30 s (none for 120 s = silent)",
+                left=[self._search(contract.HEARTBEAT, "SampleCount", period, "")],
+                left_annotations=[cw.HorizontalAnnotation(value=1, label="at least one beat")],
+                width=12,
+            ),
+            cw.GraphWidget(
+                title="Progress age, s (checkpoints excluded)",
+                left=[self._search(contract.PROGRESS_AGE, "Maximum", period, "")],
+                left_annotations=[stall_threshold, silent_line, stall_line],
+                width=12,
+            ),
+        )
+        dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Upload latency (ms) and failures",
+                left=[self._search(contract.UPLOAD_LATENCY, "Average", 60, "")],
+                right=[self._search(contract.UPLOAD_FAILURES, "Sum", 60, "")],
+                width=8,
+            ),
+            cw.GraphWidget(
+                title="Spool backlog (records not yet in S3)",
+                left=[self._search(contract.SPOOL_BACKLOG, "Maximum", 60, "")],
+                left_annotations=[cw.HorizontalAnnotation(value=contract.BACKLOG_THRESHOLD_RECORDS, label="alarm")],
+                width=8,
+            ),
+            cw.GraphWidget(
+                title="Checkpoint duration, s",
+                left=[self._search(contract.CHECKPOINT_SECONDS, "Maximum", 60, "")],
+                width=8,
+            ),
+        )
+        dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Container restarts (training namespace)",
+                left=[self.restarts_alarm.metric],
+                width=12,
+            ),
+            cw.GraphWidget(
+                title="GPU utilisation (Container Insights)",
+                left=[
+                    cw.Metric(
+                        namespace=contract.CONTAINER_INSIGHTS_NAMESPACE,
+                        metric_name=contract.GPU_UTILIZATION,
+                        dimensions_map=insights,
+                        statistic="Average",
+                        period=Duration.minutes(1),
+                    )
+                ],
+                width=12,
+            ),
+        )
+        return dashboard

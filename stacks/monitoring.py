@@ -1,0 +1,35 @@
+"""The monitoring stack: alarms, dashboard and topic; grants the job its run-alarm rights."""
+
+from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from beacon_constructs.monitoring import TrainingMonitoring
+from config import TeamConfig
+
+
+class MonitoringStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: TeamConfig,
+        cluster_name: str,
+        writer_role: iam.IRole,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)  # type: ignore[arg-type]
+        self.monitoring = TrainingMonitoring(
+            self,
+            "Monitoring",
+            team=config.team,
+            cluster_name=cluster_name,
+            alarm_email=config.monitoring.alarm_email,
+        )
+        self.monitoring.grant_run_alarms(writer_role)
+        CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
+        CfnOutput(self, "RunAlarmTemplateParameter", value=self.monitoring.run_alarm_parameter.parameter_name)
+        CfnOutput(self, "DashboardName", value=self.monitoring.dashboard.dashboard_name)
+        for alarm in self.monitoring.team_alarms:
+            CfnOutput(self, f"{alarm.node.id}Name", value=alarm.alarm_name)

@@ -1,0 +1,197 @@
+"""The alarm evaluator: its CloudWatch semantics, then the detection budgets on synthesized definitions.
+
+moto never evaluates alarms, so these tests are the proof of the two-minute claim. Metric streams
+are simulated, with the job's own ProgressClock computing the progress signal.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from beacon.alarms import ALARM, INSUFFICIENT, OK, AlarmSet, CompositeAlarm, MetricAlarm, alarm_set_for_run, series_key
+from beacon.simulate import SimulatedJob
+from tests.synth import Synthesized
+from training import contract
+from training.contract import RunAlarm, TeamAlarm
+
+EXPERIMENT, RUN = "exp-1", "run-1"
+
+
+def definition(**overrides: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "AlarmName": "probe",
+        "Namespace": "Beacon",
+        "MetricName": "M",
+        "Dimensions": [{"Name": "Team", "Value": "demo"}],
+        "Statistic": "Maximum",
+        "Period": 60,
+        "EvaluationPeriods": 3,
+        "DatapointsToAlarm": 2,
+        "Threshold": 10,
+        "ComparisonOperator": "GreaterThanThreshold",
+        "TreatMissingData": "notBreaching",
+    }
+    return {**base, **overrides}
+
+
+KEY = series_key("Beacon", "M", {"Team": "demo"})
+
+
+# --- semantics ----------------------------------------------------------------------------
+def test_datapoints_are_aggregated_per_aligned_period_oldest_first() -> None:
+    alarm = MetricAlarm.from_definition(definition())
+    samples = {KEY: [(0.0, 1.0), (59.9, 30.0), (60.0, 5.0), (150.0, 7.0)]}
+    assert alarm.datapoints(samples, at=180) == [30.0, 5.0, 7.0]
+    assert alarm.datapoints(samples, at=239) == [30.0, 5.0, 7.0]  # 180-239 is not complete yet
+
+
+def test_m_of_n_needs_m_breaching_datapoints() -> None:
+    alarm = MetricAlarm.from_definition(definition())
+    assert alarm.state({KEY: [(0.0, 11.0), (60.0, 1.0), (120.0, 1.0)]}, at=180) == OK
+    assert alarm.state({KEY: [(0.0, 11.0), (60.0, 1.0), (120.0, 11.0)]}, at=180) == ALARM
+
+
+@pytest.mark.parametrize(
+    ("treat", "expected"),
+    [("breaching", ALARM), ("notBreaching", OK), ("missing", INSUFFICIENT), ("ignore", "previous")],
+)
+def test_treat_missing_data_when_every_period_is_empty(treat: str, expected: str) -> None:
+    alarm = MetricAlarm.from_definition(definition(TreatMissingData=treat))
+    assert alarm.state({}, at=600, previous="previous") == expected
+
+
+def test_missing_periods_count_as_breaching_only_when_told() -> None:
+    samples = {KEY: [(120.0, 11.0)]}
+    assert MetricAlarm.from_definition(definition(TreatMissingData="breaching")).state(samples, at=180) == ALARM
+    assert MetricAlarm.from_definition(definition(TreatMissingData="notBreaching")).state(samples, at=180) == OK
+
+
+def test_sample_count_below_one_with_missing_breaching_is_a_heartbeat_alarm() -> None:
+    alarm = MetricAlarm.from_definition(
+        definition(
+            Statistic="SampleCount",
+            Threshold=1,
+            ComparisonOperator="LessThanThreshold",
+            TreatMissingData="breaching",
+            DatapointsToAlarm=3,
+            Period=30,
+        )
+    )
+    beats = {KEY: [(float(t), 1.0) for t in range(0, 300, 15)]}
+    assert alarm.state(beats, at=300) == OK
+    assert alarm.state(beats, at=390) == ALARM
+
+
+def test_metric_math_alarms_are_refused_rather_than_guessed() -> None:
+    with pytest.raises(ValueError, match="metric-math"):
+        MetricAlarm.from_definition({**definition(), "Metrics": []})
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        ('ALARM("a") OR ALARM("b")', ALARM),
+        ('ALARM("a") AND ALARM("b")', OK),
+        ('ALARM("a") AND NOT ALARM("b")', ALARM),
+        ('(ALARM("b") OR OK("b")) AND ALARM("a")', ALARM),
+        ('NOT (ALARM("a") OR ALARM("b"))', OK),
+        ('ALARM("missing-alarm")', OK),
+        ("TRUE AND FALSE", OK),
+    ],
+)
+def test_composite_rules(rule: str, expected: str) -> None:
+    composite = CompositeAlarm(name="c", rule=rule)
+    assert composite.state({"a": ALARM, "b": OK}) == expected
+
+
+def test_unparseable_composite_rule_names_the_alarm() -> None:
+    with pytest.raises(ValueError, match=r"^c: cannot parse"):
+        CompositeAlarm(name="c", rule='ALARM("a") XOR ALARM("b")').state({})
+
+
+# --- Beacon's alarms, from the synthesized template ---------------------------------------
+@pytest.fixture(scope="module")
+def alarms(demo: Synthesized) -> AlarmSet:
+    return alarm_set_for_run(demo.template("monitoring"), EXPERIMENT, RUN)
+
+
+def name(kind: RunAlarm) -> str:
+    return contract.run_alarm_name("demo", EXPERIMENT, RUN, kind)
+
+
+def job(**events: object) -> SimulatedJob:
+    return SimulatedJob("demo", EXPERIMENT, RUN, **events)  # type: ignore[arg-type]
+
+
+ARMED = contract.run_alarms_arm_at(0.0)
+HORIZON = 1500.0
+
+
+def test_the_evaluator_reads_the_synthesized_alarms(alarms: AlarmSet) -> None:
+    assert sorted(alarms.names) == sorted(
+        [name(k) for k in RunAlarm] + [contract.team_alarm_name("demo", k) for k in TeamAlarm]
+    )
+
+
+@pytest.mark.parametrize("frozen_at", [600.0, 601.0, 607.5, 614.9, 615.0, 622.0, 629.9, 45.0])
+def test_a_job_that_goes_silent_at_t_is_in_alarm_by_t_plus_120(alarms: AlarmSet, frozen_at: float) -> None:
+    samples = job(frozen_at=frozen_at).samples(HORIZON)
+    silent_at = alarms.first_alarm(name(RunAlarm.SILENT), samples, ARMED, HORIZON)
+    assert silent_at is not None and frozen_at < silent_at <= frozen_at + contract.SILENT_BUDGET_S
+    lost_at = alarms.first_alarm(name(RunAlarm.METRICS_LOST), samples, ARMED, HORIZON)
+    assert lost_at == silent_at  # the composite pages at the same evaluation
+
+
+@pytest.mark.parametrize("hung_at", [600.0, 605.0, 614.0, 629.0, 631.0])
+def test_a_job_that_stalls_at_t_is_in_alarm_by_t_plus_180_and_is_not_called_silent(
+    alarms: AlarmSet, hung_at: float
+) -> None:
+    samples = job(hung_at=hung_at).samples(HORIZON)
+    stalled_at = alarms.first_alarm(name(RunAlarm.STALLED), samples, ARMED, HORIZON)
+    assert stalled_at is not None and hung_at < stalled_at <= hung_at + contract.STALLED_BUDGET_S
+    assert alarms.first_alarm(name(RunAlarm.SILENT), samples, ARMED, HORIZON) is None
+
+
+def test_a_job_checkpointing_for_90_s_is_neither_stalled_nor_silent(alarms: AlarmSet) -> None:
+    samples = job(checkpoints=[(300.0, 90.0), (700.0, 90.0)]).samples(HORIZON)
+    assert alarms.ever_in_alarm(samples, ARMED, HORIZON) == dict.fromkeys(alarms.names, False)
+
+
+def test_a_healthy_job_raises_nothing(alarms: AlarmSet) -> None:
+    samples = job().samples(HORIZON)
+    assert alarms.ever_in_alarm(samples, ARMED, HORIZON) == dict.fromkeys(alarms.names, False)
+
+
+def test_a_finished_job_is_not_in_alarm_once_it_deleted_its_run_alarms(demo: Synthesized, alarms: AlarmSet) -> None:
+    finished_at = 400.0
+    samples = job(finished_at=finished_at).samples(HORIZON)
+    assert not any(alarms.ever_in_alarm(samples, ARMED, finished_at).values())
+    team_only = AlarmSet({n: a for n, a in alarms.metric_alarms.items() if "-run-" not in n}, {})
+    assert not any(team_only.ever_in_alarm(samples, finished_at, HORIZON).values())
+
+
+def test_an_idle_team_has_only_team_alarms_and_none_is_in_alarm(alarms: AlarmSet) -> None:
+    team_only = AlarmSet({n: a for n, a in alarms.metric_alarms.items() if "-run-" not in n}, {})
+    assert team_only.ever_in_alarm({}, 0.0, 24 * 3600.0) == dict.fromkeys(team_only.names, False)
+
+
+def test_a_growing_backlog_raises_delivery_and_the_composite(alarms: AlarmSet) -> None:
+    samples = job(backlog_records=contract.BACKLOG_THRESHOLD_RECORDS + 1.0).samples(HORIZON)
+    backlog = contract.team_alarm_name("demo", TeamAlarm.SPOOL_BACKLOG)
+    assert alarms.first_alarm(backlog, samples, ARMED, HORIZON) is not None
+    assert alarms.first_alarm(name(RunAlarm.METRICS_LOST), samples, ARMED, HORIZON) is not None
+    assert alarms.first_alarm(name(RunAlarm.SILENT), samples, ARMED, HORIZON) is None
+
+
+def test_upload_failures_raise_delivery_within_three_minutes(alarms: AlarmSet) -> None:
+    samples = job(upload_failures_per_beat=1.0).samples(HORIZON)
+    failures = contract.team_alarm_name("demo", TeamAlarm.UPLOAD_FAILURES)
+    first = alarms.first_alarm(failures, samples, ARMED, HORIZON)
+    assert first is not None and first <= 180
+
+
+def test_alarms_armed_before_a_full_heartbeat_period_would_open_in_alarm(alarms: AlarmSet) -> None:
+    """Why the job waits for run_alarms_arm_at: the silent alarm sees only empty periods before it."""
+    samples = job().samples(HORIZON)
+    assert alarms.states(samples, at=0.0)[name(RunAlarm.SILENT)] == ALARM
+    assert alarms.states(samples, at=ARMED)[name(RunAlarm.SILENT)] == OK

@@ -1,0 +1,233 @@
+"""The monitoring stack as synthesized: alarms, their shapes and runbooks, the topic, the dashboard."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from aws_cdk import App, Stack
+from aws_cdk.assertions import Match, Template
+
+from beacon.alarms import run_alarm_definitions, team_alarm_definitions
+from beacon_constructs.monitoring import FIRST_CHECKS, TrainingMonitoring
+from tests.synth import Synthesized
+from training import contract
+
+STACK = "beacon-demo-monitoring"
+
+
+@pytest.fixture(scope="module")
+def template(demo: Synthesized) -> Template:
+    return demo.assertions(STACK)
+
+
+@pytest.fixture(scope="module")
+def run_alarms(demo: Synthesized) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    return run_alarm_definitions(demo.template("monitoring"), "exp-1", "run-1")
+
+
+def by_name(definitions: list[dict[str, Any]], kind: contract.RunAlarm) -> dict[str, Any]:
+    name = contract.run_alarm_name("demo", "exp-1", "run-1", kind)
+    return next(d for d in definitions if d["AlarmName"] == name)
+
+
+def assert_runbook(description: str, *, doctor: str) -> None:
+    assert "First checks:" in description
+    for check in FIRST_CHECKS:
+        assert check in description
+    assert f"Then run: {doctor}" in description
+
+
+def test_silent_alarm_counts_heartbeats_per_30s_and_treats_silence_as_breaching(run_alarms: Any) -> None:
+    silent = by_name(run_alarms[0], contract.RunAlarm.SILENT)
+    assert silent["MetricName"] == contract.HEARTBEAT.name
+    assert silent["Namespace"] == contract.NAMESPACE
+    assert {d["Name"]: d["Value"] for d in silent["Dimensions"]} == {
+        "Team": "demo",
+        "Experiment": "exp-1",
+        "Run": "run-1",
+    }
+    assert (silent["Statistic"], silent["Period"], silent["Threshold"]) == ("SampleCount", 30, 1)
+    assert silent["ComparisonOperator"] == "LessThanThreshold"
+    assert (silent["EvaluationPeriods"], silent["DatapointsToAlarm"]) == (3, 3)
+    assert silent["TreatMissingData"] == "breaching"
+    # 30 s periods need high-resolution data.
+    assert contract.HEARTBEAT.storage_resolution == 1
+    assert silent["Period"] * silent["EvaluationPeriods"] + silent["Period"] <= contract.SILENT_BUDGET_S
+
+
+def test_stalled_alarm_watches_progress_age_and_ignores_missing_data(run_alarms: Any) -> None:
+    stalled = by_name(run_alarms[0], contract.RunAlarm.STALLED)
+    assert stalled["MetricName"] == contract.PROGRESS_AGE.name
+    assert (stalled["Statistic"], stalled["Period"], stalled["Threshold"]) == ("Maximum", 30, 90)
+    assert stalled["ComparisonOperator"] == "GreaterThanThreshold"
+    assert (stalled["EvaluationPeriods"], stalled["DatapointsToAlarm"]) == (2, 2)
+    assert stalled["TreatMissingData"] == "notBreaching"
+    assert contract.PROGRESS_AGE.storage_resolution == 1
+
+
+def test_run_alarms_notify_once_through_the_composite(run_alarms: Any, demo: Synthesized) -> None:
+    metric_alarms, composite = run_alarms
+    assert all(a["ActionsEnabled"] is False for a in metric_alarms)
+    names = [a["AlarmName"] for a in metric_alarms] + [
+        contract.team_alarm_name("demo", contract.TeamAlarm.UPLOAD_FAILURES),
+        contract.team_alarm_name("demo", contract.TeamAlarm.SPOOL_BACKLOG),
+    ]
+    assert composite["AlarmRule"] == " OR ".join(f'ALARM("{n}")' for n in names)
+    topic_id, _ = demo.template("monitoring").one_of_type("AWS::SNS::Topic")
+    assert composite["AlarmActions"] == [f"<{topic_id}>"] == composite["OKActions"]
+
+
+def test_every_alarm_has_an_actionable_runbook(run_alarms: Any, demo: Synthesized) -> None:
+    metric_alarms, composite = run_alarms
+    for alarm in [*metric_alarms, composite]:
+        assert_runbook(alarm["AlarmDescription"], doctor="beacon doctor --team demo --experiment exp-1 --run run-1")
+    for alarm in team_alarm_definitions(demo.template("monitoring")):
+        assert_runbook(alarm["AlarmDescription"], doctor="beacon doctor --team demo")
+
+
+def test_run_alarm_template_is_an_advanced_ssm_parameter_named_by_the_contract(template: Template) -> None:
+    template.has_resource_properties(
+        "AWS::SSM::Parameter",
+        {"Name": contract.run_alarm_parameter_name("demo"), "Tier": "Advanced", "Type": "String"},
+    )
+
+
+def test_team_delivery_alarms_fire_on_failures_or_a_growing_backlog_and_stay_ok_without_data(
+    template: Template,
+) -> None:
+    for name, metric, statistic, comparison, threshold in (
+        ("upload-failures", contract.UPLOAD_FAILURES, "Sum", "GreaterThanOrEqualToThreshold", 1),
+        (
+            "spool-backlog",
+            contract.SPOOL_BACKLOG,
+            "Maximum",
+            "GreaterThanThreshold",
+            contract.BACKLOG_THRESHOLD_RECORDS,
+        ),
+    ):
+        template.has_resource_properties(
+            "AWS::CloudWatch::Alarm",
+            {
+                "AlarmName": f"beacon-demo-{name}",
+                "Namespace": "Beacon",
+                "MetricName": metric.name,
+                "Dimensions": [{"Name": "Team", "Value": "demo"}],
+                "Statistic": statistic,
+                "Period": 60,
+                "EvaluationPeriods": 3,
+                "DatapointsToAlarm": 2,
+                "ComparisonOperator": comparison,
+                "Threshold": threshold,
+                "TreatMissingData": "notBreaching",
+                "AlarmActions": Match.absent(),
+            },
+        )
+
+
+def test_restarts_alarm_watches_container_insights_in_the_training_namespace_and_notifies(template: Template) -> None:
+    template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {
+            "AlarmName": "beacon-demo-restarts",
+            "Namespace": "ContainerInsights",
+            "MetricName": "pod_number_of_container_restarts",
+            "Dimensions": Match.array_with(
+                [{"Name": "ClusterName", "Value": "beacon-demo"}, {"Name": "Namespace", "Value": "training"}]
+            ),
+            "Statistic": "Maximum",
+            "Period": 60,
+            "EvaluationPeriods": 1,
+            "Threshold": 1,
+            "TreatMissingData": "notBreaching",
+            "AlarmActions": [{"Ref": Match.string_like_regexp("MonitoringAlarmTopic")}],
+            "OKActions": [{"Ref": Match.string_like_regexp("MonitoringAlarmTopic")}],
+        },
+    )
+
+
+def test_topic_is_kms_encrypted_tls_only_and_cloudwatch_may_use_its_key(template: Template, demo: Synthesized) -> None:
+    template.has_resource_properties(
+        "AWS::SNS::Topic", {"KmsMasterKeyId": {"Fn::GetAtt": [Match.string_like_regexp("MonitoringTopicKey"), "Arn"]}}
+    )
+    template.has_resource_properties(
+        "AWS::SNS::TopicPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})]
+                )
+            }
+        },
+    )
+    template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+    _, key = demo.template("monitoring").one_of_type("AWS::KMS::Key")
+    statements = key["Properties"]["KeyPolicy"]["Statement"]
+    cloudwatch = [s for s in statements if s["Principal"] == {"Service": "cloudwatch.amazonaws.com"}]
+    assert cloudwatch and sorted(cloudwatch[0]["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey*"]
+
+
+def test_no_email_subscription_when_none_is_configured(template: Template) -> None:
+    template.resource_count_is("AWS::SNS::Subscription", 0)
+
+
+def test_email_subscription_when_configured() -> None:
+    stack = Stack(App(), "Probe")
+    TrainingMonitoring(
+        stack, "Monitoring", team="ml-vision", cluster_name="beacon-ml-vision", alarm_email="ml@example.com"
+    )
+    Template.from_stack(stack).has_resource_properties(
+        "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ml@example.com"}
+    )
+
+
+def test_job_may_manage_only_its_teams_run_alarms_and_read_the_template(demo: Synthesized) -> None:
+    _, policy = demo.template("monitoring").one_of_type("AWS::IAM::Policy")
+    statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    alarms = statements["ManageOwnRunAlarms"]
+    assert sorted(alarms["Action"]) == sorted(
+        ["cloudwatch:PutMetricAlarm", "cloudwatch:PutCompositeAlarm", "cloudwatch:DeleteAlarms"]
+    )
+    assert json.dumps(alarms["Resource"]).endswith(':alarm:beacon-demo-run-*"]]}')
+    parameter = statements["ReadRunAlarmTemplate"]
+    assert parameter["Action"] == "ssm:GetParameter"
+    parameter_id, _ = demo.template("monitoring").one_of_type("AWS::SSM::Parameter")
+    assert parameter["Resource"]["Fn::Join"][1][-2:] == [":parameter", {"Ref": parameter_id}]
+    (role,) = policy["Properties"]["Roles"]
+    assert "WriterRole" in json.dumps(role)  # the artifact store's writer, imported across stacks
+
+
+def test_dashboard_has_every_widget_the_issue_lists(demo: Synthesized) -> None:
+    _, dashboard = demo.template("monitoring").one_of_type("AWS::CloudWatch::Dashboard")
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for needle in (
+        "Loss per run",
+        "Steps per second",
+        "Heartbeats per 30 s",
+        "Progress age",
+        "Upload latency",
+        "Spool backlog",
+        "Checkpoint duration",
+        "Container restarts",
+        "GPU utilisation",
+        '\\"alarm\\"',
+        "beacon doctor --team demo",
+        "silent: 120 s",
+        "stalled: 180 s",
+    ):
+        assert needle in body, needle
+    for metric in contract.JOB_METRICS:
+        if metric is not contract.STEP:
+            assert f'MetricName=\\\\\\"{metric.name}\\\\\\"' in body, metric.name
+
+
+def test_stack_outputs_name_the_topic_template_and_team_alarms(template: Template) -> None:
+    assert sorted(template.to_json()["Outputs"]) == [
+        "AlarmTopicArn",
+        "DashboardName",
+        "RestartsAlarmName",
+        "RunAlarmTemplateParameter",
+        "SpoolBacklogAlarmName",
+        "UploadFailuresAlarmName",
+    ]
