@@ -7,6 +7,7 @@ through the service APIs, with the policy documents taken from the synthesized t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,4 +184,63 @@ def provision_monitoring(
         )
     return MonitoringHandles(
         topic_arn=str(topic_arn), run_alarm_parameter=str(properties["Name"]), team_alarm_names=names
+    )
+
+
+@dataclass
+class Provisioned:
+    """What a job needs from the embedded AWS, and the writer's credentials once IAM is enforced."""
+
+    store: ArtifactStoreHandles
+    monitoring: MonitoringHandles
+    operator_keys: dict[str, str]
+
+    def writer_credentials(self, sts: Any, session_name: str = "beacon-job") -> dict[str, str]:
+        creds = sts.assume_role(RoleArn=self.store.writer_role_arn, RoleSessionName=session_name)["Credentials"]
+        return {
+            "aws_access_key_id": creds["AccessKeyId"],
+            "aws_secret_access_key": creds["SecretAccessKey"],
+            "aws_session_token": creds["SessionToken"],
+        }
+
+
+OPERATOR = "beacon-operator"
+
+
+def provision_team(
+    templates: dict[str, Template], team: str, *, clients: Callable[[str], Any], account: str, region: str, bucket: str
+) -> Provisioned:
+    """Provision the artifact and monitoring stacks, and an operator user that may assume their roles."""
+    iam = clients("iam")
+    operator = iam.create_user(UserName=OPERATOR)["User"]
+    iam.put_user_policy(
+        UserName=OPERATOR,
+        PolicyName="assume-beacon-roles",
+        PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Resource": "*"}]}
+        ),
+    )
+    keys = iam.create_access_key(UserName=OPERATOR)["AccessKey"]
+    store = provision_artifact_store(
+        templates[f"beacon-{team}-artifacts"],
+        s3=clients("s3"),
+        kms=clients("kms"),
+        iam=iam,
+        account=account,
+        region=region,
+        bucket_name=bucket,
+        trusted_principal_arn=operator["Arn"],
+    )
+    monitoring = provision_monitoring(
+        templates[f"beacon-{team}-monitoring"],
+        cloudwatch=clients("cloudwatch"),
+        ssm=clients("ssm"),
+        sns=clients("sns"),
+        iam=iam,
+        account=account,
+        region=region,
+        writer_role_name=store.writer_role_arn.rsplit("/", 1)[1],
+    )
+    return Provisioned(
+        store, monitoring, {"aws_access_key_id": keys["AccessKeyId"], "aws_secret_access_key": keys["SecretAccessKey"]}
     )

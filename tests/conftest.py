@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
+from beacon.embedded import Provisioned, provision_team
 from config import TeamConfig, load_team
-from tests.moto_server import MotoServer
+from tests.moto_server import ACCOUNT, REGION, MotoServer
 from tests.synth import Synthesized, synthesize
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
@@ -38,3 +41,29 @@ def moto_server(_moto_process_server: MotoServer) -> Iterator[MotoServer]:
     _moto_process_server.reset()
     yield _moto_process_server
     _moto_process_server.reset()
+
+
+@dataclass
+class WriterSession:
+    """The demo team provisioned in moto from its templates, IAM enforced, acting as the writer."""
+
+    aws: MotoServer
+    provisioned: Provisioned
+    credentials: dict[str, str]
+
+    @property
+    def bucket(self) -> str:
+        return self.provisioned.store.bucket
+
+    def client(self, service: str) -> Any:
+        return self.aws.client(service, **self.credentials)
+
+
+@pytest.fixture
+def as_writer(demo: Synthesized, moto_server: MotoServer) -> WriterSession:
+    provisioned = provision_team(
+        demo.templates, "demo", clients=moto_server.client, account=ACCOUNT, region=REGION, bucket="beacon-demo-test"
+    )
+    moto_server.enforce_iam()
+    credentials = provisioned.writer_credentials(moto_server.client("sts", **provisioned.operator_keys))
+    return WriterSession(moto_server, provisioned, credentials)
