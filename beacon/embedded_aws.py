@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,10 @@ from moto.server import ThreadedMotoServer
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
 ADMIN = {"aws_access_key_id": "admin", "aws_secret_access_key": "admin"}
+
+
+def quiet_request_log() -> None:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 
 def add_missing_apis() -> None:
@@ -30,6 +35,7 @@ class EmbeddedAws:
     @classmethod
     def start(cls) -> EmbeddedAws:
         add_missing_apis()
+        quiet_request_log()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()

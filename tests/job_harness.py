@@ -1,0 +1,143 @@
+"""Run the real training job as a subprocess against a moto server, and read back what it delivered."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.synth import ROOT
+from training import contract
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def summaries(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.stdout.splitlines() if line.startswith('{"beacon": "job-finished"')]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        (summary,) = [s for s in self.summaries if s["rank"] == 0]
+        return summary
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith(("beacon preflight:", "python -m"))]
+
+
+@dataclass
+class JobHarness:
+    endpoint: str
+    bucket: str
+    workdir: Path
+    credentials: dict[str, str]
+    region: str = "us-east-1"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
+        env.update(
+            AWS_ENDPOINT_URL=self.endpoint,
+            AWS_REGION=self.region,
+            AWS_ACCESS_KEY_ID=self.credentials["aws_access_key_id"],
+            AWS_SECRET_ACCESS_KEY=self.credentials["aws_secret_access_key"],
+            PYTHONUNBUFFERED="1",
+        )
+        if "aws_session_token" in self.credentials:
+            env["AWS_SESSION_TOKEN"] = self.credentials["aws_session_token"]
+        env.update(self.extra_env)
+        return env
+
+    def args(self, *extra: str) -> list[str]:
+        return [
+            "--bucket",
+            self.bucket,
+            "--spool-dir",
+            str(self.workdir / "spool"),
+            "--checkpoint-dir",
+            str(self.workdir / "checkpoints"),
+            "--heartbeat-file",
+            str(self.workdir / "heartbeat"),
+            "--heartbeat-interval",
+            "1",
+            "--flush-interval",
+            "1",
+            "--workers",
+            "0",
+            *extra,
+        ]
+
+    def command(self, *extra: str, ranks: int = 1) -> list[str]:
+        if ranks == 1:
+            return [sys.executable, "-m", "training.train", *self.args(*extra)]
+        torchrun = str(Path(sys.executable).with_name("torchrun"))
+        return [torchrun, "--standalone", f"--nproc-per-node={ranks}", "-m", "training.train", *self.args(*extra)]
+
+    def run(self, *extra: str, ranks: int = 1, timeout: float = 240) -> JobResult:
+        started = time.monotonic()
+        done = subprocess.run(
+            self.command(*extra, ranks=ranks), cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout
+        )
+        return JobResult(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+    def start(self, *extra: str, ranks: int = 1) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.command(*extra, ranks=ranks),
+            cwd=ROOT,
+            env=self.env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    def heartbeat_age(self) -> float:
+        return time.time() - (self.workdir / "heartbeat").stat().st_mtime
+
+
+def finish(process: subprocess.Popen[str], *, timeout: float) -> JobResult:
+    started = time.monotonic()
+    stdout, stderr = process.communicate(timeout=timeout)
+    return JobResult(process.returncode, stdout, stderr, time.monotonic() - started)
+
+
+def signal_group(process: subprocess.Popen[str], signum: signal.Signals) -> None:
+    os.killpg(process.pid, signum)
+
+
+def delivered_records(s3: Any, bucket: str, experiment: str, run: str) -> list[dict[str, Any]]:
+    prefix = contract.run_prefix(experiment, run) + contract.EVENTS + "/"
+    records: list[dict[str, Any]] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            body = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            records.extend(json.loads(line) for line in body.splitlines() if line.strip())
+    return records
+
+
+def keys_under(s3: Any, bucket: str, prefix: str) -> list[str]:
+    keys: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys.extend(item["Key"] for item in page.get("Contents", []))
+    return keys
+
+
+def wait_for(predicate: Any, *, timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False

@@ -1,0 +1,127 @@
+"""Asynchronous checkpoints: the loop hands over a CPU snapshot and goes on; a thread writes it to the
+volume, records it as the latest (write temp, rename) and uploads it. The loop never waits on disk
+or network, and neither does the heartbeat."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from botocore.exceptions import BotoCoreError, ClientError
+
+from training import contract
+from training.spool import fsync_directory, write_atomically
+
+log = logging.getLogger("beacon.checkpoint")
+LATEST = "latest.json"
+
+
+def snapshot(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of tensors on the CPU, so training can change the originals at once."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: snapshot(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(snapshot(v) for v in state)
+    return state
+
+
+def save_file(state: dict[str, Any], path: Path) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
+def latest_checkpoint(directory: Path) -> tuple[int, Path] | None:
+    pointer = directory / LATEST
+    if not pointer.exists():
+        return None
+    latest = json.loads(pointer.read_text())
+    return int(latest["step"]), directory / str(latest["file"])
+
+
+@dataclass
+class Uploader:
+    s3: Any
+    bucket: str
+    experiment: str
+    run: str
+
+    def __call__(self, step: int, path: Path) -> None:
+        key = contract.checkpoint_key(self.experiment, self.run, step)
+        self.s3.upload_file(str(path), self.bucket, key)  # multipart for large states; may overwrite
+
+
+class AsyncCheckpointer:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        upload: Callable[[int, Path], None] | None,
+        wait_durable: Callable[[int, float], bool],
+        on_finished: Callable[[float], None],
+    ) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.upload = upload
+        self.wait_durable = wait_durable
+        self.on_finished = on_finished
+        self._thread: threading.Thread | None = None
+        self.saved: list[int] = []
+        self.skipped: list[int] = []
+        self.failures = 0
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def save(self, step: int, state: dict[str, Any]) -> bool:
+        """Start a checkpoint of `state`; skip (never block) while the previous one is still writing."""
+        if self.in_flight:
+            self.skipped.append(step)
+            return False
+        copy = snapshot(state)
+        self._thread = threading.Thread(target=self._write, args=(step, copy), name=f"beacon-ckpt-{step}", daemon=True)
+        self._thread.start()
+        return True
+
+    def _write(self, step: int, state: dict[str, Any]) -> None:
+        started = time.monotonic()
+        name = f"step-{step:08d}.pt"
+        try:
+            save_file(state, self.directory / name)
+            # The latest pointer moves only once every record through this step is durable, so a
+            # resume never skips a step whose record was not yet on disk.
+            if not self.wait_durable(step, 60.0):
+                log.warning("records through step %d are not durable yet; checkpoint kept but not latest", step)
+                return
+            write_atomically(self.directory / LATEST, json.dumps({"step": step, "file": name}).encode())
+            for old in sorted(self.directory.glob("step-*.pt"))[:-2]:
+                old.unlink(missing_ok=True)  # keep the latest two on the volume; S3 versions keep all
+            if self.upload is not None:
+                self.upload(step, self.directory / name)
+            self.saved.append(step)
+        except (OSError, ClientError, BotoCoreError) as error:
+            self.failures += 1
+            log.error("checkpoint of step %d failed: %s", step, error)
+        finally:
+            self.on_finished(time.monotonic() - started)
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the in-flight checkpoint; False if it is still writing after `timeout`."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.in_flight

@@ -1,0 +1,59 @@
+"""Ranks from torchrun's environment; the backend from the device."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    local_rank: int
+    size: int
+    device: torch.device
+
+    @property
+    def is_writer(self) -> bool:
+        """Only rank 0 touches the sinks: records, event files, TensorBoard, CloudWatch."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    def broadcast(self, value: str) -> str:
+        """Rank 0's value, on every rank."""
+        if not self.distributed:
+            return value
+        holder = [value]
+        dist.broadcast_object_list(holder, src=0)
+        return str(holder[0])
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+@contextmanager
+def world_from_environment() -> Iterator[World]:
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if size > 1:
+        dist.init_process_group(backend=backend_for(device))
+    try:
+        yield World(rank=rank, local_rank=local_rank, size=size, device=device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

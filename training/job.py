@@ -1,0 +1,219 @@
+"""The smoke-training job: build (preflight, resume) and run (train, checkpoint, drain)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from training import aws
+from training.checkpoint import AsyncCheckpointer, Uploader, latest_checkpoint
+from training.config import JobConfig
+from training.distributed import World
+from training.model import SmallConvNet, StepSampler, SyntheticImages
+from training.preflight import PreflightError, run_preflight
+from training.progress import ProgressClock
+from training.run_alarms import RunAlarms
+from training.spool import Spool, SpoolFullError
+from training.telemetry import NullTelemetry, Telemetry
+
+log = logging.getLogger("beacon.job")
+EXIT_OK, EXIT_UNDELIVERED, EXIT_SPOOL_FULL = 0, 75, 74
+MAX_WORKERS = 4
+
+
+@dataclass
+class Job:
+    config: JobConfig
+    world: World
+    stop: threading.Event
+    progress: ProgressClock
+    telemetry: NullTelemetry
+    checkpointer: AsyncCheckpointer | None
+    resumed_after_step: int
+
+    @classmethod
+    def build(cls, config: JobConfig, world: World, stop: threading.Event) -> Job:
+        torch.set_num_threads(1)
+        progress = ProgressClock()
+        run_dir = f"{config.experiment}/{config.run}"
+        checkpoint_dir = config.checkpoint_dir / run_dir
+        telemetry: NullTelemetry = NullTelemetry()
+        checkpointer: AsyncCheckpointer | None = None
+        resumed_after_step = -1
+        failure = ""
+        if world.is_writer:
+            try:
+                telemetry, resumed_after_step = cls._writer_telemetry(config, world, progress)
+            except PreflightError as error:
+                failure = str(error)
+            if not failure:
+                s3 = getattr(telemetry, "s3", None)
+                checkpointer = AsyncCheckpointer(
+                    checkpoint_dir,
+                    upload=Uploader(s3, config.bucket, config.experiment, config.run) if s3 is not None else None,
+                    wait_durable=telemetry.wait_durable,
+                    on_finished=telemetry.checkpoint_finished,
+                )
+        failure = world.broadcast(failure)  # every rank stops if rank 0's preflight failed
+        if failure:
+            raise PreflightError(failure)
+        return cls(config, world, stop, progress, telemetry, checkpointer, resumed_after_step)
+
+    @staticmethod
+    def _writer_telemetry(config: JobConfig, world: World, progress: ProgressClock) -> tuple[NullTelemetry, int]:
+        if not config.telemetry:
+            return NullTelemetry(), -1
+        spool_dir = config.spool_dir / config.experiment / config.run
+        s3 = aws.client("s3", config.region)
+        cloudwatch = aws.client("cloudwatch", config.region)
+        ssm = aws.client("ssm", config.region) if config.alarms else None
+        fast = {"attempts": 2, "connect_timeout": 2, "read_timeout": 5}
+        started = time.monotonic()
+        record = run_preflight(
+            config,
+            spool_dir=spool_dir,
+            world_size=world.size,
+            s3=aws.client("s3", config.region, **fast),
+            cloudwatch=aws.client("cloudwatch", config.region, **fast),
+            ssm=aws.client("ssm", config.region, **fast) if config.alarms else None,
+        )
+        log.info("preflight passed in %.1f s: spool on %s", time.monotonic() - started, record.spool_filesystem)
+        spool = Spool(spool_dir)
+        if spool.recovered_records:
+            log.info("recovered %d records from an interrupted chunk", spool.recovered_records)
+        alarms = RunAlarms(cloudwatch, ssm, config.team, config.experiment, config.run) if ssm is not None else None
+        telemetry = Telemetry(
+            config,
+            s3=s3,
+            cloudwatch=cloudwatch,
+            progress=progress,
+            spool=spool,
+            run_alarms=alarms,
+            resumed_after_step=spool.last_step,
+        )
+        return telemetry, spool.last_step
+
+    # --- running ---------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        config, world = self.config, self.world
+        torch.manual_seed(config.seed)
+        model: nn.Module = SmallConvNet().to(world.device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=0.9)
+        start_step = self._resume(model, optimizer)
+        if world.distributed:
+            model = DistributedDataParallel(model)
+        loader = DataLoader(
+            SyntheticImages(config.seed),
+            batch_size=config.batch_size,
+            sampler=StepSampler(
+                start_step=start_step,
+                steps=config.steps,
+                batch_size=config.batch_size,
+                rank=world.rank,
+                world_size=world.size,
+            ),
+            num_workers=min(config.workers, MAX_WORKERS),
+            multiprocessing_context="spawn" if config.workers else None,  # fork deadlocks with threads
+            persistent_workers=config.workers > 0,
+        )
+        self.telemetry.start()
+        losses: list[float] = []
+        step = start_step - 1
+        exit_code = EXIT_OK
+        loss_fn = nn.CrossEntropyLoss()
+        try:
+            for step, (images, labels) in zip(range(start_step, config.steps), loader, strict=False):
+                if self._should_stop():
+                    step -= 1
+                    break
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(images.to(world.device)), labels.to(world.device))
+                loss.backward()
+                optimizer.step()
+                value = float(loss.item())
+                losses.append(value)
+                self.progress.step_finished()
+                self.telemetry.record(step, value)
+                if (step + 1) % config.checkpoint_interval == 0:
+                    self._checkpoint(step, model, optimizer)
+                if config.step_sleep:
+                    time.sleep(config.step_sleep)
+        except SpoolFullError as error:
+            log.error("%s; stopping: records already acknowledged are safe in S3", error)
+            exit_code = EXIT_SPOOL_FULL
+        if step >= start_step and exit_code == EXIT_OK:
+            self._checkpoint(step, model, optimizer)
+        return self._shutdown(step, start_step, losses, exit_code)
+
+    def _should_stop(self) -> bool:
+        stop = self.stop.is_set()
+        if self.world.distributed:  # every rank leaves at the same step, or a collective hangs
+            flag = torch.tensor([1 if stop else 0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop = bool(flag.item())
+        return stop
+
+    def _resume(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        latest = latest_checkpoint(self.config.checkpoint_dir / self.config.experiment / self.config.run)
+        if latest is None:
+            return 0
+        step, path = latest
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        log.info("rank %d resumed from %s (step %d)", self.world.rank, path, step)
+        return step + 1
+
+    def _checkpoint(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if self.checkpointer is None:
+            return
+        inner = model.module if isinstance(model, DistributedDataParallel) else model
+        self.progress.checkpoint_started()
+        try:
+            self.checkpointer.save(
+                step, {"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+            )
+        finally:
+            self.progress.checkpoint_finished()
+
+    def _shutdown(self, step: int, start_step: int, losses: list[float], exit_code: int) -> dict[str, Any]:
+        deadline = time.monotonic() + self.config.shutdown_budget
+        checkpoint_done = True
+        if self.checkpointer is not None:
+            # Finish the in-flight checkpoint if the budget allows; otherwise abandon it (its temp file
+            # never became `latest`, so a resume uses the previous one).
+            checkpoint_done = self.checkpointer.join(timeout=max(0.0, (deadline - time.monotonic()) / 2))
+        report = self.telemetry.close(budget=max(1.0, deadline - time.monotonic()))
+        if exit_code == EXIT_OK and report.unacknowledged_records:
+            exit_code = EXIT_UNDELIVERED
+            log.error(
+                "%d records wait in the spool; rerun with --run %s to deliver them",
+                report.unacknowledged_records,
+                self.config.run,
+            )
+        return {
+            "exit_code": exit_code,
+            "rank": self.world.rank,
+            "world_size": self.world.size,
+            "run": self.config.run,
+            "experiment": self.config.experiment,
+            "start_step": start_step,
+            "last_step": step,
+            "stopped_by_signal": self.stop.is_set(),
+            "first_loss": losses[0] if losses else None,
+            "last_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+            "checkpoints": self.checkpointer.saved if self.checkpointer else [],
+            "checkpoint_abandoned": not checkpoint_done,
+            "aws_requests": aws.REQUESTS.total,
+            "writes_sinks": self.world.is_writer and self.config.telemetry,
+            "delivery": vars(report),
+        }

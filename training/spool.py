@@ -1,0 +1,166 @@
+"""The durable spool: append-only records on the persistent volume, sealed into immutable chunks.
+
+The spool is the source of truth. A record is durable once fsync'd into the open chunk; a chunk
+leaves the pending set only after S3 acknowledged it. After a crash the open chunk is sealed
+(dropping a torn last line), and the sequence continues where the disk says it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OPEN = "open.jsonl"
+SEALED = "sealed"
+STATE = "state.json"
+
+
+def fsync_directory(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write, fsync, rename: readers see the old content or the new, never half of it."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    sequence: int
+    path: Path
+    records: int
+
+    def body(self) -> bytes:
+        return self.path.read_bytes()
+
+
+class SpoolFullError(OSError):
+    """The spool's filesystem is full: nothing more can be made durable."""
+
+
+class Spool:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.sealed_dir = directory / SEALED
+        self.sealed_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        state = self._read_state()
+        self.next_chunk: int = state.get("next_chunk", 0)
+        self.next_seq: int = state.get("next_seq", 0)
+        self.last_step: int = state.get("last_step", -1)
+        self.recovered_records = 0
+        sealed = self._sealed_sequences()
+        if sealed:
+            self.next_chunk = max(self.next_chunk, sealed[-1] + 1)
+        self._recover_open_chunk()
+        self._open = open(self.directory / OPEN, "ab")  # noqa: SIM115 - held for the spool's life
+        self.open_records = 0
+        self.durable_step: int = self.last_step
+
+    # --- recovery ----------------------------------------------------------------------
+    def _read_state(self) -> dict[str, Any]:
+        path = self.directory / STATE
+        return dict(json.loads(path.read_text())) if path.exists() else {}
+
+    def _sealed_sequences(self) -> list[int]:
+        return sorted(int(p.stem.split("-")[1]) for p in self.sealed_dir.glob("chunk-*.jsonl"))
+
+    def _recover_open_chunk(self) -> None:
+        path = self.directory / OPEN
+        if not path.exists():
+            return
+        data = path.read_bytes()
+        complete = data[: data.rfind(b"\n") + 1]  # a torn last line was never durable
+        lines = [line for line in complete.splitlines() if line.strip()]
+        if not lines:
+            path.unlink()
+            return
+        path.write_bytes(complete)
+        for line in lines:
+            record = json.loads(line)
+            self.next_seq = max(self.next_seq, int(record["seq"]) + 1)
+            self.last_step = max(self.last_step, int(record["step"]))
+        self.recovered_records = len(lines)
+        self.open_records = len(lines)
+        self._seal_path(path, len(lines))
+
+    # --- writing (the uploader thread) ---------------------------------------------------
+    def append(self, records: list[dict[str, Any]]) -> None:
+        """Assign sequence numbers and write records to the open chunk; `sync` makes them durable."""
+        if not records:
+            return
+        lines = []
+        for record in records:
+            record["seq"] = self.next_seq
+            self.next_seq += 1
+            self.last_step = max(self.last_step, int(record["step"]))
+            lines.append(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+        try:
+            self._open.write(b"".join(lines))
+        except OSError as error:
+            raise SpoolFullError(error.errno, f"spool {self.directory}: {error.strerror}") from error
+        self.open_records += len(records)
+
+    def sync(self) -> None:
+        try:
+            self._open.flush()
+            os.fsync(self._open.fileno())
+        except OSError as error:
+            raise SpoolFullError(error.errno, f"spool {self.directory}: {error.strerror}") from error
+        self.durable_step: int = self.last_step
+
+    def seal(self) -> Chunk | None:
+        """Close the open chunk into an immutable, numbered one; None if it is empty."""
+        if self.open_records == 0:
+            return None
+        self.sync()
+        self._open.close()
+        chunk = self._seal_path(self.directory / OPEN, self.open_records)
+        self._open = open(self.directory / OPEN, "ab")  # noqa: SIM115
+        self.open_records = 0
+        return chunk
+
+    def _seal_path(self, path: Path, records: int) -> Chunk:
+        sequence = self.next_chunk
+        target = self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
+        os.replace(path, target)
+        fsync_directory(self.sealed_dir)
+        self.next_chunk += 1
+        self._write_state()
+        return Chunk(sequence, target, records)
+
+    def _write_state(self) -> None:
+        state = {"next_chunk": self.next_chunk, "next_seq": self.next_seq, "last_step": self.last_step}
+        write_atomically(self.directory / STATE, json.dumps(state).encode())
+
+    # --- the pending set -------------------------------------------------------------------
+    def pending(self) -> list[Chunk]:
+        chunks = []
+        for sequence in self._sealed_sequences():
+            path = self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
+            chunks.append(Chunk(sequence, path, path.read_bytes().count(b"\n")))
+        return chunks
+
+    def acknowledge(self, chunk: Chunk) -> None:
+        """S3 holds the chunk: only now does it leave the spool."""
+        chunk.path.unlink(missing_ok=True)
+
+    def unacknowledged_records(self) -> int:
+        return self.open_records + sum(c.records for c in self.pending())
+
+    def close(self) -> None:
+        self._open.close()

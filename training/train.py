@@ -1,0 +1,57 @@
+"""Entry point: `python -m training.train ...` or `torchrun --nproc-per-node N -m training.train ...`.
+
+Parses the flags into a JobConfig, builds the job, runs it. Exit codes: 0 done and delivered,
+2 bad input, 3 preflight failed, 75 stopped with records still waiting in the spool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from training.config import generated_run_id, parse_args
+from training.distributed import world_from_environment
+from training.job import Job
+from training.preflight import PreflightError
+
+EXIT_PREFLIGHT = 3
+
+
+def install_stop_handlers() -> threading.Event:
+    """SIGTERM (eviction, Karpenter, SageMaker stop) and SIGINT: stop stepping, then drain."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("beacon").warning(
+            "received %s: finishing the step, then draining", signal.Signals(signum).name
+        )
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+    config = parse_args(argv)
+    stop = install_stop_handlers()
+    with world_from_environment() as world:
+        config = config.with_run(world.broadcast(config.run or generated_run_id()))
+        try:
+            job = Job.build(config, world, stop)
+        except PreflightError as error:
+            print(f"beacon preflight: {error}", file=sys.stderr, flush=True)
+            return EXIT_PREFLIGHT
+        summary = job.run()
+    print(json.dumps({"beacon": "job-finished", **summary}), flush=True)
+    return int(summary["exit_code"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
