@@ -121,7 +121,7 @@ class Spool:
             os.fsync(self._open.fileno())
         except OSError as error:
             raise SpoolFullError(error.errno, f"spool {self.directory}: {error.strerror}") from error
-        self.durable_step: int = self.last_step
+        self.durable_step = self.last_step
 
     def seal(self) -> Chunk | None:
         """Close the open chunk into an immutable, numbered one; None if it is empty."""
