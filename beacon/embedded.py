@@ -73,7 +73,7 @@ def provision_artifact_store(
     trust statements beside its service principal.
     """
     bucket_id, _ = template.one_of_type("AWS::S3::Bucket", logical_id_prefix="ArtifactStoreBucket")
-    key_id, _ = template.one_of_type("AWS::KMS::Key")
+    key_id, _ = template.one_of_type("AWS::KMS::Key", logical_id_prefix="ArtifactStoreKey")
     key = kms.create_key(Description="beacon artifact store")["KeyMetadata"]
     role_ids = {
         "writer": template.one_of_type("AWS::IAM::Role", logical_id_prefix="ArtifactStoreWriterRole")[0],

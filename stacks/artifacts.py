@@ -1,15 +1,27 @@
-"""The stateful stack: the artifact store. Everything in it is RETAINed."""
+"""The stateful stack: the artifact store and the artifact volume. Everything in it is RETAINed."""
 
 from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from beacon_constructs.artifact_store import ArtifactStore
+from beacon_constructs.volume import ArtifactVolume
 from config import TeamConfig
 from training import contract
 
 
 class ArtifactsStack(Stack):
-    def __init__(self, scope: Construct, construct_id: str, *, config: TeamConfig, **kwargs: object) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: TeamConfig,
+        vpc: ec2.IVpc,
+        volume_subnets: ec2.SubnetSelection,
+        node_security_group: ec2.ISecurityGroup,
+        **kwargs: object,
+    ) -> None:
         super().__init__(scope, construct_id, **kwargs)  # type: ignore[arg-type]
         self.store = ArtifactStore(
             self,
@@ -18,7 +30,18 @@ class ArtifactsStack(Stack):
             abort_incomplete_multipart_after=Duration.days(config.artifacts.abort_incomplete_multipart_days),
             metric_namespace=contract.NAMESPACE,
         )
+        self.volume = ArtifactVolume(
+            self,
+            "ArtifactVolume",
+            vpc=vpc,
+            subnets=volume_subnets,
+            client_security_group=node_security_group,
+            uid=config.training.uid,
+            gid=config.training.gid,
+        )
         CfnOutput(self, "BucketName", value=self.store.bucket.bucket_name)
         CfnOutput(self, "WriterRoleArn", value=self.store.writer_role.role_arn)
         CfnOutput(self, "ReaderRoleArn", value=self.store.reader_role.role_arn)
         CfnOutput(self, "KmsKeyArn", value=self.store.key.key_arn)
+        CfnOutput(self, "FileSystemId", value=self.volume.file_system.file_system_id)
+        CfnOutput(self, "AccessPointId", value=self.volume.access_point.access_point_id)

@@ -10,12 +10,16 @@ from cdk_nag import AwsSolutionsChecks
 from beacon_constructs.tagging import tag_team
 from config import TeamConfig
 from stacks.artifacts import ArtifactsStack
+from stacks.cluster import ClusterStack
 from stacks.monitoring import MonitoringStack
+from stacks.network import NetworkStack
 
 
 @dataclass(frozen=True)
 class BeaconStacks:
+    network: NetworkStack
     artifacts: ArtifactsStack
+    cluster: ClusterStack
     monitoring: MonitoringStack
 
 
@@ -32,21 +36,51 @@ def build_app(app: App, config: TeamConfig) -> BeaconStacks:
     tag_team(app, config.team)
     # The demo team synthesizes env-agnostic: no account, no lookups, no credentials.
     env = Environment(account=config.account, region=config.region) if config.account else None
+    name = cluster_name(config)
+
+    def describe(what: str) -> str:
+        return f"Beacon {config.team}: {what}"
+
+    network = NetworkStack(
+        app,
+        stack_name(config, "network"),
+        config=config,
+        cluster_name=name,
+        env=env,
+        description=describe("VPC, flow logs and endpoints"),
+    )
     artifacts = ArtifactsStack(
         app,
         stack_name(config, "artifacts"),
         config=config,
+        vpc=network.network.vpc,
+        volume_subnets=network.network.node_subnets,
+        node_security_group=network.network.node_security_group,
         env=env,
-        description=f"Beacon {config.team}: artifact store (stateful, retained)",
+        description=describe("artifact store and volume (stateful, retained)"),
         termination_protection=config.account is not None,
+    )
+    cluster = ClusterStack(
+        app,
+        stack_name(config, "cluster"),
+        config=config,
+        cluster_name=name,
+        vpc=network.network.vpc,
+        node_subnets=network.network.node_subnets,
+        writer_role=artifacts.store.writer_role,
+        bucket=artifacts.store.bucket,
+        file_system=artifacts.volume.file_system,
+        access_point=artifacts.volume.access_point,
+        env=env,
+        description=describe("EKS, Karpenter, training namespace and smoke Job"),
     )
     monitoring = MonitoringStack(
         app,
         stack_name(config, "monitoring"),
         config=config,
-        cluster_name=cluster_name(config),
+        cluster_name=name,
         writer_role=artifacts.store.writer_role,
         env=env,
-        description=f"Beacon {config.team}: alarms, dashboard and alarm topic",
+        description=describe("alarms, dashboard and alarm topic"),
     )
-    return BeaconStacks(artifacts=artifacts, monitoring=monitoring)
+    return BeaconStacks(network=network, artifacts=artifacts, cluster=cluster, monitoring=monitoring)

@@ -169,7 +169,7 @@ def test_writer_uses_the_key_only_through_s3(demo: Synthesized) -> None:
     writer = statements(demo, "AWS::IAM::Policy", "ArtifactStoreWriterPolicy")
     kms = next(s for s in writer if s["Sid"] == "UseKeyViaS3")
     assert sorted(kms["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey"]
-    key_id, _ = demo.template("artifacts").one_of_type("AWS::KMS::Key")
+    key_id, _ = demo.template("artifacts").one_of_type("AWS::KMS::Key", logical_id_prefix="ArtifactStoreKey")
     assert kms["Resource"] == {"Fn::GetAtt": [key_id, "Arn"]}
     assert kms["Condition"] == {
         "StringEquals": {"kms:ViaService": {"Fn::Join": ["", ["s3.", {"Ref": "AWS::Region"}, ".amazonaws.com"]]}}
@@ -205,13 +205,10 @@ def test_every_taggable_resource_carries_team_and_component_tags(demo: Synthesiz
             assert keys.get("beacon:component"), logical_id
 
 
-def test_taggable_artifact_resources_are_tagged(template: Template) -> None:
-    for resource_type in ("AWS::S3::Bucket", "AWS::KMS::Key", "AWS::IAM::Role"):
-        template.all_resources_properties(
-            resource_type,
-            {
-                "Tags": Match.array_with(
-                    [{"Key": "beacon:component", "Value": "artifact-store"}, {"Key": "beacon:team", "Value": "demo"}]
-                )
-            },
-        )
+def test_taggable_artifact_resources_are_tagged_by_their_component(demo: Synthesized) -> None:
+    for logical_id, resource in demo.template("artifacts").resources.items():
+        tags = {t["Key"]: t["Value"] for t in resource.get("Properties", {}).get("Tags", [])}
+        if not tags:
+            continue
+        component = "artifact-store" if logical_id.startswith("ArtifactStore") else "artifact-volume"
+        assert tags.items() >= {"beacon:component": component, "beacon:team": "demo"}.items(), logical_id

@@ -1,0 +1,149 @@
+"""The EKS cluster (aws_eks_v2): private endpoint by default, all control-plane logs, envelope-
+encrypted secrets, a small system node group for Karpenter and add-ons, access entries only."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
+from constructs import Construct
+
+from beacon_constructs.log_groups import log_group
+from beacon_constructs.nag import acknowledge
+from beacon_constructs.tagging import tag_component
+
+KUBERNETES_VERSIONS = {"1.35": eks.KubernetesVersion.V1_35}
+KUBECTL_LAYERS = {"1.35": KubectlV35Layer}
+CONTROL_PLANE_LOGS = (
+    eks.ClusterLoggingTypes.API,
+    eks.ClusterLoggingTypes.AUDIT,
+    eks.ClusterLoggingTypes.AUTHENTICATOR,
+    eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+    eks.ClusterLoggingTypes.SCHEDULER,
+)
+# Managed add-ons, installed explicitly (bootstrap_self_managed_addons is off).
+CORE_ADDONS = ("vpc-cni", "coredns", "kube-proxy")
+EFS_CSI_ADDON, EFS_CSI_SERVICE_ACCOUNT = "aws-efs-csi-driver", "efs-csi-controller-sa"
+OBSERVABILITY_ADDON = "amazon-cloudwatch-observability"
+OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT = "amazon-cloudwatch", "cloudwatch-agent"
+
+
+class TrainingCluster(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        cluster_name: str,
+        kubernetes_version: str,
+        vpc: ec2.IVpc,
+        subnets: ec2.SubnetSelection,
+        public_access_cidrs: list[str],
+        system_node_instance_type: str,
+        system_node_count: int,
+        log_retention_days: int,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        tag_component(self, "cluster")
+        self.secrets_key = kms.Key(
+            self, "SecretsKey", description=f"{cluster_name}: Kubernetes secrets envelope", enable_key_rotation=True
+        )
+        # EKS writes to this group once logging is on; created here so its retention is ours.
+        self.control_plane_logs = log_group(
+            self, "ControlPlaneLogs", retention_days=log_retention_days, name=f"/aws/eks/{cluster_name}/cluster"
+        )
+        endpoint = (
+            eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*public_access_cidrs)
+            if public_access_cidrs
+            else eks.EndpointAccess.PRIVATE
+        )
+        self.cluster = eks.Cluster(
+            self,
+            "Cluster",
+            cluster_name=cluster_name,
+            version=KUBERNETES_VERSIONS[kubernetes_version],
+            vpc=vpc,
+            vpc_subnets=[subnets],
+            endpoint_access=endpoint,
+            cluster_logging=list(CONTROL_PLANE_LOGS),
+            secrets_encryption_key=self.secrets_key,
+            default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+            default_capacity=system_node_count,
+            default_capacity_instance=ec2.InstanceType(system_node_instance_type),
+            bootstrap_self_managed_addons=False,
+            kubectl_provider_options=eks.KubectlProviderOptions(
+                kubectl_layer=KUBECTL_LAYERS[kubernetes_version](self, "KubectlLayer"),
+            ),
+        )
+        self.cluster.node.add_dependency(self.control_plane_logs)
+        self._icluster = cast(eks.ICluster, self.cluster)  # jsii's protocol lags the class
+        self.addons = {
+            name: eks.Addon(self, f"Addon-{name}", cluster=self._icluster, addon_name=name) for name in CORE_ADDONS
+        }
+        self.efs_csi_role = self._pod_identity_role(
+            "EfsCsiRole", "service-role/AmazonEFSCSIDriverPolicy", "kube-system", EFS_CSI_SERVICE_ACCOUNT
+        )
+        self.addons[EFS_CSI_ADDON] = eks.Addon(self, "Addon-efs-csi", cluster=self._icluster, addon_name=EFS_CSI_ADDON)
+        self.observability_role = self._pod_identity_role(
+            "ObservabilityRole", "CloudWatchAgentServerPolicy", OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT
+        )
+        self.addons[OBSERVABILITY_ADDON] = eks.Addon(
+            self, "Addon-observability", cluster=self._icluster, addon_name=OBSERVABILITY_ADDON
+        )
+        self._acknowledge()
+
+    def _pod_identity_role(self, role_id: str, managed_policy: str, namespace: str, service_account: str) -> iam.Role:
+        role = iam.Role(
+            self,
+            role_id,
+            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(managed_policy)],
+        )
+        eks.CfnPodIdentityAssociation(
+            self,
+            f"{role_id}Association",
+            cluster_name=self.cluster.cluster_name,
+            namespace=namespace,
+            service_account=service_account,
+            role_arn=role.role_arn,
+        )
+        acknowledge(
+            role,
+            f"IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{managed_policy}]",
+            f"The AWS-maintained policy for the {service_account} add-on tracks the add-on's own needs.",
+        )
+        return role
+
+    def _acknowledge(self) -> None:
+        kubectl = {
+            "IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]": (
+                "CDK's kubectl handler and its provider framework write their own logs."
+            ),
+            "IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaVPCAccessExecutionRole]": (
+                "The kubectl handler runs inside the VPC to reach the private endpoint."
+            ),
+            'IAM4[Policy::{"Fn::If":["ClusterKubectlProviderHandlerHasEcrPublic6FE395CA",{"Fn::Join":["",["arn:",'
+            '{"Ref":"AWS::Partition"},":iam::aws:policy/AmazonElasticContainerRegistryPublicReadOnly"]]},'
+            '{"Ref":"AWS::NoValue"}]}]': "The kubectl handler pulls the Karpenter chart from ECR Public (OCI).",
+            "L1": "CDK's kubectl handler pins its own runtime to match the kubectl layer.",
+            "IAM5[Resource::<ClusterKubectlProviderHandler93C0312D.Arn>:*]": (
+                "The provider framework invokes every version of CDK's own kubectl handler."
+            ),
+        }
+        for finding, reason in kubectl.items():
+            acknowledge(self.cluster, finding, reason)
+        acknowledge(
+            self.cluster,
+            "IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKSClusterPolicy]",
+            "The EKS service role needs the AWS-maintained cluster policy.",
+        )
+        for name in ("AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly"):
+            acknowledge(
+                self.cluster,
+                f"IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]",
+                "The system node group's role needs the AWS-maintained EKS worker policies.",
+            )

@@ -1,0 +1,133 @@
+"""Karpenter 1.x (API v1) objects as plain dicts: the node classes and the two node pools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from training.manifests import CPU_POOL, GPU_POOL, GPU_TAINT, POOL_LABEL
+
+NODE_CLASS_API = "karpenter.k8s.aws/v1"
+NODE_POOL_API = "karpenter.sh/v1"
+DISCOVERY_TAG = "karpenter.sh/discovery"
+# AL2023; for GPU instance types Karpenter picks the matching NVIDIA variant of the same release.
+AMI_ALIAS = "al2023@latest"
+GPU_NODE_CLASS, CPU_NODE_CLASS = "gpu", "cpu"
+
+
+@dataclass(frozen=True)
+class NodeClassSpec:
+    name: str
+    cluster_name: str
+    node_role: str
+    root_volume_gib: int
+    team: str
+
+
+def node_class(spec: NodeClassSpec) -> dict[str, Any]:
+    discovery = {"tags": {DISCOVERY_TAG: spec.cluster_name}}
+    return {
+        "apiVersion": NODE_CLASS_API,
+        "kind": "EC2NodeClass",
+        "metadata": {"name": spec.name},
+        "spec": {
+            "role": spec.node_role,
+            "amiSelectorTerms": [{"alias": AMI_ALIAS}],
+            "subnetSelectorTerms": [discovery],
+            "securityGroupSelectorTerms": [discovery, {"tags": {"aws:eks:cluster-name": spec.cluster_name}}],
+            # IMDSv2 only, hop limit 1: pods get credentials from Pod Identity, never from the node.
+            "metadataOptions": {
+                "httpEndpoint": "enabled",
+                "httpProtocolIPv6": "disabled",
+                "httpPutResponseHopLimit": 1,
+                "httpTokens": "required",
+            },
+            "blockDeviceMappings": [
+                {
+                    "deviceName": "/dev/xvda",
+                    "ebs": {
+                        "volumeSize": f"{spec.root_volume_gib}Gi",
+                        "volumeType": "gp3",
+                        "encrypted": True,
+                        "deleteOnTermination": True,
+                    },
+                }
+            ],
+            "tags": {"beacon:team": spec.team, "beacon:component": f"karpenter-node-{spec.name}"},
+        },
+    }
+
+
+def _requirement(key: str, values: list[str], operator: str = "In") -> dict[str, Any]:
+    return {"key": key, "operator": operator, "values": values}
+
+
+def gpu_training_pool(
+    *,
+    instance_families: list[str],
+    instance_types: list[str],
+    capacity_types: list[str],
+    gpu_limit: int,
+    cpu_limit: int,
+) -> dict[str, Any]:
+    requirements = [
+        _requirement("karpenter.k8s.aws/instance-family", instance_families),
+        _requirement("karpenter.sh/capacity-type", capacity_types),
+        _requirement("kubernetes.io/arch", ["amd64"]),
+        _requirement("kubernetes.io/os", ["linux"]),
+    ]
+    if instance_types:
+        requirements.append(_requirement("node.kubernetes.io/instance-type", instance_types))
+    return {
+        "apiVersion": NODE_POOL_API,
+        "kind": "NodePool",
+        "metadata": {"name": GPU_POOL},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {POOL_LABEL: GPU_POOL}},
+                "spec": {
+                    "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": GPU_NODE_CLASS},
+                    "taints": [GPU_TAINT],
+                    "requirements": requirements,
+                    "expireAfter": "720h",
+                    # Caps how long do-not-disrupt can hold an expired node: expiry never sticks.
+                    "terminationGracePeriod": "24h",
+                },
+            },
+            # Only empty nodes go: consolidation, not Spot, is what evicts training pods.
+            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "10m", "budgets": [{"nodes": "1"}]},
+            "limits": {"nvidia.com/gpu": str(gpu_limit), "cpu": str(cpu_limit)},  # the cost guard
+        },
+    }
+
+
+def cpu_smoke_pool(*, capacity_types: list[str], cpu_limit: int) -> dict[str, Any]:
+    return {
+        "apiVersion": NODE_POOL_API,
+        "kind": "NodePool",
+        "metadata": {"name": CPU_POOL},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {POOL_LABEL: CPU_POOL}},
+                "spec": {
+                    "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": CPU_NODE_CLASS},
+                    "requirements": [
+                        _requirement("karpenter.k8s.aws/instance-category", ["c", "m"]),
+                        _requirement("karpenter.k8s.aws/instance-cpu", ["17"], operator="Lt"),
+                        _requirement("karpenter.k8s.aws/instance-generation", ["5"], operator="Gt"),
+                        _requirement("karpenter.sh/capacity-type", capacity_types),
+                        _requirement("kubernetes.io/arch", ["amd64"]),
+                        _requirement("kubernetes.io/os", ["linux"]),
+                    ],
+                    "expireAfter": "168h",
+                    "terminationGracePeriod": "2h",
+                },
+            },
+            "disruption": {
+                "consolidationPolicy": "WhenEmptyOrUnderutilized",
+                "consolidateAfter": "2m",
+                "budgets": [{"nodes": "1"}],
+            },
+            "limits": {"cpu": str(cpu_limit)},
+        },
+    }

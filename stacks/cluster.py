@@ -1,0 +1,101 @@
+"""The cluster stack: EKS, Karpenter, the training namespace and volume objects, and the smoke Job."""
+
+from aws_cdk import CfnOutput, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_efs as efs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from beacon_constructs.cluster import EFS_CSI_ADDON, TrainingCluster
+from beacon_constructs.karpenter import Karpenter, PoolSettings
+from beacon_constructs.smoke_job import SmokeJob
+from beacon_constructs.training_namespace import TrainingNamespace
+from config import TeamConfig
+from training import contract, manifests
+
+
+class ClusterStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: TeamConfig,
+        cluster_name: str,
+        vpc: ec2.IVpc,
+        node_subnets: ec2.SubnetSelection,
+        writer_role: iam.IRole,
+        bucket: s3.IBucket,
+        file_system: efs.IFileSystem,
+        access_point: efs.IAccessPoint,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)  # type: ignore[arg-type]
+        self.training_cluster = TrainingCluster(
+            self,
+            "Cluster",
+            cluster_name=cluster_name,
+            kubernetes_version=config.cluster.kubernetes_version,
+            vpc=vpc,
+            subnets=node_subnets,
+            public_access_cidrs=list(config.cluster.public_access_cidrs),
+            system_node_instance_type=config.cluster.system_node_instance_type,
+            system_node_count=config.cluster.system_node_count,
+            log_retention_days=config.monitoring.log_retention_days,
+        )
+        cluster = self.training_cluster.cluster
+        compute = config.compute
+        self.karpenter = Karpenter(
+            self,
+            "Karpenter",
+            cluster=cluster,
+            cluster_name=cluster_name,
+            team=config.team,
+            pools=PoolSettings(
+                gpu_instance_families=list(compute.gpu_instance_families),
+                gpu_instance_types=list(compute.gpu_instance_types),
+                capacity_types=list(compute.capacity_types),
+                gpu_limit=compute.gpu_limit,
+                gpu_cpu_limit=compute.gpu_cpu_limit,
+                smoke_cpu_limit=compute.smoke_cpu_limit,
+            ),
+        )
+        self.training = TrainingNamespace(
+            self,
+            "Training",
+            cluster=cluster,
+            writer_role=writer_role,
+            file_system_id=file_system.file_system_id,
+            access_point_id=access_point.access_point_id,
+            depends_on_storage_driver=self.training_cluster.addons[EFS_CSI_ADDON],
+        )
+        training = config.training
+        self.smoke_job = SmokeJob(
+            self,
+            "SmokeJob",
+            cluster=cluster,
+            spec=manifests.SmokeJobSpec(
+                team=config.team,
+                image="",
+                bucket=bucket.bucket_name,
+                region=self.region,
+                uid=training.uid,
+                gid=training.gid,
+                steps=training.smoke_steps,
+                nodes=training.smoke_nodes,
+                processes_per_node=training.smoke_processes_per_node,
+                heartbeat_interval=config.monitoring.heartbeat_interval_seconds,
+            ),
+            platform=training.image_platform,
+            after=[
+                self.training.service_account,
+                self.training.volume,
+                self.training.pod_identity,
+                self.karpenter.node_pool_manifest,
+            ],
+        )
+        CfnOutput(self, "ClusterName", value=cluster.cluster_name)
+        CfnOutput(self, "TrainingNamespace", value=contract.TRAINING_NAMESPACE)
+        CfnOutput(self, "SmokeJobName", value=self.smoke_job.spec.name)
+        CfnOutput(self, "InterruptionQueueName", value=self.karpenter.queue.queue_name)

@@ -1,0 +1,270 @@
+"""Kubernetes objects for the smoke Job, its volume and its service account, as plain dicts.
+
+The cluster stack and `beacon smoke` both build their Jobs here, so a post-deploy smoke test runs
+exactly what the stack runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from training import contract
+
+TRAINING_SERVICE_ACCOUNT = "training"
+ARTIFACTS_CLAIM = "beacon-artifacts"
+ARTIFACTS_VOLUME = "beacon-artifacts"
+STORAGE_CLASS = "beacon-efs"
+ARTIFACTS_MOUNT = "/artifacts"
+RUNTIME_DIR = "/var/run/beacon"
+HEARTBEAT_FILE = f"{RUNTIME_DIR}/heartbeat"
+RENDEZVOUS_PORT = 29500
+HEARTBEAT_TOLERANCE_S = contract.SILENT_BUDGET_S  # never the 30 s default
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+POOL_LABEL = "beacon/pool"
+GPU_POOL, CPU_POOL = "gpu-training", "cpu-smoke"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+# Bad input (2) and a failed preflight (3) will not get better with a retry.
+NON_RETRIABLE_EXIT_CODES = [2, 3]
+
+
+def namespace(name: str = contract.TRAINING_NAMESPACE) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"beacon/managed": "true"}}}
+
+
+def service_account(name: str = TRAINING_SERVICE_ACCOUNT, ns: str = contract.TRAINING_NAMESPACE) -> dict[str, Any]:
+    # No IRSA annotation: EKS Pod Identity binds the writer role to this account.
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}}
+
+
+def storage_class() -> dict[str, Any]:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": STORAGE_CLASS},
+        "provisioner": "efs.csi.aws.com",
+        "reclaimPolicy": "Retain",
+        "volumeBindingMode": "Immediate",
+    }
+
+
+def persistent_volume(file_system_id: str, access_point_id: str) -> dict[str, Any]:
+    """A static volume on the access point, so every write is owned by the training uid/gid."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": ARTIFACTS_VOLUME},
+        "spec": {
+            "capacity": {"storage": "1Ti"},  # EFS is elastic; Kubernetes needs a number
+            "volumeMode": "Filesystem",
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": STORAGE_CLASS,
+            "csi": {"driver": "efs.csi.aws.com", "volumeHandle": f"{file_system_id}::{access_point_id}"},
+        },
+    }
+
+
+def persistent_volume_claim(ns: str = contract.TRAINING_NAMESPACE) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": ARTIFACTS_CLAIM, "namespace": ns},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": STORAGE_CLASS,
+            "volumeName": ARTIFACTS_VOLUME,
+            "resources": {"requests": {"storage": "1Ti"}},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class SmokeJobSpec:
+    team: str
+    image: str
+    bucket: str
+    region: str
+    uid: int
+    gid: int
+    steps: int = 200
+    nodes: int = 1
+    processes_per_node: int = 1
+    gpu: bool = False
+    experiment: str = "smoke"
+    heartbeat_interval: int = 15
+    shutdown_budget: int = 60
+    workers: int = 2
+    namespace: str = contract.TRAINING_NAMESPACE
+    name_suffix: str = ""
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the Job's settings; `name_suffix` carries the image's identity."""
+        settings = {k: v for k, v in asdict(self).items() if k not in ("image", "name_suffix")}
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+
+    @property
+    def name(self) -> str:
+        return f"beacon-smoke-{self.fingerprint}{self.name_suffix}"
+
+    @property
+    def service_name(self) -> str:
+        return f"{self.name}-ranks"
+
+
+def _torchrun_args(spec: SmokeJobSpec) -> list[str]:
+    if spec.nodes == 1:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = [
+            f"--nnodes={spec.nodes}",
+            "--node-rank=$(JOB_COMPLETION_INDEX)",
+            f"--master-addr={spec.name}-0.{spec.service_name}.{spec.namespace}.svc",
+            f"--master-port={RENDEZVOUS_PORT}",
+        ]
+    return [*rendezvous, f"--nproc-per-node={spec.processes_per_node}", "-m", "training.train"]
+
+
+def _environment(spec: SmokeJobSpec) -> list[dict[str, str]]:
+    values = {
+        "BEACON_TEAM": spec.team,
+        "BEACON_EXPERIMENT": spec.experiment,
+        "BEACON_RUN_ID": spec.name,  # restarts of this Job resume the same run
+        "BEACON_STEPS": str(spec.steps),
+        "BEACON_BUCKET": spec.bucket,
+        "BEACON_SPOOL_DIR": f"{ARTIFACTS_MOUNT}/spool",
+        "BEACON_CHECKPOINT_DIR": f"{ARTIFACTS_MOUNT}/checkpoints",
+        "BEACON_HEARTBEAT_INTERVAL": str(spec.heartbeat_interval),
+        "BEACON_HEARTBEAT_FILE": HEARTBEAT_FILE,
+        "BEACON_SHUTDOWN_BUDGET": str(spec.shutdown_budget),
+        "BEACON_WORKERS": str(spec.workers),
+        "AWS_REGION": spec.region,
+        "PYTHONUNBUFFERED": "1",
+    }
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def _heartbeat_age_check(tolerance: int) -> list[str]:
+    return ["sh", "-c", f"test $(( $(date +%s) - $(stat -c %Y {HEARTBEAT_FILE}) )) -lt {tolerance}"]
+
+
+def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
+    """The smoke Job (an Indexed Job; with several nodes, also the headless Service for rendezvous)."""
+    labels = {"app.kubernetes.io/name": "beacon-smoke", "beacon/team": spec.team}
+    resources: dict[str, Any] = {
+        "requests": {"cpu": "1", "memory": "2Gi"},
+        "limits": {"memory": "4Gi"},
+    }
+    if spec.gpu:
+        resources["requests"]["nvidia.com/gpu"] = str(spec.processes_per_node)
+        resources["limits"]["nvidia.com/gpu"] = str(spec.processes_per_node)
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": TRAINING_SERVICE_ACCOUNT,
+        "restartPolicy": "Never",  # podFailurePolicy requires it; the Job decides on retries
+        "terminationGracePeriodSeconds": spec.shutdown_budget + 60,
+        "securityContext": {
+            "runAsUser": spec.uid,
+            "runAsGroup": spec.gid,
+            "fsGroup": spec.gid,
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "nodeSelector": {POOL_LABEL: GPU_POOL if spec.gpu else CPU_POOL},
+        "initContainers": [
+            {
+                "name": "volume-check",
+                "image": spec.image,
+                # The seed's fix, kept as a check: the volume must be writable by the training uid.
+                "command": [
+                    "sh",
+                    "-c",
+                    f"touch {ARTIFACTS_MOUNT}/.beacon-write-check && rm {ARTIFACTS_MOUNT}/.beacon-write-check "
+                    f'|| {{ echo "{ARTIFACTS_MOUNT} is not writable by uid $(id -u): check the access point '
+                    f'and fsGroup" >&2; exit 1; }}',
+                ],
+                "volumeMounts": [{"name": "artifacts", "mountPath": ARTIFACTS_MOUNT}],
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            }
+        ],
+        "containers": [
+            {
+                "name": "train",
+                "image": spec.image,
+                "command": ["torchrun"],
+                "args": _torchrun_args(spec),
+                "env": _environment(spec),
+                "resources": resources,
+                "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}],
+                "startupProbe": {
+                    "exec": {"command": ["test", "-f", HEARTBEAT_FILE]},
+                    "periodSeconds": 10,
+                    "failureThreshold": 30,
+                },
+                "livenessProbe": {
+                    "exec": {"command": _heartbeat_age_check(HEARTBEAT_TOLERANCE_S)},
+                    "periodSeconds": 20,
+                    "timeoutSeconds": 5,
+                    "failureThreshold": 1,
+                },
+                "volumeMounts": [
+                    {"name": "artifacts", "mountPath": ARTIFACTS_MOUNT},
+                    {"name": "runtime", "mountPath": RUNTIME_DIR},
+                    {"name": "shm", "mountPath": "/dev/shm"},
+                ],
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            }
+        ],
+        "volumes": [
+            {"name": "artifacts", "persistentVolumeClaim": {"claimName": ARTIFACTS_CLAIM}},
+            {"name": "runtime", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},  # DataLoader workers
+        ],
+    }
+    if spec.gpu:
+        pod_spec["tolerations"] = [{**GPU_TAINT, "operator": "Equal"}]
+    if spec.nodes > 1:
+        pod_spec["subdomain"] = spec.service_name
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": spec.nodes,
+            "parallelism": spec.nodes,
+            "backoffLimit": 2,
+            "ttlSecondsAfterFinished": 86400,
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": "train", "operator": "In", "values": NON_RETRIABLE_EXIT_CODES},
+                    },
+                ]
+            },
+            "template": {
+                "metadata": {"labels": labels, "annotations": {DO_NOT_DISRUPT: "true"}},
+                "spec": pod_spec,
+            },
+        },
+    }
+    objects = [job]
+    if spec.nodes > 1:
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": spec.service_name, "namespace": spec.namespace, "labels": labels},
+                "spec": {
+                    "clusterIP": "None",
+                    "selector": {"batch.kubernetes.io/job-name": spec.name},
+                    "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}],
+                    "publishNotReadyAddresses": True,
+                },
+            }
+        )
+    return objects
