@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from beacon.templates import Resolver, Template
+from beacon.templates import Resolver, Template, shape_resolver
 from training.contract import render_run_alarms
 
 ALARM, OK, INSUFFICIENT = "ALARM", "OK", "INSUFFICIENT_DATA"
@@ -227,7 +227,7 @@ def team_alarm_definitions(monitoring: Template) -> list[dict[str, Any]]:
 def run_alarm_template_text(monitoring: Template, resolver: Resolver | None = None) -> str:
     """The SSM parameter's value, with the topic ARN resolved (or left as a marker)."""
     _, parameter = monitoring.one_of_type("AWS::SSM::Parameter")
-    resolver = resolver or Resolver(account="000000000000", region="us-east-1", attributes=_marker)
+    resolver = resolver or shape_resolver()
     return str(resolver.resolve(parameter["Properties"]["Value"]))
 
 
@@ -242,7 +242,3 @@ def alarm_set_for_run(monitoring: Template, experiment: str, run: str) -> AlarmS
     """Team alarms plus one run's alarms, as they exist while that run is live."""
     metric_alarms, composite = run_alarm_definitions(monitoring, experiment, run)
     return AlarmSet.from_definitions([*team_alarm_definitions(monitoring), *metric_alarms], [composite])
-
-
-def _marker(logical_id: str, attribute: str | None) -> str:
-    return f"<{logical_id}{'.' + attribute if attribute else ''}>"

@@ -58,6 +58,7 @@ class Resolver:
     account: str
     region: str
     attributes: AttributeResolver
+    imports: Callable[[str], str] = field(default=lambda name: f"<import:{name}>")
     partition: str = "aws"
     url_suffix: str = "amazonaws.com"
     _pseudo: dict[str, str] = field(init=False)
@@ -88,6 +89,10 @@ class Resolver:
                 return separator.join(str(self.resolve(p)) for p in parts)
             if key == "Fn::Sub":
                 return self._sub(argument)
+            if key == "Fn::ImportValue":
+                return self.imports(str(self.resolve(argument)))
+            if key == "Fn::GetStackOutput":  # CDK's cross-stack references
+                return self.imports(f"{argument['StackName']}.{argument['OutputName']}")
             if key.startswith("Fn::"):
                 raise TemplateError(f"unsupported intrinsic {key}")
         return {k: self.resolve(v) for k, v in value.items()}
@@ -108,3 +113,21 @@ class Resolver:
                 out.append(self.attributes(logical_id, attribute or None))
         out.append(rest)
         return "".join(out)
+
+
+def marker(logical_id: str, attribute: str | None) -> str:
+    """What an unprovisioned resource resolves to when only the template's shape matters."""
+    return f"<{logical_id}{'.' + attribute if attribute else ''}>"
+
+
+def shape_resolver() -> Resolver:
+    return Resolver(account="000000000000", region="us-east-1", attributes=marker)
+
+
+def kubernetes_objects(template: Template) -> dict[str, list[dict[str, Any]]]:
+    """The objects of each Custom::AWSCDK-EKS-KubernetesResource, by logical id, tokens as markers."""
+    resolver = shape_resolver()
+    out = {}
+    for logical_id, resource in template.of_type("Custom::AWSCDK-EKS-KubernetesResource").items():
+        out[logical_id] = list(json.loads(resolver.resolve(resource["Properties"]["Manifest"])))
+    return out

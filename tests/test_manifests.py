@@ -1,0 +1,69 @@
+"""The smoke Job builder shared by the stack and `beacon smoke`: single- and multi-node, CPU and GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import kubernetes_validate
+import pytest
+
+from training import manifests
+
+BASE = manifests.SmokeJobSpec(
+    team="demo",
+    image="123456789012.dkr.ecr.us-east-1.amazonaws.com/beacon:abc",
+    bucket="bucket",
+    region="us-east-1",
+    uid=1000,
+    gid=1000,
+)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("gpu", [False, True])
+def test_every_variant_validates_strictly(nodes: int, gpu: bool) -> None:
+    for item in manifests.smoke_job(dataclasses.replace(BASE, nodes=nodes, gpu=gpu, processes_per_node=2)):
+        kubernetes_validate.validate(item, "1.35.0", strict=True)
+
+
+def test_one_node_runs_standalone_without_a_service() -> None:
+    (job,) = manifests.smoke_job(BASE)
+    (train,) = job["spec"]["template"]["spec"]["containers"]
+    assert train["command"] == ["torchrun"] and train["args"][0] == "--standalone"
+    assert "subdomain" not in job["spec"]["template"]["spec"]
+
+
+def test_two_nodes_are_an_indexed_job_rendezvousing_on_index_0_through_a_headless_service() -> None:
+    spec = dataclasses.replace(BASE, nodes=2)
+    job, service = manifests.smoke_job(spec)
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    pod = job["spec"]["template"]["spec"]
+    assert pod["subdomain"] == service["metadata"]["name"] == spec.service_name
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": spec.name}
+    args = pod["containers"][0]["args"]
+    assert "--nnodes=2" in args and "--node-rank=$(JOB_COMPLETION_INDEX)" in args
+    assert f"--master-addr={spec.name}-0.{spec.service_name}.training.svc" in args
+
+
+def test_gpu_runs_tolerate_the_gpu_taint_and_request_gpus() -> None:
+    (job,) = manifests.smoke_job(dataclasses.replace(BASE, gpu=True, processes_per_node=4))
+    pod = job["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule", "operator": "Equal"}
+    ]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert pod["nodeSelector"] == {"beacon/pool": "gpu-training"}
+
+
+def test_the_name_changes_with_the_settings_and_the_image_suffix() -> None:
+    assert dataclasses.replace(BASE, steps=201).name != BASE.name
+    assert dataclasses.replace(BASE, name_suffix="-aa").name != BASE.name
+    assert dataclasses.replace(BASE, image="other").name == BASE.name  # the suffix carries the image
+
+
+def test_preflight_and_bad_input_fail_the_job_at_once() -> None:
+    (job,) = manifests.smoke_job(BASE)
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert {"action": "FailJob", "onExitCodes": {"containerName": "train", "operator": "In", "values": [2, 3]}} in rules
