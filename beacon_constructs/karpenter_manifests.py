@@ -62,6 +62,42 @@ def _requirement(key: str, values: list[str], operator: str = "In") -> dict[str,
     return {"key": key, "operator": operator, "values": values}
 
 
+def _node_pool(
+    name: str,
+    *,
+    node_class_name: str,
+    requirements: list[dict[str, Any]],
+    expire_after: str,
+    termination_grace: str,
+    disruption: dict[str, Any],
+    limits: dict[str, str],
+    taints: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    template: dict[str, Any] = {
+        "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": node_class_name},
+        "requirements": [
+            *requirements,
+            _requirement("kubernetes.io/arch", ["amd64"]),
+            _requirement("kubernetes.io/os", ["linux"]),
+        ],
+        "expireAfter": expire_after,
+        # Caps how long do-not-disrupt can hold an expired node: expiry never sticks.
+        "terminationGracePeriod": termination_grace,
+    }
+    if taints:
+        template["taints"] = taints
+    return {
+        "apiVersion": NODE_POOL_API,
+        "kind": "NodePool",
+        "metadata": {"name": name},
+        "spec": {
+            "template": {"metadata": {"labels": {POOL_LABEL: name}}, "spec": template},
+            "disruption": {**disruption, "budgets": [{"nodes": "1"}]},  # never more than one node at a time
+            "limits": limits,  # the cost guard
+        },
+    }
+
+
 def gpu_training_pool(
     *,
     instance_families: list[str],
@@ -73,61 +109,34 @@ def gpu_training_pool(
     requirements = [
         _requirement("karpenter.k8s.aws/instance-family", instance_families),
         _requirement("karpenter.sh/capacity-type", capacity_types),
-        _requirement("kubernetes.io/arch", ["amd64"]),
-        _requirement("kubernetes.io/os", ["linux"]),
     ]
     if instance_types:
         requirements.append(_requirement("node.kubernetes.io/instance-type", instance_types))
-    return {
-        "apiVersion": NODE_POOL_API,
-        "kind": "NodePool",
-        "metadata": {"name": GPU_POOL},
-        "spec": {
-            "template": {
-                "metadata": {"labels": {POOL_LABEL: GPU_POOL}},
-                "spec": {
-                    "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": GPU_NODE_CLASS},
-                    "taints": [GPU_TAINT],
-                    "requirements": requirements,
-                    "expireAfter": "720h",
-                    # Caps how long do-not-disrupt can hold an expired node: expiry never sticks.
-                    "terminationGracePeriod": "24h",
-                },
-            },
-            # Only empty nodes go: consolidation, not Spot, is what evicts training pods.
-            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "10m", "budgets": [{"nodes": "1"}]},
-            "limits": {"nvidia.com/gpu": str(gpu_limit), "cpu": str(cpu_limit)},  # the cost guard
-        },
-    }
+    return _node_pool(
+        GPU_POOL,
+        node_class_name=GPU_NODE_CLASS,
+        requirements=requirements,
+        taints=[GPU_TAINT],
+        expire_after="720h",
+        termination_grace="24h",
+        # Only empty nodes go: consolidation, not Spot, is what evicts training pods.
+        disruption={"consolidationPolicy": "WhenEmpty", "consolidateAfter": "10m"},
+        limits={"nvidia.com/gpu": str(gpu_limit), "cpu": str(cpu_limit)},
+    )
 
 
 def cpu_smoke_pool(*, capacity_types: list[str], cpu_limit: int) -> dict[str, Any]:
-    return {
-        "apiVersion": NODE_POOL_API,
-        "kind": "NodePool",
-        "metadata": {"name": CPU_POOL},
-        "spec": {
-            "template": {
-                "metadata": {"labels": {POOL_LABEL: CPU_POOL}},
-                "spec": {
-                    "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": CPU_NODE_CLASS},
-                    "requirements": [
-                        _requirement("karpenter.k8s.aws/instance-category", ["c", "m"]),
-                        _requirement("karpenter.k8s.aws/instance-cpu", ["17"], operator="Lt"),
-                        _requirement("karpenter.k8s.aws/instance-generation", ["5"], operator="Gt"),
-                        _requirement("karpenter.sh/capacity-type", capacity_types),
-                        _requirement("kubernetes.io/arch", ["amd64"]),
-                        _requirement("kubernetes.io/os", ["linux"]),
-                    ],
-                    "expireAfter": "168h",
-                    "terminationGracePeriod": "2h",
-                },
-            },
-            "disruption": {
-                "consolidationPolicy": "WhenEmptyOrUnderutilized",
-                "consolidateAfter": "2m",
-                "budgets": [{"nodes": "1"}],
-            },
-            "limits": {"cpu": str(cpu_limit)},
-        },
-    }
+    return _node_pool(
+        CPU_POOL,
+        node_class_name=CPU_NODE_CLASS,
+        requirements=[
+            _requirement("karpenter.k8s.aws/instance-category", ["c", "m"]),
+            _requirement("karpenter.k8s.aws/instance-cpu", ["17"], operator="Lt"),
+            _requirement("karpenter.k8s.aws/instance-generation", ["5"], operator="Gt"),
+            _requirement("karpenter.sh/capacity-type", capacity_types),
+        ],
+        expire_after="168h",
+        termination_grace="2h",
+        disruption={"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "2m"},
+        limits={"cpu": str(cpu_limit)},
+    )
