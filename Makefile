@@ -13,7 +13,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: help install demo test synth lint deploy destroy bench clean
 
 help:
-	@echo "make demo    install what is missing, then run Beacon end to end with no AWS account"
+	@echo "make demo    install what is missing, then run Beacon end to end on an embedded AWS (no account)"
 	@echo "make test    install what is missing, then run every test"
 	@echo "make synth   synthesize all stacks of TEAM=$(TEAM) into cdk.out/ (cdk-nag enforced)"
 	@echo "make lint    ruff and mypy"
@@ -21,12 +21,14 @@ help:
 	@echo "make destroy TEAM=<name>  npx cdk destroy --all -c team=<name>"
 
 # Reinstalls only when a pin changes; a second run touches no network.
-$(STAMP_PY): requirements.txt requirements-dev.txt training/requirements.txt constraints.txt
+$(STAMP_PY): requirements.txt requirements-dev.txt training/requirements.txt constraints.txt pyproject.toml
 	@mkdir -p .beacon
 	@echo "beacon: installing Python packages into .venv (log: $(INSTALL_LOG))"
 	@test -x $(PY) || python3 -m venv .venv >>$(INSTALL_LOG) 2>&1
 	@$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt >>$(INSTALL_LOG) 2>&1 \
 		|| { echo "beacon: pip install failed; see $(INSTALL_LOG)" >&2; tail -5 $(INSTALL_LOG) >&2; exit 1; }
+	@$(PY) -m pip install -q --no-deps --no-build-isolation -e . >>$(INSTALL_LOG) 2>&1 \
+		|| { echo "beacon: installing the beacon command failed; see $(INSTALL_LOG)" >&2; exit 1; }
 	@touch $@
 
 $(STAMP_NODE): package.json package-lock.json
@@ -44,9 +46,7 @@ synth: install
 	@$(PY) -m stacks.summary cdk.out
 
 demo: install
-	@rm -rf cdk.out
-	@$(CDK) synth --all --quiet -c team=demo
-	@$(PY) -m stacks.summary cdk.out
+	@.venv/bin/beacon local
 
 test: install
 	@$(PY) -m pytest $(PYTEST_ARGS)

@@ -196,7 +196,11 @@ class Provisioned:
     operator_keys: dict[str, str]
 
     def writer_credentials(self, sts: Any, session_name: str = "beacon-job") -> dict[str, str]:
-        creds = sts.assume_role(RoleArn=self.store.writer_role_arn, RoleSessionName=session_name)["Credentials"]
+        return self.role_credentials(sts, self.store.writer_role_arn, session_name)
+
+    @staticmethod
+    def role_credentials(sts: Any, role_arn: str, session_name: str) -> dict[str, str]:
+        creds = sts.assume_role(RoleArn=role_arn, RoleSessionName=session_name)["Credentials"]
         return {
             "aws_access_key_id": creds["AccessKeyId"],
             "aws_secret_access_key": creds["SecretAccessKey"],

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +20,7 @@ from moto.server import ThreadedMotoServer
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
 ADMIN = {"aws_access_key_id": "admin", "aws_secret_access_key": "admin"}
+READY = "beacon-embedded-aws ready at "
 
 
 def quiet_request_log() -> None:
@@ -29,20 +36,48 @@ def add_missing_apis() -> None:
 
 @dataclass
 class EmbeddedAws:
-    server: ThreadedMotoServer
     url: str
+    _stop: Callable[[], None]
 
     @classmethod
     def start(cls) -> EmbeddedAws:
+        """In this process: cheap to start, but it shares the GIL with whatever else runs here."""
         add_missing_apis()
         quiet_request_log()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()
-        return cls(server, f"http://{host}:{port}")
+        return cls(f"http://{host}:{port}", server.stop)
+
+    @classmethod
+    def start_process(cls, timeout: float = 60) -> EmbeddedAws:
+        """In a process of its own, so a training loop measured beside it keeps its GIL."""
+        process = subprocess.Popen(
+            [sys.executable, "-m", "beacon.embedded_aws"], stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        assert process.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = ""
+        while time.monotonic() < deadline and not line.startswith(READY):
+            line = process.stdout.readline()
+            if not line and process.poll() is not None:
+                raise RuntimeError(f"embedded AWS exited with {process.returncode} before it was ready")
+
+        def stop() -> None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+        if not line.startswith(READY):
+            stop()
+            raise RuntimeError("embedded AWS did not start in time")
+        return cls(line.removeprefix(READY).strip(), stop)
 
     def stop(self) -> None:
-        self.server.stop()
+        self._stop()
 
     def client(self, service: str, **credentials: str) -> Any:
         return boto3.client(service, endpoint_url=self.url, region_name=REGION, **(credentials or ADMIN))
@@ -62,3 +97,17 @@ class EmbeddedAws:
         """moto's state is process-wide: switch enforcement off and forget every resource."""
         self._reset_auth(b"inf")
         requests.post(f"{self.url}/moto-api/reset", timeout=10).raise_for_status()
+
+
+def serve() -> None:
+    """`python -m beacon.embedded_aws`: serve on a free loopback port until SIGTERM."""
+    aws = EmbeddedAws.start()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    print(f"{READY}{aws.url}", flush=True)
+    done.wait()
+    aws.stop()
+
+
+if __name__ == "__main__":
+    serve()

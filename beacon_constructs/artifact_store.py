@@ -14,6 +14,12 @@ from training import contract
 
 WRITER_OBJECT_ACTIONS = ("s3:PutObject", "s3:GetObject")
 READER_OBJECT_ACTIONS = ("s3:GetObject", "s3:GetObjectVersion")
+READER_CLOUDWATCH_ACTIONS = (
+    "cloudwatch:GetMetricData",
+    "cloudwatch:GetMetricStatistics",
+    "cloudwatch:ListMetrics",
+    "cloudwatch:DescribeAlarms",
+)
 DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion")
 
 
@@ -141,6 +147,11 @@ class ArtifactStore(Construct):
                 ),
                 self._list_experiments_statement("ListExperiments", versions=True),
                 self._key_via_s3_statement("DecryptViaS3", ["kms:Decrypt"]),
+                iam.PolicyStatement(
+                    sid="ReadMetricsAndAlarms",
+                    actions=list(READER_CLOUDWATCH_ACTIONS),
+                    resources=["*"],  # CloudWatch read APIs have no resource type (but DescribeAlarms)
+                ),
             ],
         )
 
@@ -176,6 +187,11 @@ class ArtifactStore(Construct):
                 prefix_finding,
                 "Runs create keys at run time; the grant is limited to the experiments/ prefix of this bucket.",
             )
+        acknowledge(
+            self.reader_policy,
+            "IAM5[Resource::*]",
+            "CloudWatch metric reads have no resource type; the reader only reads, for `beacon doctor` and dashboards.",
+        )
         acknowledge(
             self.writer_policy,
             "IAM5[Resource::*]",

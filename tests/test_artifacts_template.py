@@ -186,7 +186,18 @@ def test_writer_may_put_metric_data_only_in_beacons_namespace(demo: Synthesized)
 def test_reader_may_only_read_and_list(demo: Synthesized) -> None:
     reader = statements(demo, "AWS::IAM::Policy", "ArtifactStoreReaderPolicy")
     actions = sorted(a for s in reader for a in as_list(s["Action"]))
-    assert actions == ["kms:Decrypt", "s3:GetObject", "s3:GetObjectVersion", "s3:ListBucket", "s3:ListBucketVersions"]
+    assert actions == [
+        "cloudwatch:DescribeAlarms",
+        "cloudwatch:GetMetricData",
+        "cloudwatch:GetMetricStatistics",
+        "cloudwatch:ListMetrics",
+        "kms:Decrypt",
+        "s3:GetObject",
+        "s3:GetObjectVersion",
+        "s3:ListBucket",
+        "s3:ListBucketVersions",
+    ]
+    assert not any(a.startswith(("s3:Put", "s3:Delete", "cloudwatch:Put", "cloudwatch:Delete")) for a in actions)
 
 
 def test_stack_outputs_name_bucket_roles_and_key(template: Template) -> None:

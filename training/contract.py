@@ -19,6 +19,7 @@ EVENTS = "events"
 CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
 PREFLIGHT = "preflight"
+STATUS = "status"
 # History that must never be overwritten: create-only writes (If-None-Match: *).
 APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD)
 
@@ -50,6 +51,11 @@ def checkpoint_key(experiment: str, run: str, step: int) -> str:
 
 def preflight_key(experiment: str, run: str, probe: str) -> str:
     return f"{run_prefix(experiment, run)}{PREFLIGHT}/{probe}"
+
+
+def final_status_key(experiment: str, run: str) -> str:
+    """Written once a run exits cleanly with everything delivered; a later restart rewrites it."""
+    return f"{run_prefix(experiment, run)}{STATUS}/final.json"
 
 
 def append_only_resource_patterns() -> list[str]:

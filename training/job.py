@@ -200,7 +200,7 @@ class Job:
                 report.unacknowledged_records,
                 self.config.run,
             )
-        return {
+        summary = {
             "exit_code": exit_code,
             "rank": self.world.rank,
             "world_size": self.world.size,
@@ -217,3 +217,6 @@ class Job:
             "writes_sinks": self.world.is_writer and self.config.telemetry,
             "delivery": vars(report),
         }
+        if exit_code == EXIT_OK:
+            self.telemetry.publish_final(summary)
+        return summary

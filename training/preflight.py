@@ -40,6 +40,11 @@ class PreflightRecord:
     spool_filesystem: str
     spool_persistent: bool
     started_at: str
+    team: str
+    region: str
+    s3_endpoint: str
+    namespace: str
+    heartbeat_interval: float
 
 
 def filesystem_of(path: Path) -> tuple[str, str]:
@@ -131,6 +136,11 @@ def run_preflight(
         spool_filesystem=fs_type,
         spool_persistent=persistent,
         started_at=datetime.now(UTC).isoformat(),
+        team=config.team,
+        region=config.region,
+        s3_endpoint=_endpoint(s3),
+        namespace=config.namespace,
+        heartbeat_interval=config.heartbeat_interval,
     )
     key = contract.preflight_key(
         config.experiment, config.run, f"{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}.json"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -75,6 +76,8 @@ class NullTelemetry:
 
     def close(self, budget: float) -> DeliveryReport:
         return DeliveryReport()
+
+    def publish_final(self, summary: dict[str, Any]) -> None: ...
 
 
 class Telemetry(NullTelemetry):
@@ -352,6 +355,14 @@ class Telemetry(NullTelemetry):
                 datum(contract.CHECKPOINT_SECONDS, run_dims, StatisticValues=statistic_set(window.checkpoint_seconds))
             )
         return data
+
+    def publish_final(self, summary: dict[str, Any]) -> None:
+        """Tell `beacon doctor` the run finished (rather than went silent)."""
+        key = contract.final_status_key(self.config.experiment, self.config.run)
+        try:
+            self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=json.dumps(summary).encode())
+        except (ClientError, BotoCoreError) as error:
+            log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
 
     # --- shutdown ---------------------------------------------------------------------------------
     def close(self, budget: float) -> DeliveryReport:

@@ -1,0 +1,158 @@
+"""`beacon`: the operator's command. Every option can also come from the environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import boto3
+import typer
+from botocore.exceptions import BotoCoreError, ClientError
+from rich.console import Console
+from rich.table import Table
+
+from beacon.doctor import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Beacon: training that is never lost in the cloud.")
+console = Console(width=None if sys.stdout.isatty() else 160)
+STYLE = {OK: "green", WARN: "yellow", FAIL: "red"}
+
+
+def print_diagnosis(result: Diagnosis) -> None:
+    table = Table(title=f"beacon doctor: {result.experiment}/{result.run} -> {result.diagnosis}")
+    for column in ("check", "verdict", "evidence", "fix"):
+        table.add_column(column, overflow="fold")
+    for v in result.verdicts:
+        table.add_row(v.check, f"[{STYLE.get(v.status, 'white')}]{v.verdict}[/]", v.evidence, v.fix)
+    console.print(table)
+
+
+def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
+    answer = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
+    return {o["OutputKey"]: o["OutputValue"] for o in answer.get("Outputs", [])}
+
+
+def assumed(sts: Any, role_arn: str, session: str) -> dict[str, str]:
+    creds = sts.assume_role(RoleArn=role_arn, RoleSessionName=session)["Credentials"]
+    return {
+        "aws_access_key_id": creds["AccessKeyId"],
+        "aws_secret_access_key": creds["SecretAccessKey"],
+        "aws_session_token": creds["SessionToken"],
+    }
+
+
+@app.command()
+def doctor(
+    team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name")],
+    run: Annotated[str, typer.Option(envvar="BEACON_RUN_ID", help="run id")],
+    experiment: Annotated[str, typer.Option(envvar="BEACON_EXPERIMENT")] = "smoke",
+    bucket: Annotated[str | None, typer.Option(envvar="BEACON_BUCKET", help="default: the stack output")] = None,
+    region: Annotated[str | None, typer.Option(envvar="AWS_REGION")] = None,
+    reader_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")] = None,
+    writer_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_WRITER_ROLE_ARN")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Why are my metrics missing? Verdicts with evidence and fixes, most likely first."""
+    session = boto3.session.Session(region_name=region)
+    region = session.region_name or "us-east-1"
+    try:
+        if bucket is None or reader_role_arn is None:
+            outputs = stack_outputs(session.client("cloudformation"), f"beacon-{team}-artifacts")
+            bucket = bucket or outputs["BucketName"]
+            reader_role_arn = reader_role_arn or outputs.get("ReaderRoleArn")
+            writer_role_arn = writer_role_arn or outputs.get("WriterRoleArn")
+        sts = session.client("sts")
+        reader = assumed(sts, reader_role_arn, "beacon-doctor") if reader_role_arn else {}
+        probe = None
+        if writer_role_arn:
+            try:
+                probe = session.client("s3", **assumed(sts, writer_role_arn, "beacon-doctor-probe"))
+            except ClientError:
+                probe = None  # the writer trusts only its workloads; the verdict says so
+        result = diagnose(
+            DoctorInputs(
+                team=team,
+                experiment=experiment,
+                run=run,
+                bucket=bucket,
+                region=region,
+                s3=session.client("s3", **reader),
+                cloudwatch=session.client("cloudwatch", **reader),
+                probe_s3=probe,
+            )
+        )
+    except (ClientError, BotoCoreError, KeyError) as error:
+        print(f"beacon doctor: cannot read team {team!r}: {error}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(result.as_dict(), indent=2, default=str))
+    else:
+        print_diagnosis(result)
+    raise typer.Exit(0 if result.healthy else 1)
+
+
+@app.command()
+def local(
+    workdir: Annotated[Path, typer.Option(envvar="BEACON_DEMO_DIR")] = Path(".beacon/demo"),
+    steps: Annotated[int, typer.Option(min=1)] = 200,
+    ranks: Annotated[int, typer.Option(min=1, max=4)] = 2,
+) -> None:
+    """The whole flow on an embedded AWS (moto): no account needed. What `make demo` runs."""
+    from beacon.local import run_local
+
+    with console.status("beacon local") as status:
+
+        def log(line: str) -> None:
+            status.update(line)
+            console.log(line)
+
+        report = run_local(workdir, steps=steps, ranks=ranks, log=log)
+    data = report.as_dict()
+    table = Table(title=f"beacon local: run {report.run} ({data['wall_seconds']} s)")
+    table.add_column("what")
+    table.add_column("result", overflow="fold")
+    for key in (
+        "steps",
+        "ranks",
+        "records_written",
+        "records_in_s3",
+        "records_lost",
+        "records_duplicated",
+        "writer_ranks",
+        "checkpoints",
+        "cloudwatch_datapoints",
+        "doctor",
+    ):
+        table.add_row(key, str(data[key]))
+    for name, state in sorted(data["alarms"].items()):
+        table.add_row(f"alarm {name}", state)
+    for name, scenario in data["scenarios"].items():
+        table.add_row(
+            f"scenario {name}", f"{scenario['verdict']} in {scenario['seconds_to_verdict']} s — {scenario['detail']}"
+        )
+    console.print(table)
+    console.print(f"report: {workdir / 'report.json'}   picture: {data['picture']}")
+    expected = {
+        "permission": "permission",
+        "frozen-doctor": "silent",
+        "frozen-alarm": "ALARM",
+        "tmpfs-spool": "refused",
+    }
+    scenarios_ok = all(data["scenarios"][k]["verdict"] == v for k, v in expected.items())
+    silent_in_budget = data["scenarios"]["frozen-alarm"]["seconds_to_verdict"] <= 120
+    good = report.verification.ok and report.doctor.healthy and scenarios_ok and silent_in_budget
+    if not good:
+        print("beacon local: the demo did not hold; see the table and report.json", file=sys.stderr)
+    raise typer.Exit(0 if good else 1)
+
+
+def main() -> None:
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""`beacon doctor` against a real moto server and real job processes: each verdict from its cause."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from beacon.doctor import Diagnosis, DoctorInputs, diagnose
+from tests.conftest import WriterSession
+from tests.job_harness import JobHarness, signal_group, wait_for
+from tests.moto_server import REGION
+from tests.synth import ROOT
+from training import contract
+
+
+@pytest.fixture
+def reader(as_writer: WriterSession) -> dict[str, str]:
+    provisioned = as_writer.provisioned
+    sts = as_writer.aws.client("sts", **provisioned.operator_keys)
+    return provisioned.role_credentials(sts, provisioned.store.reader_role_arn, "doctor")
+
+
+@pytest.fixture
+def harness(as_writer: WriterSession, tmp_path: Path) -> JobHarness:
+    return JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, as_writer.credentials)
+
+
+def doctor(
+    as_writer: WriterSession,
+    reader: dict[str, str],
+    run: str,
+    *,
+    probe: dict[str, str] | None = None,
+    stall_after_s: float = contract.STALL_THRESHOLD_S,
+) -> Diagnosis:
+    return diagnose(
+        DoctorInputs(
+            team="demo",
+            experiment="smoke",
+            run=run,
+            bucket=as_writer.bucket,
+            region=REGION,
+            s3=as_writer.aws.client("s3", **reader),
+            cloudwatch=as_writer.aws.client("cloudwatch", **reader),
+            probe_s3=as_writer.aws.client("s3", **(probe or as_writer.credentials)),
+            stall_after_s=stall_after_s,
+        )
+    )
+
+
+def verdict(result: Diagnosis, check: str) -> str:
+    return next(v.verdict for v in result.verdicts if v.check == check)
+
+
+def test_a_finished_run_is_finished_and_every_check_passes(
+    harness: JobHarness, as_writer: WriterSession, reader: dict[str, str]
+) -> None:
+    assert harness.run("--run-id", "doc-done", "--steps", "30").returncode == 0
+    result = doctor(as_writer, reader, "doc-done")
+    assert result.diagnosis == "finished" and result.healthy
+    assert verdict(result, "job") == "succeeded"
+    assert verdict(result, "permission") == "writable"
+    assert verdict(result, "ranks") == "rank 0 only"
+    assert verdict(result, "spool") == "persistent"
+    assert verdict(result, "endpoint") == "reachable"
+    assert [v.check for v in result.verdicts] == [
+        "job",
+        "liveness",
+        "delivery",
+        "permission",
+        "endpoint",
+        "ranks",
+        "spool",
+        "alarms",
+    ], "in order of likelihood"
+
+
+def test_a_running_job_is_healthy_and_silent_once_frozen_with_sigstop(
+    harness: JobHarness, as_writer: WriterSession, reader: dict[str, str]
+) -> None:
+    process = harness.start("--run-id", "doc-frozen", "--steps", "100000", "--step-sleep", "0.05")
+    try:
+        assert wait_for(lambda: doctor(as_writer, reader, "doc-frozen").diagnosis == "healthy", timeout=60)
+        signal_group(process, signal.SIGSTOP)
+        frozen = time.monotonic()
+        assert wait_for(lambda: doctor(as_writer, reader, "doc-frozen").diagnosis == "silent", timeout=30)
+        assert time.monotonic() - frozen < 30  # 3 beats of 1 s, plus the doctor's own reads
+    finally:
+        signal_group(process, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+def test_a_hung_loop_with_a_live_heartbeat_is_stalled_not_silent(
+    harness: JobHarness, as_writer: WriterSession, reader: dict[str, str]
+) -> None:
+    process = harness.start("--run-id", "doc-stall", "--steps", "1000", "--step-sleep", "3600")
+    try:
+        assert wait_for(
+            lambda: doctor(as_writer, reader, "doc-stall", stall_after_s=4).diagnosis == "stalled", timeout=60
+        )
+    finally:
+        signal_group(process, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+def test_a_job_identity_without_permission_is_diagnosed_as_permission(
+    as_writer: WriterSession, reader: dict[str, str], tmp_path: Path
+) -> None:
+    as_writer.aws.reset_auth_only()
+    iam = as_writer.aws.client("iam")
+    iam.create_user(UserName="nobody")
+    keys = iam.create_access_key(UserName="nobody")["AccessKey"]
+    as_writer.aws.enforce_iam()
+    nobody = {"aws_access_key_id": keys["AccessKeyId"], "aws_secret_access_key": keys["SecretAccessKey"]}
+    assert (
+        JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, nobody).run("--run-id", "doc-denied").returncode == 3
+    )
+    result = doctor(as_writer, reader, "doc-denied", probe=nobody)
+    assert result.diagnosis == "permission"
+    assert verdict(result, "job") == "not started"
+
+
+def test_two_writers_on_one_run_is_a_rank_collision(
+    harness: JobHarness, as_writer: WriterSession, reader: dict[str, str]
+) -> None:
+    assert harness.run("--run-id", "doc-ranks", "--steps", "10").returncode == 0
+    stray = json.dumps({"run": "doc-ranks", "rank": 1, "step": 3, "loss": 1.0, "wall_time": 0, "seq": 0})
+    as_writer.client("s3").put_object(
+        Bucket=as_writer.bucket,
+        Key=contract.events_key("smoke", "doc-ranks", 999),
+        Body=stray.encode(),
+        IfNoneMatch="*",
+    )
+    assert doctor(as_writer, reader, "doc-ranks").diagnosis == "rank-collision"
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="needs a tmpfs at /dev/shm")
+def test_a_spool_on_tmpfs_allowed_by_flag_is_still_called_out(
+    harness: JobHarness, as_writer: WriterSession, reader: dict[str, str], tmp_path: Path
+) -> None:
+    spool = Path("/dev/shm") / f"beacon-doctor-{tmp_path.name}"
+    result = harness.run(
+        "--run-id", "doc-tmpfs", "--steps", "5", "--spool-dir", str(spool), "--allow-ephemeral-spool", "true"
+    )
+    assert result.returncode == 0
+    assert doctor(as_writer, reader, "doc-tmpfs").diagnosis == "spool-not-persistent"
+
+
+def test_the_cli_reads_options_from_the_environment_and_prints_json(
+    harness: JobHarness, as_writer: WriterSession
+) -> None:
+    assert harness.run("--run-id", "doc-cli", "--steps", "5").returncode == 0
+    store = as_writer.provisioned.store
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
+    env.update(
+        AWS_ENDPOINT_URL=as_writer.aws.url,
+        AWS_REGION=REGION,
+        BEACON_BUCKET=store.bucket,
+        BEACON_READER_ROLE_ARN=store.reader_role_arn,
+        BEACON_WRITER_ROLE_ARN=store.writer_role_arn,
+        AWS_ACCESS_KEY_ID=as_writer.provisioned.operator_keys["aws_access_key_id"],
+        AWS_SECRET_ACCESS_KEY=as_writer.provisioned.operator_keys["aws_secret_access_key"],
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "beacon.cli", "doctor", "--team", "demo", "--run", "doc-cli", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["diagnosis"] == "finished" and answer["healthy"] is True
+    assert len(answer["verdicts"]) == 8
+
+
+def test_the_cli_names_the_team_it_cannot_read(as_writer: WriterSession) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
+    env.update(AWS_ENDPOINT_URL=as_writer.aws.url, AWS_REGION=REGION, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y")
+    done = subprocess.run(
+        [sys.executable, "-m", "beacon.cli", "doctor", "--team", "nosuch", "--run", "r"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("beacon doctor: cannot read team 'nosuch'")

@@ -1,0 +1,47 @@
+"""`beacon local`, what `make demo` runs, end to end as a real subprocess: the report holds, and
+nothing is left running."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.synth import ROOT
+
+
+def training_processes() -> list[str]:
+    listed = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [line for line in listed if "training.train" in line or "beacon.embedded_aws" in line]
+
+
+def test_beacon_local_delivers_everything_once_and_shows_every_scenarios_verdict(tmp_path: Path) -> None:
+    before = training_processes()
+    done = subprocess.run(
+        [sys.executable, "-m", "beacon.cli", "local", "--workdir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["steps"], report["ranks"]) == (200, 2)
+    assert report["records_written"] == report["records_in_s3"] == 200
+    assert report["records_lost"] == 0 and report["records_duplicated"] == 0
+    assert report["writer_ranks"] == [0]
+    assert report["checkpoints"] >= 1 and report["cloudwatch_datapoints"] > 0
+    assert report["doctor"] == "finished"
+    assert "ALARM" not in report["alarms"].values()
+    scenarios = report["scenarios"]
+    assert scenarios["permission"]["verdict"] == "permission"
+    assert scenarios["permission"]["seconds_to_verdict"] < 20
+    assert scenarios["frozen-doctor"]["verdict"] == "silent"
+    assert scenarios["frozen-alarm"]["verdict"] == "ALARM"
+    assert scenarios["frozen-alarm"]["seconds_to_verdict"] <= 120
+    assert scenarios["tmpfs-spool"]["verdict"] == "refused"
+    assert report["wall_seconds"] > 0
+    picture = Path(report["picture"])
+    assert picture.is_file() and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert training_processes() == before, "the demo leaves no process running"
