@@ -14,7 +14,22 @@ from botocore.exceptions import BotoCoreError, ClientError
 from rich.console import Console
 from rich.table import Table
 
+# typer 0.29 vendors click; its exceptions are not the `click` package's (typer is pinned).
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
+
 from beacon.doctor import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose
+from training import contract
+
+
+def identifier(kind: str) -> Any:
+    def check(value: str) -> str:
+        try:
+            return contract.validate_id(kind, value)
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from None
+
+    return check
+
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Beacon: training that is never lost in the cloud.")
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -47,8 +62,8 @@ def assumed(sts: Any, role_arn: str, session: str) -> dict[str, str]:
 @app.command()
 def doctor(
     team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name")],
-    run: Annotated[str, typer.Option(envvar="BEACON_RUN_ID", help="run id")],
-    experiment: Annotated[str, typer.Option(envvar="BEACON_EXPERIMENT")] = "smoke",
+    run: Annotated[str, typer.Option(envvar="BEACON_RUN_ID", help="run id", callback=identifier("run"))],
+    experiment: Annotated[str, typer.Option(envvar="BEACON_EXPERIMENT", callback=identifier("experiment"))] = "smoke",
     bucket: Annotated[str | None, typer.Option(envvar="BEACON_BUCKET", help="default: the stack output")] = None,
     region: Annotated[str | None, typer.Option(envvar="AWS_REGION")] = None,
     reader_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")] = None,
@@ -150,8 +165,22 @@ def local(
 
 
 def main() -> None:
+    """Bad input gets one line and exit code 2, not a usage box."""
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-    app()
+    try:
+        code = app(prog_name="beacon", standalone_mode=False)
+    except NoArgsIsHelpError:
+        app(["--help"], prog_name="beacon", standalone_mode=False)
+        sys.exit(2)
+    except UsageError as error:
+        command = error.ctx.command_path if error.ctx else "beacon"
+        print(f"{command}: error: {error.format_message()} (see --help)", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -94,10 +94,11 @@ def metric_samples(
     *,
     statistic: str,
     minutes: int = 30,
-    period: int = 1,
+    period: int | None = None,
     now: datetime | None = None,
 ) -> list[Sample]:
-    """Datapoints of one metric, oldest first (1 s periods: high-resolution data comes back raw)."""
+    """Datapoints of one metric, oldest first. By default 1 s periods for high-resolution metrics
+    (their data comes back raw) and 60 s for standard ones."""
     now = now or datetime.now(UTC)
     answer = cloudwatch.get_metric_statistics(
         Namespace=contract.NAMESPACE,
@@ -105,7 +106,7 @@ def metric_samples(
         Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()],
         StartTime=now - timedelta(minutes=minutes),
         EndTime=now + timedelta(seconds=5),
-        Period=period if metric.high_resolution else max(period, 60),
+        Period=period or (1 if metric.high_resolution else 60),
         Statistics=[statistic],
     )
     return sorted(

@@ -11,13 +11,14 @@ from pathlib import Path
 from tests.synth import ROOT
 
 
-def training_processes() -> list[str]:
+def demo_processes(workdir: Path) -> list[str]:
+    """The demo's jobs (their spool lies under its workdir) and its embedded AWS."""
     listed = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in listed if "training.train" in line or "beacon.embedded_aws" in line]
+    return [line for line in listed if str(workdir) in line or "beacon.embedded_aws" in line]
 
 
 def test_beacon_local_delivers_everything_once_and_shows_every_scenarios_verdict(tmp_path: Path) -> None:
-    before = training_processes()
+    before = demo_processes(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "beacon.cli", "local", "--workdir", str(tmp_path)],
         cwd=ROOT,
@@ -44,4 +45,4 @@ def test_beacon_local_delivers_everything_once_and_shows_every_scenarios_verdict
     assert report["wall_seconds"] > 0
     picture = Path(report["picture"])
     assert picture.is_file() and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert training_processes() == before, "the demo leaves no process running"
+    assert demo_processes(tmp_path) == before, "the demo leaves no process running"

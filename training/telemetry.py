@@ -372,7 +372,10 @@ class Telemetry(NullTelemetry):
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        self._cycle(final=True)
+        try:
+            self._cycle(final=True)
+        except SpoolFullError as error:
+            log.error("%s: the last records could not be made durable", error)
         while self.spool.pending() and time.monotonic() < deadline:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             self._upload_pending()

@@ -1,0 +1,192 @@
+"""A small fault-injecting HTTP proxy between the job and moto: loopback only, bounded, stops itself.
+
+It tells S3 from CloudWatch by the SigV4 credential scope, and on a configurable fraction of their
+requests answers 500, throttles (503 SlowDown), resets the connection, or adds latency. It can also
+stop forwarding for a stretch (the endpoint unreachable).
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse
+
+SCOPE = re.compile(r"Credential=[^/]+/\d{8}/[^/]+/([^/]+)/aws4_request")
+FAULTS = ("error_500", "slow_down_503", "reset", "latency")
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+
+
+@dataclass
+class FaultPlan:
+    fraction: float = 0.0
+    services: tuple[str, ...] = ("s3", "monitoring")
+    kinds: tuple[str, ...] = FAULTS
+    latency_s: float = 0.3
+    spare_first: int = 0  # requests forwarded untouched first (the job's preflight)
+    seed: int = 7
+    max_requests: int = 20_000
+    max_lifetime_s: float = 600.0
+
+
+@dataclass
+class FaultStats:
+    forwarded: Counter[str] = field(default_factory=Counter)
+    injected: Counter[str] = field(default_factory=Counter)
+    refused_while_down: int = 0
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, plan: FaultPlan) -> None:
+        self.upstream = urlparse(upstream)
+        self.plan = plan
+        self.stats = FaultStats()
+        self.random = random.Random(plan.seed)
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.down = threading.Event()
+        self.started = time.monotonic()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_: object) -> None: ...
+
+            def do_GET(self) -> None:
+                proxy.handle(self)
+
+            do_PUT = do_POST = do_HEAD = do_DELETE = do_GET
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="fault-proxy")
+        self.watchdog = threading.Timer(plan.max_lifetime_s, self.stop)
+        self.watchdog.daemon = True
+
+    def start(self) -> FaultProxy:
+        self.thread.start()
+        self.watchdog.start()
+        return self
+
+    def stop(self) -> None:
+        self.watchdog.cancel()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def unreachable(self, seconds: float) -> None:
+        """Stop forwarding (reset every connection) for `seconds`, from now."""
+        self.down.set()
+        timer = threading.Timer(seconds, self.down.clear)
+        timer.daemon = True
+        timer.start()
+
+    # --- one request -----------------------------------------------------------------------
+    def _choose(self, service: str) -> str | None:
+        with self.lock:
+            self.requests += 1
+            over = self.requests > self.plan.max_requests or time.monotonic() - self.started > self.plan.max_lifetime_s
+            if over:
+                return "reset"
+            if self.requests <= self.plan.spare_first or service not in self.plan.services:
+                return None
+            if self.random.random() >= self.plan.fraction:
+                return None
+            return self.random.choice(self.plan.kinds)
+
+    def handle(self, request: BaseHTTPRequestHandler) -> None:
+        body = self._read_body(request)
+        match = SCOPE.search(request.headers.get("Authorization", ""))
+        service = match.group(1) if match else "unknown"
+        if self.down.is_set():
+            self.stats.refused_while_down += 1
+            self._reset(request)
+            return
+        fault = self._choose(service)
+        if fault is not None:
+            self.stats.injected[f"{service}:{fault}"] += 1
+        if fault == "reset":
+            self._reset(request)
+            return
+        if fault in ("error_500", "slow_down_503"):
+            self._error(request, service, 500 if fault == "error_500" else 503)
+            return
+        if fault == "latency":
+            time.sleep(self.plan.latency_s)
+        self.stats.forwarded[service] += 1
+        self._forward(request, body)
+
+    @staticmethod
+    def _read_body(request: BaseHTTPRequestHandler) -> bytes:
+        if request.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            data = b""
+            while True:
+                size = int(request.rfile.readline().strip().split(b";")[0], 16)
+                if size == 0:
+                    while request.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return data
+                data += request.rfile.read(size)
+                request.rfile.readline()
+        length = int(request.headers.get("Content-Length", 0) or 0)
+        return request.rfile.read(length) if length else b""
+
+    @staticmethod
+    def _reset(request: BaseHTTPRequestHandler) -> None:
+        request.close_connection = True
+        try:
+            request.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            request.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    @staticmethod
+    def _error(request: BaseHTTPRequestHandler, service: str, status: int) -> None:
+        if service == "s3":
+            code = "InternalError" if status == 500 else "SlowDown"
+            payload = (
+                f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>injected</Message></Error>"
+            )
+            content_type = "application/xml"
+        else:
+            code = "InternalFailure" if status == 500 else "Throttling"
+            payload = (
+                "<ErrorResponse><Error><Type>Receiver</Type>"
+                f"<Code>{code}</Code><Message>injected</Message></Error></ErrorResponse>"
+            )
+            content_type = "text/xml"
+        data = payload.encode()
+        request.send_response(status)
+        request.send_header("Content-Type", content_type)
+        request.send_header("Content-Length", str(len(data)))
+        request.end_headers()
+        request.wfile.write(data)
+
+    def _forward(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
+        connection = http.client.HTTPConnection(str(self.upstream.hostname), self.upstream.port, timeout=30)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers["Content-Length"] = str(len(body))
+        try:
+            connection.request(request.command, request.path, body=body, headers=headers)
+            response = connection.getresponse()
+            data = response.read()
+        except OSError:
+            self._reset(request)
+            return
+        finally:
+            connection.close()
+        request.send_response(response.status)
+        for key, value in response.getheaders():
+            if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
+                request.send_header(key, value)
+        request.send_header("Content-Length", str(len(data)))
+        request.end_headers()
+        if request.command != "HEAD":
+            request.wfile.write(data)

@@ -1,0 +1,39 @@
+"""Bad input on the `beacon` command: one line naming the option, exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.synth import ROOT
+
+CASES = {
+    "unknown_flag": (["doctor", "--team", "demo", "--run", "r", "--colour", "x"], "No such option: --colour"),
+    "run_id_not_s3_safe": (["doctor", "--team", "demo", "--run", "Bad/Run"], "Invalid value for '--run'"),
+    "experiment_not_s3_safe": (
+        ["doctor", "--team", "demo", "--run", "r", "--experiment", "a b"],
+        "Invalid value for '--experiment'",
+    ),
+    "missing_run": (["doctor", "--team", "demo"], "Missing option '--run'"),
+    "negative_steps": (["local", "--steps", "-3"], "Invalid value for '--steps'"),
+    "unknown_command": (["nosuch"], "No such command 'nosuch'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_and_exit_code_2(case: str) -> None:
+    argv, expected = CASES[case]
+    done = subprocess.run(
+        [sys.executable, "-m", "beacon.cli", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert expected in lines[0] and lines[0].startswith("beacon")

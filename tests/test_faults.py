@@ -1,0 +1,182 @@
+"""The fault suite: real job processes behind a fault-injecting proxy in front of moto.
+
+Each test's name says what it injects and what it proves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from beacon.observe import metric_samples
+from tests.conftest import WriterSession
+from tests.fault_proxy import FaultPlan, FaultProxy
+from tests.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
+from training import contract
+
+PREFLIGHT_REQUESTS = 12  # the job's first requests (preflight) pass; faults start after them
+
+
+def proxied(as_writer: WriterSession, tmp_path: Path, plan: FaultPlan) -> tuple[FaultProxy, JobHarness]:
+    proxy = FaultProxy(as_writer.aws.url, plan).start()
+    return proxy, JobHarness(proxy.url, as_writer.bucket, tmp_path, as_writer.credentials)
+
+
+@pytest.fixture
+def proxies() -> Iterator[list[FaultProxy]]:
+    started: list[FaultProxy] = []
+    yield started
+    for proxy in started:
+        proxy.stop()
+
+
+def assert_exactly_once(as_writer: WriterSession, run: str, steps: int) -> None:
+    records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", run)
+    assert sorted(r["step"] for r in records) == list(range(steps)), "no record lost, none duplicated"
+    assert sorted(r["seq"] for r in records) == list(range(steps))
+
+
+def twenty_percent(**overrides: Any) -> FaultPlan:
+    return FaultPlan(fraction=0.2, spare_first=PREFLIGHT_REQUESTS, **overrides)
+
+
+def test_20pct_5xx_throttling_resets_and_latency_lose_and_duplicate_nothing(
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy]
+) -> None:
+    proxy, harness = proxied(as_writer, tmp_path, twenty_percent())
+    proxies.append(proxy)
+    result = harness.run("--run-id", "fault-20", "--steps", "300", "--step-sleep", "0.01", "--chunk-records", "20")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_exactly_once(as_writer, "fault-20", 300)
+    injected = proxy.stats.injected
+    for kind in ("error_500", "slow_down_503", "reset", "latency"):
+        assert injected[f"s3:{kind}"] > 0, f"no {kind} injected on S3: {dict(injected)}"
+    assert sum(v for k, v in injected.items() if k.startswith("monitoring:")) > 0
+
+
+def test_endpoint_unreachable_mid_run_training_continues_backlog_drains_and_signals_rise_then_clear(
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy]
+) -> None:
+    proxy, harness = proxied(as_writer, tmp_path, FaultPlan())
+    proxies.append(proxy)
+    process = harness.start("--run-id", "fault-down", "--steps", "700", "--step-sleep", "0.02")
+    spool = tmp_path / "spool" / "smoke" / "fault-down"
+    assert wait_for(lambda: (spool / "state.json").exists(), timeout=60)
+    outage = 8.0
+    went_down = time.time()
+    proxy.unreachable(outage)
+    steps_before = (spool / "state.json").read_text()
+    time.sleep(outage / 2)
+    assert (spool / "state.json").read_text() != steps_before, "the spool keeps sealing: training goes on"
+    result = finish(process, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert proxy.stats.refused_while_down > 0
+    assert_exactly_once(as_writer, "fault-down", 700)
+
+    as_writer.aws.reset_auth_only()
+    cloudwatch = as_writer.aws.client("cloudwatch")
+    dims = contract.run_dimensions("demo", "smoke", "fault-down")
+    beats = [s.at.timestamp() for s in metric_samples(cloudwatch, contract.HEARTBEAT, dims, statistic="SampleCount")]
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
+    assert max(gaps) >= outage - 2, "no heartbeat reached CloudWatch while it was unreachable: silence rose"
+    assert beats[-1] > went_down + outage, "and cleared: heartbeats came back"
+    backlog = metric_samples(cloudwatch, contract.SPOOL_BACKLOG, dims, statistic="Maximum", period=1)
+    steady = max(s.value for s in backlog if s.at.timestamp() < went_down)  # the open chunk, normally
+    peak = max(s.value for s in backlog if s.at.timestamp() > went_down)
+    assert peak > 2 * steady, "the backlog grew while S3 was unreachable"
+    assert backlog[-1].value <= steady, "and drained back to its steady level"
+    assert result.summary["delivery"]["unacknowledged_records"] == 0
+
+
+@pytest.mark.parametrize("seed", [11, 23])
+def test_sigterm_at_a_random_step_under_20pct_faults_delivers_everything(
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], seed: int
+) -> None:
+    proxy, harness = proxied(as_writer, tmp_path, twenty_percent(seed=seed))
+    proxies.append(proxy)
+    run = f"fault-term-{seed}"
+    process = harness.start("--run-id", run, "--steps", "5000", "--step-sleep", "0.01", "--shutdown-budget", "40")
+    spool = tmp_path / "spool" / "smoke" / run
+    assert wait_for(lambda: (spool / "state.json").exists(), timeout=60)
+    time.sleep(random.Random(seed).uniform(0.5, 4.0))
+    signal_group(process, signal.SIGTERM)
+    result = finish(process, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_exactly_once(as_writer, run, result.summary["last_step"] + 1)
+
+
+def test_sigkill_at_a_random_step_then_restart_under_20pct_faults_loses_and_duplicates_nothing(
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy]
+) -> None:
+    proxy, harness = proxied(as_writer, tmp_path, twenty_percent(seed=5))
+    proxies.append(proxy)
+    common = ("--run-id", "fault-kill", "--steps", "400", "--checkpoint-interval", "50")
+    process = harness.start(*common, "--step-sleep", "0.02")
+    latest = tmp_path / "checkpoints" / "smoke" / "fault-kill" / "latest.json"
+    assert wait_for(latest.exists, timeout=90)
+    time.sleep(random.Random(5).uniform(0.2, 2.0))
+    signal_group(process, signal.SIGKILL)
+    process.communicate(timeout=30)
+    resumed = harness.run(*common)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.summary["start_step"] > 0
+    assert_exactly_once(as_writer, "fault-kill", 400)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A real ext4 of a few MB on a loop device, nearly full: the spool's disk."""
+    image, mount_point = tmp_path / "spool.img", tmp_path / "small"
+    mount_point.mkdir()
+    try:
+        subprocess.run(["truncate", "-s", "4M", str(image)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", str(image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(mount_point)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.skip(f"cannot make a small filesystem here: {error}")
+    try:
+        os.chmod(mount_point, 0o777)
+        free = os.statvfs(mount_point).f_bavail * os.statvfs(mount_point).f_frsize
+        (mount_point / "ballast").write_bytes(b"\0" * max(0, free - 96 * 1024))
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_full_spool_disk_while_s3_is_unreachable_stops_the_job_clearly_and_loses_nothing_acknowledged(
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], small_filesystem: Path
+) -> None:
+    proxy, harness = proxied(as_writer, tmp_path, FaultPlan())
+    proxies.append(proxy)
+    process = harness.start(
+        "--run-id",
+        "fault-full",
+        "--steps",
+        "100000",
+        "--step-sleep",
+        "0.002",
+        "--spool-dir",
+        str(small_filesystem),
+        "--chunk-records",
+        "20",
+    )
+    assert wait_for(lambda: (small_filesystem / "smoke" / "fault-full" / "state.json").exists(), timeout=60)
+    time.sleep(1.0)
+    proxy.unreachable(600)  # S3 is gone; the spool must hold everything
+    result = finish(process, timeout=240)
+    assert result.returncode == 74, result.stderr[-2000:]
+    assert "No space left on device" in result.stderr and "records already acknowledged are safe" in result.stderr
+    records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "fault-full")
+    steps = sorted(r["step"] for r in records)
+    assert steps == list(range(len(steps))), "what S3 acknowledged is intact: contiguous, no duplicate"
+    pending = list((small_filesystem / "smoke" / "fault-full" / "sealed").glob("chunk-*.jsonl"))
+    assert pending, "what S3 did not acknowledge is still in the spool"
