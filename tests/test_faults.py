@@ -168,12 +168,14 @@ def test_a_full_spool_disk_while_s3_is_unreachable_stops_the_job_clearly_and_los
         str(small_filesystem),
         "--chunk-records",
         "20",
+        "--shutdown-budget",
+        "8",
     )
     assert wait_for(lambda: (small_filesystem / "smoke" / "fault-full" / "state.json").exists(), timeout=60)
     time.sleep(1.0)
     proxy.unreachable(600)  # S3 is gone; the spool must hold everything
     result = finish(process, timeout=240)
-    assert result.returncode == 74, result.stderr[-2000:]
+    assert result.returncode == 74, result.stderr[-6000:]
     assert "No space left on device" in result.stderr and "records already acknowledged are safe" in result.stderr
     records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "fault-full")
     steps = sorted(r["step"] for r in records)

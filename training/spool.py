@@ -7,9 +7,12 @@ leaves the pending set only after S3 acknowledged it. After a crash the open chu
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,22 @@ class Chunk:
 
 class SpoolFullError(OSError):
     """The spool's filesystem is full: nothing more can be made durable."""
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+@contextmanager
+def on_spool_disk(directory: Path) -> Iterator[None]:
+    """Turn a full disk under the spool into SpoolFullError, whatever wrote to it."""
+    try:
+        yield
+    except SpoolFullError:
+        raise
+    except OSError as error:
+        if error.errno in FULL:
+            raise SpoolFullError(error.errno, f"spool {directory}: {error.strerror}") from error
+        raise
 
 
 class Spool:
@@ -127,10 +146,12 @@ class Spool:
         """Close the open chunk into an immutable, numbered one; None if it is empty."""
         if self.open_records == 0:
             return None
-        self.sync()
-        self._open.close()
-        chunk = self._seal_path(self.directory / OPEN, self.open_records)
-        self._open = open(self.directory / OPEN, "ab")  # noqa: SIM115
+        with on_spool_disk(self.directory):
+            self.sync()
+            if not self._open.closed:
+                self._open.close()
+            chunk = self._seal_path(self.directory / OPEN, self.open_records)
+            self._open = open(self.directory / OPEN, "ab")  # noqa: SIM115
         self.open_records = 0
         return chunk
 
@@ -163,4 +184,8 @@ class Spool:
         return self.open_records + sum(c.records for c in self.pending())
 
     def close(self) -> None:
-        self._open.close()
+        try:
+            self._open.close()
+        except OSError as error:  # a full disk: what it could not flush was never durable
+            if error.errno not in FULL:
+                raise

@@ -26,7 +26,7 @@ from training import contract
 from training.config import JobConfig
 from training.progress import ProgressClock
 from training.run_alarms import RunAlarms
-from training.spool import Chunk, Spool, SpoolFullError
+from training.spool import Chunk, Spool, SpoolFullError, on_spool_disk
 
 log = logging.getLogger("beacon.telemetry")
 
@@ -184,7 +184,8 @@ class Telemetry(NullTelemetry):
             self.spool.append(records)
             self.spool.sync()
             self.report.records += len(records)
-            self._write_tensorboard(records)
+            with on_spool_disk(self.spool.directory):
+                self._write_tensorboard(records)
             with self._durable:
                 self._durable.notify_all()
         due = self._chunk_opened_at is not None and (
@@ -194,7 +195,8 @@ class Telemetry(NullTelemetry):
         if due or final:
             self.spool.seal()
             self._chunk_opened_at = None
-            self._rotate_tensorboard()
+            with on_spool_disk(self.spool.directory):
+                self._rotate_tensorboard()
         if final or time.monotonic() >= self._backoff_until:
             self._upload_pending()
 
@@ -380,7 +382,11 @@ class Telemetry(NullTelemetry):
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             self._upload_pending()
         if self._tensorboard is not None:
-            self._rotate_tensorboard()
+            try:
+                with on_spool_disk(self.spool.directory):
+                    self._rotate_tensorboard()
+            except SpoolFullError as error:
+                log.error("%s: the last TensorBoard file could not be closed", error)
             self._upload_pending()
         self.beat(final=True)
         pending = self.spool.pending()
