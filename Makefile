@@ -42,7 +42,7 @@ install: $(STAMP_PY) $(STAMP_NODE)
 
 synth: install
 	@rm -rf cdk.out
-	@$(CDK) synth --all --quiet -c team=$(TEAM)
+	@$(CDK) synth --quiet -c team=$(TEAM)
 	@$(PY) -m stacks.summary cdk.out
 
 demo: install
@@ -61,6 +61,10 @@ deploy: install
 
 destroy: install
 	$(CDK) destroy --all -c team=$(TEAM)
+
+bench: install
+	@$(CDK) synth --quiet -c team=demo >/dev/null
+	@$(PY) -m bench.run
 
 clean:
 	rm -rf cdk.out .beacon .pytest_cache .mypy_cache .ruff_cache

@@ -110,7 +110,7 @@ def synthesize(outdir: Path, log: Callable[[str], None]) -> dict[str, Template]:
         log("synthesizing the demo team's stacks (cdk-nag on)")
         env = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
         done = subprocess.run(
-            ["npx", "--no-install", "cdk", "synth", "--all", "--quiet", "-c", f"team={TEAM}", "-o", str(outdir)],
+            ["npx", "--no-install", "cdk", "synth", "--quiet", "-c", f"team={TEAM}", "-o", str(outdir)],
             cwd=ROOT,
             env=env,
             capture_output=True,

@@ -67,14 +67,19 @@ def test_tensorboard_files_are_whole_files_readable_by_tensorboard(
 
 
 def test_only_rank_0_touches_the_sinks_with_two_ranks_on_cpu(harness: JobHarness, as_writer: WriterSession) -> None:
-    result = harness.run("--run-id", "ddp-1", "--steps", "40", "--workers", "1", ranks=2)
+    result = harness.run("--run-id", "ddp-1", "--steps", "120", "--workers", "1", ranks=2)
     assert result.returncode == 0, result.stderr[-3000:]
     by_rank = {s["rank"]: s for s in result.summaries}
     assert sorted(by_rank) == [0, 1]
     assert by_rank[0]["world_size"] == 2
     assert by_rank[1]["aws_requests"] == 0 and by_rank[1]["writes_sinks"] is False
     assert by_rank[0]["aws_requests"] > 0
-    assert_exactly_once(delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "ddp-1"), 40)
+    records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "ddp-1")
+    assert_exactly_once(records, 120)
+    losses = [float(r["loss"]) for r in sorted(records, key=lambda r: r["step"])]
+    assert sum(losses[-20:]) / 20 < sum(losses[:20]) / 20 - 0.5, "the loss went down"
+    prefix = contract.run_prefix("smoke", "ddp-1")
+    assert keys_under(as_writer.client("s3"), as_writer.bucket, prefix + "checkpoints/"), "a checkpoint exists"
     assert not (harness.workdir / "spool" / "smoke" / "ddp-1" / "rank-1").exists()
 
 

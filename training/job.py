@@ -128,6 +128,8 @@ class Job:
         self.telemetry.start()
         losses: list[float] = []
         step = start_step - 1
+        telemetry_seconds = 0.0
+        loop_started = time.perf_counter()
         exit_code = EXIT_OK
         loss_fn = nn.CrossEntropyLoss()
         try:
@@ -141,18 +143,27 @@ class Job:
                 optimizer.step()
                 value = float(loss.item())
                 losses.append(value)
+                entered = time.perf_counter()
                 self.progress.step_finished()
                 self.telemetry.record(step, value)
+                telemetry_seconds += time.perf_counter() - entered
                 if (step + 1) % config.checkpoint_interval == 0:
                     self._checkpoint(step, model, optimizer)
                 if config.step_sleep:
                     time.sleep(config.step_sleep)
+                if step == config.hang_after_step:
+                    log.warning("hanging after step %d (--hang-after-step); the heartbeat goes on", step)
+                    self.stop.wait()
         except SpoolFullError as error:
             log.error("%s; stopping: records already acknowledged are safe in S3", error)
             exit_code = EXIT_SPOOL_FULL
+        loop_seconds = time.perf_counter() - loop_started
         if step >= start_step and exit_code == EXIT_OK:
             self._checkpoint(step, model, optimizer)
-        return self._shutdown(step, start_step, losses, exit_code)
+        summary = self._shutdown(step, start_step, losses, exit_code)
+        summary["loop_seconds"] = loop_seconds
+        summary["telemetry_seconds_on_loop"] = telemetry_seconds
+        return summary
 
     def _should_stop(self) -> bool:
         stop = self.stop.is_set()
@@ -214,6 +225,7 @@ class Job:
             "checkpoints": self.checkpointer.saved if self.checkpointer else [],
             "checkpoint_abandoned": not checkpoint_done,
             "aws_requests": aws.REQUESTS.total,
+            "aws_requests_by_service": dict(aws.REQUESTS.by_service),
             "writes_sinks": self.world.is_writer and self.config.telemetry,
             "delivery": vars(report),
         }

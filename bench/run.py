@@ -1,0 +1,395 @@
+"""`make bench` -> .beacon/bench/report.json and a table. Every speed figure is a ratio of two
+things measured in the same run, interleaved (A B A B ...), median of several repetitions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from beacon.alarms import alarm_set_for_run
+from beacon.doctor import DoctorInputs, diagnose
+from beacon.embedded import provision_team
+from beacon.embedded_aws import ACCOUNT, REGION, EmbeddedAws
+from beacon.templates import load_templates
+from beacon.verify import recorded_samples
+from training import contract
+from training.checkpoint import AsyncCheckpointer, Uploader, save_file
+from training.model import SmallConvNet
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / ".beacon" / "bench"
+CDK = ["npx", "--no-install", "cdk"]
+ENV = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
+BUCKET = "beacon-bench"
+# AWS list prices, us-east-1, as published on 2026-12-01 (check current prices for your region).
+PRICES = {
+    "put_metric_data_per_1000_requests": 0.01,
+    "custom_metric_per_month": 0.30,
+    "high_resolution_alarm_per_month": 0.30,
+    "composite_alarm_per_month": 0.50,
+    "s3_put_per_1000_requests": 0.005,
+}
+HOURS_PER_MONTH = 730
+
+
+def median_of(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def interleaved(a: Callable[[], float], b: Callable[[], float], rounds: int) -> tuple[list[float], list[float]]:
+    first, second = [], []
+    for _ in range(rounds):
+        first.append(a())
+        second.append(b())
+    return first, second
+
+
+# --- synth --------------------------------------------------------------------------------
+def synth_seconds(app_dir: Path, out: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run([*CDK, "synth", "--quiet", "-o", str(out)], cwd=app_dir, env=ENV, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def empty_app(directory: Path) -> Path:
+    (directory / "app.py").write_text("from aws_cdk import App, Stack\napp = App()\nStack(app, 'Empty')\napp.synth()\n")
+    cdk = {
+        "app": f"{ROOT / '.venv/bin/python'} app.py",
+        "notices": False,
+        "versionReporting": False,
+        "context": {"cli-telemetry": False},
+    }
+    (directory / "cdk.json").write_text(json.dumps(cdk))
+    (directory / "node_modules").symlink_to(ROOT / "node_modules")
+    return directory
+
+
+def bench_synth(rounds: int = 3) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as scratch:
+        empty = empty_app(Path(scratch))
+        full, bare = interleaved(
+            lambda: synth_seconds(ROOT, Path(scratch) / "full.out"),
+            lambda: synth_seconds(empty, Path(scratch) / "empty.out"),
+            rounds,
+        )
+    return {
+        "synth_ratio": median_of(full) / median_of(bare),
+        "synth_s": median_of(full),
+        "empty_synth_s": median_of(bare),
+    }
+
+
+# --- the job against a moto in its own process ------------------------------------------------
+@dataclass
+class Bench:
+    aws: EmbeddedAws
+    writer: dict[str, str]
+    reader: dict[str, str]
+    monitoring: Any
+    workdir: Path
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in ENV.items() if not k.startswith(("AWS_", "BEACON_"))}
+        env.update(
+            AWS_ENDPOINT_URL=self.aws.url,
+            AWS_REGION=REGION,
+            PYTHONUNBUFFERED="1",
+            AWS_ACCESS_KEY_ID=self.writer["aws_access_key_id"],
+            AWS_SECRET_ACCESS_KEY=self.writer["aws_secret_access_key"],
+            AWS_SESSION_TOKEN=self.writer["aws_session_token"],
+        )
+        return env
+
+    def command(self, run: str, *extra: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "training.train",
+            "--bucket",
+            BUCKET,
+            "--run-id",
+            run,
+            "--workers",
+            "0",
+            "--spool-dir",
+            str(self.workdir / "spool"),
+            "--checkpoint-dir",
+            str(self.workdir / "ckpt"),
+            "--heartbeat-file",
+            str(self.workdir / f"hb-{run}"),
+            *extra,
+        ]
+
+    def run(self, run: str, *extra: str) -> dict[str, Any]:
+        done = subprocess.run(self.command(run, *extra), cwd=ROOT, env=self.env(), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench job {run} failed: {done.stderr[-1000:]}")
+        line = next(x for x in done.stdout.splitlines() if x.startswith('{"beacon": "job-finished"'))
+        return dict(json.loads(line))
+
+    def doctor(self, run: str) -> str:
+        return diagnose(
+            DoctorInputs(
+                team="demo",
+                experiment="smoke",
+                run=run,
+                bucket=BUCKET,
+                region=REGION,
+                s3=self.aws.client("s3", **self.reader),
+                cloudwatch=self.aws.client("cloudwatch", **self.reader),
+            )
+        ).diagnosis
+
+
+def open_bench(workdir: Path) -> Bench:
+    templates = load_templates(ROOT / "cdk.out")
+    aws = EmbeddedAws.start_process()
+    provisioned = provision_team(templates, "demo", clients=aws.client, account=ACCOUNT, region=REGION, bucket=BUCKET)
+    aws.enforce_iam()
+    sts = aws.client("sts", **provisioned.operator_keys)
+    return Bench(
+        aws,
+        provisioned.writer_credentials(sts),
+        provisioned.role_credentials(sts, provisioned.store.reader_role_arn, "bench-doctor"),
+        templates["beacon-demo-monitoring"],
+        workdir,
+    )
+
+
+def bench_telemetry(bench: Bench, rounds: int = 5, steps: int = 300) -> dict[str, Any]:
+    common = (
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "64",
+        "--checkpoint-interval",
+        str(steps * 10),
+        "--alarms",
+        "false",
+    )
+    counter = iter(range(1000))
+
+    def rate(telemetry: bool) -> Callable[[], float]:
+        def measure() -> float:
+            summary = bench.run(f"tput-{next(counter)}", *common, "--telemetry", str(telemetry).lower())
+            summaries[telemetry].append(summary)
+            return float(summary["last_step"] + 1) / float(summary["loop_seconds"])
+
+        return measure
+
+    summaries: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    on, off = interleaved(rate(True), rate(False), rounds)
+    per_step_ms = [1000 * s["telemetry_seconds_on_loop"] / (s["last_step"] + 1) for s in summaries[True]]
+    return {
+        "telemetry_throughput_ratio": median_of(on) / median_of(off),
+        "telemetry_ms_per_step": median_of(per_step_ms),
+        "steps_per_second_on": median_of(on),
+        "steps_per_second_off": median_of(off),
+        "step_ms": 1000 / median_of(off),
+    }
+
+
+def bench_checkpoint(bench: Bench, rounds: int = 7) -> dict[str, Any]:
+    """Loop blocked by one async checkpoint ÷ the same checkpoint done synchronously on the loop:
+    written to the volume (fsync'd) and uploaded to S3, which is what the checkpoint thread does."""
+    model = SmallConvNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    ballast = {f"layer{i}": torch.randn(1024, 1024) for i in range(16)}  # 64 MB, a modest real model
+    state = {"model": {**model.state_dict(), **ballast}, "optimizer": optimizer.state_dict(), "step": 1}
+    blocked, synchronous = [], []
+    with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
+        directory = Path(scratch)
+        # One checkpointer for the run, as in the job: the first save allocates its staging memory.
+        upload = Uploader(bench.aws.client("s3", **bench.writer), BUCKET, "bench", "checkpoint")
+        checkpointer = AsyncCheckpointer(
+            directory / "async", upload=upload, wait_durable=lambda step, timeout: True, on_finished=lambda s: None
+        )
+        for index in range(rounds):
+            started = time.perf_counter()
+            checkpointer.save(index, state)
+            blocked.append(time.perf_counter() - started)
+            checkpointer.join(120)
+            started = time.perf_counter()
+            save_file(state, directory / f"sync-{index}.pt")
+            upload(1000 + index, directory / f"sync-{index}.pt")
+            synchronous.append(time.perf_counter() - started)
+    return {
+        "checkpoint_block_ratio": median_of(blocked) / median_of(synchronous),
+        "checkpoint_first_blocked_ms": 1000 * blocked[0],
+        "checkpoint_blocked_ms": 1000 * median_of(blocked),
+        "checkpoint_sync_ms": 1000 * median_of(synchronous),
+        "checkpoint_state_mb": 64,
+    }
+
+
+def time_until(predicate: Callable[[], bool], limit: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(1.0)
+    return float("inf")
+
+
+def bench_detection(bench: Bench) -> dict[str, Any]:
+    """Production heartbeat (15 s): freeze one job (SIGSTOP), hang another's loop; time the verdicts."""
+    results: dict[str, Any] = {"heartbeat_interval_s": 15}
+    silent = bench.command("detect-silent", "--steps", "1000000", "--step-sleep", "0.05")
+    process: subprocess.Popen[str] = subprocess.Popen(
+        silent,
+        text=True,
+        cwd=ROOT,
+        env=bench.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        time_until(lambda: bench.doctor("detect-silent") == "healthy", 120)
+        time.sleep(20)  # a few production heartbeats first
+        os.killpg(process.pid, signal.SIGSTOP)
+        frozen = time.time()
+        results["silent_detection_s"] = time_until(lambda: bench.doctor("detect-silent") == "silent", 300)
+        samples = recorded_samples(bench.aws.client("cloudwatch", **bench.reader), "demo", "smoke", "detect-silent")
+        alarm = contract.run_alarm_name("demo", "smoke", "detect-silent", contract.RunAlarm.SILENT)
+        at = alarm_set_for_run(bench.monitoring, "smoke", "detect-silent").first_alarm(
+            alarm, samples, frozen, frozen + 600
+        )
+        results["silent_alarm_s"] = (at - frozen) if at else float("inf")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    stalled = bench.command("detect-stall", "--steps", "1000000", "--step-sleep", "0.05", "--hang-after-step", "100")
+    process = subprocess.Popen(
+        stalled,
+        cwd=ROOT,
+        env=bench.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if "hanging after step" in line:
+                break
+        hung = time.time()
+        results["stall_detection_s"] = time_until(lambda: bench.doctor("detect-stall") == "stalled", 400)
+        # The alarm needs the heartbeats that keep coming: record past its 180 s budget, then evaluate.
+        time.sleep(max(0.0, hung + contract.STALLED_BUDGET_S + 5 - time.time()))
+        samples = recorded_samples(bench.aws.client("cloudwatch", **bench.reader), "demo", "smoke", "detect-stall")
+        alarm = contract.run_alarm_name("demo", "smoke", "detect-stall", contract.RunAlarm.STALLED)
+        at = alarm_set_for_run(bench.monitoring, "smoke", "detect-stall").first_alarm(alarm, samples, hung, time.time())
+        results["stall_alarm_s"] = (at - hung) if at else float("inf")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    return results
+
+
+def bench_cost(bench: Bench, minutes: float = 1.0) -> dict[str, Any]:
+    """Requests a job sends per minute at the production heartbeat, and what an hour of that costs."""
+    steps = int(minutes * 60 / 0.05)
+    summary = bench.run(
+        "cost", "--steps", str(steps), "--step-sleep", "0.05", "--heartbeat-interval", "15", "--flush-interval", "10"
+    )
+    seconds = summary["loop_seconds"]
+    by_service = summary["aws_requests_by_service"]
+    cloudwatch = by_service.get("monitoring", 0) + by_service.get("cloudwatch", 0)
+    s3 = by_service.get("s3", 0)
+    per_minute = cloudwatch / (seconds / 60)
+    s3_per_hour = s3 / (seconds / 3600)
+    metrics = len(contract.JOB_METRICS) + len(contract.TEAM_ROLLUP_METRICS)
+    hourly = {
+        "put_metric_data": per_minute * 60 * PRICES["put_metric_data_per_1000_requests"] / 1000,
+        "custom_metrics": metrics * PRICES["custom_metric_per_month"] / HOURS_PER_MONTH,
+        "alarms": (2 * PRICES["high_resolution_alarm_per_month"] + PRICES["composite_alarm_per_month"])
+        / HOURS_PER_MONTH,
+        "s3_puts": s3_per_hour * PRICES["s3_put_per_1000_requests"] / 1000,
+    }
+    return {
+        "cloudwatch_requests_per_job_minute": per_minute,
+        "s3_requests_per_job_hour": s3_per_hour,
+        "telemetry_cost_per_job_hour_usd": sum(hourly.values()),
+        "telemetry_cost_breakdown_usd_per_hour": hourly,
+        "prices_usd": PRICES,
+    }
+
+
+def bench_demo() -> dict[str, Any]:
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "beacon.cli", "local", "--workdir", str(OUT / "demo")],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    return {"demo_wall_s": time.perf_counter() - started, "demo_ok": done.returncode == 0}
+
+
+GOALS = {
+    "synth_ratio": ("<=", 2.0),
+    "telemetry_throughput_ratio": (">=", 0.99),
+    "telemetry_ms_per_step": ("<=", 0.5),
+    "checkpoint_block_ratio": ("<=", 0.10),
+    "silent_detection_s": ("<=", 120),
+    "silent_alarm_s": ("<=", 120),
+    "stall_detection_s": ("<=", 180),
+    "stall_alarm_s": ("<=", 180),
+    "demo_wall_s": ("<=", 90),
+}
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print("bench: synth (full app vs empty app, interleaved)", flush=True)
+    report.update(bench_synth())
+    with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
+        bench = open_bench(Path(scratch))
+        try:
+            print("bench: checkpoint (async hand-over vs the same save and upload on the loop)", flush=True)
+            report.update(bench_checkpoint(bench))
+            print("bench: telemetry on vs off (moto in its own process)", flush=True)
+            report.update(bench_telemetry(bench))
+            print("bench: detection with the production heartbeat (takes a few minutes)", flush=True)
+            report.update(bench_detection(bench))
+            print("bench: requests and cost per job", flush=True)
+            report.update(bench_cost(bench))
+        finally:
+            bench.aws.stop()
+    print("bench: beacon local end to end", flush=True)
+    report.update(bench_demo())
+    report["goals"] = {
+        name: {"goal": f"{op} {limit}", "met": report[name] <= limit if op == "<=" else report[name] >= limit}
+        for name, (op, limit) in GOALS.items()
+    }
+    (OUT / "report.json").write_text(json.dumps(report, indent=2))
+    print(f"\n{'figure':36} {'value':>12}  goal")
+    for name, (op, limit) in GOALS.items():
+        met = "ok" if report["goals"][name]["met"] else "MISSED"
+        print(f"{name:36} {report[name]:12.3f}  {op} {limit}  {met}")
+    for name in ("cloudwatch_requests_per_job_minute", "telemetry_cost_per_job_hour_usd"):
+        print(f"{name:36} {report[name]:12.4f}")
+    print(f"\nreport: {OUT / 'report.json'}")
+
+
+if __name__ == "__main__":
+    main()
