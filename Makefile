@@ -17,6 +17,7 @@ help:
 	@echo "make test    install what is missing, then run every test"
 	@echo "make synth   synthesize all stacks of TEAM=$(TEAM) into cdk.out/ (cdk-nag enforced)"
 	@echo "make lint    ruff and mypy"
+	@echo "make bench   the measured figures -> .beacon/bench/report.json"
 	@echo "make deploy TEAM=<name>   npx cdk deploy --all -c team=<name>"
 	@echo "make destroy TEAM=<name>  npx cdk destroy --all -c team=<name>"
 
