@@ -50,6 +50,7 @@ class FaultProxy:
         self.random = random.Random(plan.seed)
         self.lock = threading.Lock()
         self.requests = 0
+        self.turns: Counter[str] = Counter()
         self.down = threading.Event()
         self.started = time.monotonic()
         proxy = self
@@ -99,7 +100,10 @@ class FaultProxy:
                 return None
             if self.random.random() >= self.plan.fraction:
                 return None
-            return self.random.choice(self.plan.kinds)
+            # Kinds take turns per service, so a short run still meets every one of them.
+            turn = self.turns[service]
+            self.turns[service] += 1
+            return self.plan.kinds[turn % len(self.plan.kinds)]
 
     def handle(self, request: BaseHTTPRequestHandler) -> None:
         body = self._read_body(request)

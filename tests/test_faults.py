@@ -93,7 +93,7 @@ def test_endpoint_unreachable_mid_run_training_continues_backlog_drains_and_sign
     steady = max(s.value for s in backlog if s.at.timestamp() < went_down)  # the open chunk, normally
     peak = max(s.value for s in backlog if s.at.timestamp() > went_down)
     assert peak > 2 * steady, "the backlog grew while S3 was unreachable"
-    assert backlog[-1].value <= steady, "and drained back to its steady level"
+    assert backlog[-1].value <= max(steady, 100) < peak, "and drained back to its steady level (one chunk)"
     assert result.summary["delivery"]["unacknowledged_records"] == 0
 
 
@@ -176,7 +176,8 @@ def test_a_full_spool_disk_while_s3_is_unreachable_stops_the_job_clearly_and_los
     proxy.unreachable(600)  # S3 is gone; the spool must hold everything
     result = finish(process, timeout=240)
     assert result.returncode == 74, result.stderr[-6000:]
-    assert "No space left on device" in result.stderr and "records already acknowledged are safe" in result.stderr
+    assert "No space left on device" in result.stderr, result.stderr[-3000:]
+    assert "records already acknowledged are safe" in result.stderr, result.stderr[-3000:]
     records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "fault-full")
     steps = sorted(r["step"] for r in records)
     assert steps == list(range(len(steps))), "what S3 acknowledged is intact: contiguous, no duplicate"

@@ -8,13 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from training.checkpoint import AsyncCheckpointer, latest_checkpoint
 from training.distributed import backend_for
 from training.model import StepSampler, SyntheticImages
 from training.progress import ProgressClock
-from training.spool import OPEN, Spool
+from training.spool import OPEN, Spool, SpoolFullError
 
 
 def records(steps: range) -> list[dict[str, object]]:
@@ -109,3 +110,13 @@ def test_a_checkpoint_returns_before_the_write_and_moves_latest_only_once_record
     assert saved["model"]["w"].abs().sum() > 0
     assert checkpointer.skipped == [4] and len(finished) == 1
     assert handed_over < 5.0  # loose: the figure itself is measured by `make bench`
+
+
+def test_a_spool_whose_seal_failed_on_a_full_disk_refuses_further_use_clearly(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append(records(range(2)))
+    spool._open.close()  # what a seal interrupted by ENOSPC leaves behind
+    with pytest.raises(SpoolFullError, match="unusable since the disk filled up"):
+        spool.append(records(range(2, 3)))
+    with pytest.raises(SpoolFullError):
+        spool.seal()

@@ -118,10 +118,15 @@ class Spool:
         self._seal_path(path, len(lines))
 
     # --- writing (the uploader thread) ---------------------------------------------------
+    def _usable(self) -> None:
+        if self._open.closed:  # a seal failed half-way on a full disk
+            raise SpoolFullError(errno.ENOSPC, f"spool {self.directory}: unusable since the disk filled up")
+
     def append(self, records: list[dict[str, Any]]) -> None:
         """Assign sequence numbers and write records to the open chunk; `sync` makes them durable."""
         if not records:
             return
+        self._usable()
         lines = []
         for record in records:
             record["seq"] = self.next_seq
@@ -135,6 +140,7 @@ class Spool:
         self.open_records += len(records)
 
     def sync(self) -> None:
+        self._usable()
         try:
             self._open.flush()
             os.fsync(self._open.fileno())
