@@ -52,6 +52,7 @@ class FaultProxy:
         self.requests = 0
         self.turns: Counter[str] = Counter()
         self.down = threading.Event()
+        self.down_services: tuple[str, ...] | None = None
         self.started = time.monotonic()
         proxy = self
 
@@ -82,8 +83,9 @@ class FaultProxy:
         self.server.shutdown()
         self.server.server_close()
 
-    def unreachable(self, seconds: float) -> None:
-        """Stop forwarding (reset every connection) for `seconds`, from now."""
+    def unreachable(self, seconds: float, services: tuple[str, ...] | None = None) -> None:
+        """Stop forwarding (reset every connection) for `seconds`, from now: for `services`, or all."""
+        self.down_services = services
         self.down.set()
         timer = threading.Timer(seconds, self.down.clear)
         timer.daemon = True
@@ -109,7 +111,7 @@ class FaultProxy:
         body = self._read_body(request)
         match = SCOPE.search(request.headers.get("Authorization", ""))
         service = match.group(1) if match else "unknown"
-        if self.down.is_set():
+        if self.down.is_set() and (self.down_services is None or service in self.down_services):
             self.stats.refused_while_down += 1
             self._reset(request)
             return

@@ -63,37 +63,44 @@ def test_20pct_5xx_throttling_resets_and_latency_lose_and_duplicate_nothing(
     assert sum(v for k, v in injected.items() if k.startswith("monitoring:")) > 0
 
 
-def test_endpoint_unreachable_mid_run_training_continues_backlog_drains_and_signals_rise_then_clear(
+def test_endpoints_unreachable_mid_run_training_continues_backlog_drains_and_signals_rise_then_clear(
     as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy]
 ) -> None:
+    """First S3 alone goes away (delivery: failures and backlog rise, reported by the live heartbeat),
+    then the whole endpoint (silence: no heartbeat arrives); both clear when it comes back."""
     proxy, harness = proxied(as_writer, tmp_path, FaultPlan())
     proxies.append(proxy)
-    process = harness.start("--run-id", "fault-down", "--steps", "700", "--step-sleep", "0.02")
+    process = harness.start("--run-id", "fault-down", "--steps", "1200", "--step-sleep", "0.02")
     spool = tmp_path / "spool" / "smoke" / "fault-down"
     assert wait_for(lambda: (spool / "state.json").exists(), timeout=60)
-    outage = 8.0
-    went_down = time.time()
-    proxy.unreachable(outage)
-    steps_before = (spool / "state.json").read_text()
-    time.sleep(outage / 2)
-    assert (spool / "state.json").read_text() != steps_before, "the spool keeps sealing: training goes on"
-    result = finish(process, timeout=240)
+    s3_outage, full_outage = 8.0, 6.0
+    s3_down = time.time()
+    proxy.unreachable(s3_outage, services=("s3",))
+    sealed_before = (spool / "state.json").read_text()
+    time.sleep(s3_outage / 2)
+    assert (spool / "state.json").read_text() != sealed_before, "the spool keeps sealing: training goes on"
+    time.sleep(s3_outage / 2 + 4)
+    all_down = time.time()
+    proxy.unreachable(full_outage)
+    result = finish(process, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert proxy.stats.refused_while_down > 0
-    assert_exactly_once(as_writer, "fault-down", 700)
+    assert_exactly_once(as_writer, "fault-down", 1200)
 
     as_writer.aws.reset_auth_only()
     cloudwatch = as_writer.aws.client("cloudwatch")
     dims = contract.run_dimensions("demo", "smoke", "fault-down")
-    beats = [s.at.timestamp() for s in metric_samples(cloudwatch, contract.HEARTBEAT, dims, statistic="SampleCount")]
-    gaps = [b - a for a, b in itertools.pairwise(beats)]
-    assert max(gaps) >= outage - 2, "no heartbeat reached CloudWatch while it was unreachable: silence rose"
-    assert beats[-1] > went_down + outage, "and cleared: heartbeats came back"
     backlog = metric_samples(cloudwatch, contract.SPOOL_BACKLOG, dims, statistic="Maximum", period=1)
-    steady = max(s.value for s in backlog if s.at.timestamp() < went_down)  # the open chunk, normally
-    peak = max(s.value for s in backlog if s.at.timestamp() > went_down)
-    assert peak > 2 * steady, "the backlog grew while S3 was unreachable"
-    assert backlog[-1].value <= max(steady, 100) < peak, "and drained back to its steady level (one chunk)"
+    steady = max(s.value for s in backlog if s.at.timestamp() < s3_down)  # the open chunk, normally
+    during = [s.value for s in backlog if s3_down < s.at.timestamp() < s3_down + s3_outage]
+    assert max(during) > 2 * steady, "the backlog grew while S3 was unreachable"
+    failures = metric_samples(cloudwatch, contract.UPLOAD_FAILURES, dims, statistic="Sum", period=1)
+    assert sum(s.value for s in failures if s.at.timestamp() > s3_down) > 0, "the delivery signal rose"
+    assert backlog[-1].value <= max(steady, 100) < max(during), "and drained back to its steady level (one chunk)"
+    beats = [s.at.timestamp() for s in metric_samples(cloudwatch, contract.HEARTBEAT, dims, statistic="SampleCount")]
+    gaps = [(a, b - a) for a, b in itertools.pairwise(beats)]
+    assert any(gap >= full_outage - 2 and a >= all_down - 2 for a, gap in gaps), "no heartbeat arrived: silence rose"
+    assert beats[-1] > all_down + full_outage, "and cleared: heartbeats came back"
     assert result.summary["delivery"]["unacknowledged_records"] == 0
 
 
