@@ -113,12 +113,7 @@ def test_a_hung_loop_with_a_live_heartbeat_is_stalled_not_silent(
 def test_a_job_identity_without_permission_is_diagnosed_as_permission(
     as_writer: WriterSession, reader: dict[str, str], tmp_path: Path
 ) -> None:
-    as_writer.aws.reset_auth_only()
-    iam = as_writer.aws.client("iam")
-    iam.create_user(UserName="nobody")
-    keys = iam.create_access_key(UserName="nobody")["AccessKey"]
-    as_writer.aws.enforce_iam()
-    nobody = {"aws_access_key_id": keys["AccessKeyId"], "aws_secret_access_key": keys["SecretAccessKey"]}
+    nobody = as_writer.user_without_rights("nobody")
     assert (
         JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, nobody).run("--run-id", "doc-denied").returncode == 3
     )
