@@ -93,6 +93,17 @@ class EmbeddedAws:
         """Switch IAM enforcement off, keeping every resource (to inspect as the admin)."""
         self._reset_auth(b"inf")
 
+    def user_without_rights(self, name: str) -> dict[str, str]:
+        """Credentials of a fresh IAM user with no policy at all; enforcement stays on."""
+        self.reset_auth_only()
+        try:
+            iam = self.client("iam")
+            iam.create_user(UserName=name)
+            keys = iam.create_access_key(UserName=name)["AccessKey"]
+        finally:
+            self.enforce_iam()
+        return {"aws_access_key_id": keys["AccessKeyId"], "aws_secret_access_key": keys["SecretAccessKey"]}
+
     def reset(self) -> None:
         """moto's state is process-wide: switch enforcement off and forget every resource."""
         self._reset_auth(b"inf")

@@ -188,16 +188,6 @@ class Sandbox:
             )
         )
 
-    def new_user_without_rights(self, name: str) -> dict[str, str]:
-        self.aws.reset_auth_only()
-        try:
-            iam = self.aws.client("iam")
-            iam.create_user(UserName=name)
-            keys = iam.create_access_key(UserName=name)["AccessKey"]
-        finally:
-            self.aws.enforce_iam()
-        return {"aws_access_key_id": keys["AccessKeyId"], "aws_secret_access_key": keys["SecretAccessKey"]}
-
 
 def open_sandbox(templates: dict[str, Template], workdir: Path) -> Sandbox:
     aws = EmbeddedAws.start_process()
@@ -224,7 +214,7 @@ def run_smoke(sandbox: Sandbox, run: str, steps: int, ranks: int) -> subprocess.
 
 def scenario_permission(sandbox: Sandbox) -> Scenario:
     run = "demo-denied"
-    denied = sandbox.new_user_without_rights("beacon-demo-no-rights")
+    denied = sandbox.aws.user_without_rights("beacon-demo-no-rights")
     started = time.monotonic()
     done = subprocess.run(
         sandbox.job_command(run, "--steps", "5"),

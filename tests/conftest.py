@@ -58,17 +58,6 @@ class WriterSession:
     def client(self, service: str) -> Any:
         return self.aws.client(service, **self.credentials)
 
-    def user_without_rights(self, name: str) -> dict[str, str]:
-        """Credentials of a fresh IAM user with no policy at all (enforcement stays on)."""
-        self.aws.reset_auth_only()
-        try:
-            iam = self.aws.client("iam")
-            iam.create_user(UserName=name)
-            keys = iam.create_access_key(UserName=name)["AccessKey"]
-        finally:
-            self.aws.enforce_iam()
-        return {"aws_access_key_id": keys["AccessKeyId"], "aws_secret_access_key": keys["SecretAccessKey"]}
-
 
 @pytest.fixture
 def as_writer(demo: Synthesized, moto_server: MotoServer) -> WriterSession:

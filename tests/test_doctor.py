@@ -113,7 +113,7 @@ def test_a_hung_loop_with_a_live_heartbeat_is_stalled_not_silent(
 def test_a_job_identity_without_permission_is_diagnosed_as_permission(
     as_writer: WriterSession, reader: dict[str, str], tmp_path: Path
 ) -> None:
-    nobody = as_writer.user_without_rights("nobody")
+    nobody = as_writer.aws.user_without_rights("nobody")
     assert (
         JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, nobody).run("--run-id", "doc-denied").returncode == 3
     )

@@ -32,7 +32,7 @@ def test_preflight_passes_for_the_writer_and_records_a_persistent_spool(harness:
 def test_a_writer_without_permission_fails_preflight_fast_naming_bucket_and_action(
     as_writer: WriterSession, tmp_path: Path
 ) -> None:
-    denied = as_writer.user_without_rights("no-rights")
+    denied = as_writer.aws.user_without_rights("no-rights")
     result = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, denied).run("--run-id", "pre-denied")
     assert result.returncode == EXIT_PREFLIGHT
     assert result.seconds < PREFLIGHT_BUDGET_S
