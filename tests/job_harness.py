@@ -79,22 +79,30 @@ class JobHarness:
             *extra,
         ]
 
-    def command(self, *extra: str, ranks: int = 1) -> list[str]:
-        if ranks == 1:
-            return [sys.executable, "-m", "training.train", *self.args(*extra)]
-        torchrun = str(Path(sys.executable).with_name("torchrun"))
-        return [torchrun, "--standalone", f"--nproc-per-node={ranks}", "-m", "training.train", *self.args(*extra)]
+    def command(self, *extra: str, ranks: int = 1, launcher: str = "") -> list[str]:
+        """Plain python for one rank, torchrun for more; launcher="container" is the image's entry point."""
+        rest = ["--standalone", f"--nproc-per-node={ranks}", "-m", "training.train", *self.args(*extra)]
+        if launcher == "container":
+            return [sys.executable, "-m", "training.launch", *rest]
+        if launcher == "torchrun" or ranks > 1:
+            return [str(Path(sys.executable).with_name("torchrun")), *rest]
+        return [sys.executable, "-m", "training.train", *self.args(*extra)]
 
-    def run(self, *extra: str, ranks: int = 1, timeout: float = 240) -> JobResult:
+    def run(self, *extra: str, ranks: int = 1, launcher: str = "", timeout: float = 240) -> JobResult:
         started = time.monotonic()
         done = subprocess.run(
-            self.command(*extra, ranks=ranks), cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout
+            self.command(*extra, ranks=ranks, launcher=launcher),
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         return JobResult(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
 
-    def start(self, *extra: str, ranks: int = 1) -> subprocess.Popen[str]:
+    def start(self, *extra: str, ranks: int = 1, launcher: str = "") -> subprocess.Popen[str]:
         return subprocess.Popen(
-            self.command(*extra, ranks=ranks),
+            self.command(*extra, ranks=ranks, launcher=launcher),
             cwd=ROOT,
             env=self.env(),
             text=True,

@@ -111,6 +111,24 @@ def test_sigterm_mid_run_delivers_everything_and_exits_0_within_the_budget(
     assert summary["delivery"]["pending_chunks"] == 0
 
 
+def test_sigterm_to_the_container_launcher_alone_drains_both_ranks_and_exits_0(
+    harness: JobHarness, as_writer: WriterSession
+) -> None:
+    """Kubernetes and SageMaker signal the container's first process only: training.launch (torchrun)."""
+    common = ("--run-id", "term-launch", "--steps", "5000", "--step-sleep", "0.02", "--shutdown-budget", "20")
+    process = harness.start(*common, ranks=2, launcher="container")
+    prefix = contract.run_prefix("smoke", "term-launch") + "events/"
+    assert wait_for(lambda: len(keys_under(as_writer.client("s3"), as_writer.bucket, prefix)) >= 1, timeout=90)
+    process.send_signal(signal.SIGTERM)
+    result = finish(process, timeout=90)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary
+    assert summary["stopped_by_signal"] is True and summary["delivery"]["pending_chunks"] == 0
+    steps_done = summary["last_step"] + 1
+    records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "term-launch")
+    assert_exactly_once(records, steps_done)
+
+
 def test_sigkill_then_restart_with_the_same_run_loses_and_duplicates_nothing(
     harness: JobHarness, as_writer: WriterSession
 ) -> None:

@@ -132,3 +132,15 @@ def test_every_flag_is_documented_with_its_environment_variable() -> None:
     ):
         assert flag in done.stdout, flag
         assert f"BEACON_{flag[2:].upper().replace('-', '_')}" in done.stdout.replace("\n", " ").replace("  ", ""), flag
+
+
+@pytest.mark.parametrize(("case", "expected"), [("preflight", EXIT_PREFLIGHT), ("usage", EXIT_USAGE)])
+def test_the_container_launcher_keeps_the_jobs_exit_code_where_bare_torchrun_says_1(
+    as_writer: WriterSession, tmp_path: Path, case: str, expected: int
+) -> None:
+    """The Job's podFailurePolicy fails at once on 2 and 3; torchrun alone would exit 1 for both."""
+    denied = as_writer.aws.user_without_rights("no-rights-launch")
+    harness = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, denied)
+    extra = ("--run-id", "launch-denied") if case == "preflight" else ("--steps", "0")
+    assert harness.run(*extra, launcher="container").returncode == expected
+    assert harness.run(*extra, launcher="torchrun").returncode == 1
