@@ -59,7 +59,7 @@ class MetricAlarm:
     @classmethod
     def from_definition(cls, definition: Mapping[str, Any]) -> MetricAlarm:
         """From a template's AWS::CloudWatch::Alarm properties or PutMetricAlarm arguments."""
-        if "Metrics" in definition:
+        if definition.get("Metrics"):  # describe_alarms returns an empty list for plain alarms
             raise ValueError(f"{definition.get('AlarmName')}: metric-math alarms are not used by Beacon")
         comparison = str(definition["ComparisonOperator"])
         statistic = str(definition["Statistic"])

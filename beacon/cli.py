@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,6 +19,8 @@ from rich.table import Table
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from beacon.doctor import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose
+from beacon.smoke import SmokeReport
+from config import ConfigError, load_team
 from training import contract
 
 
@@ -32,7 +35,7 @@ def identifier(kind: str) -> Any:
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Beacon: training that is never lost in the cloud.")
-console = Console(width=None if sys.stdout.isatty() else 160)
+console = Console(width=None if sys.stdout.isatty() else 160, log_path=False)
 STYLE = {OK: "green", WARN: "yellow", FAIL: "red"}
 
 
@@ -75,7 +78,7 @@ def doctor(
     region = session.region_name or "us-east-1"
     try:
         if bucket is None or reader_role_arn is None:
-            outputs = stack_outputs(session.client("cloudformation"), f"beacon-{team}-artifacts")
+            outputs = stack_outputs(session.client("cloudformation"), contract.stack_name(team, "artifacts"))
             bucket = bucket or outputs["BucketName"]
             reader_role_arn = reader_role_arn or outputs.get("ReaderRoleArn")
             writer_role_arn = writer_role_arn or outputs.get("WriterRoleArn")
@@ -107,6 +110,119 @@ def doctor(
     else:
         print_diagnosis(result)
     raise typer.Exit(0 if result.healthy else 1)
+
+
+class Target(StrEnum):
+    EKS = "eks"
+    SAGEMAKER = "sagemaker"
+
+
+def print_smoke(report: SmokeReport, path: Path) -> None:
+    v = report.verification
+    verdict = "[green]passed[/]" if report.ok else "[red]FAILED[/]"
+    table = Table(title=f"beacon smoke --target {report.target}: {report.team}/{report.run} {verdict}")
+    table.add_column("check")
+    table.add_column("result", overflow="fold")
+    table.add_row("platform", f"{report.platform_state}: {report.platform_detail}")
+    if v is not None:
+        versions = sorted(set(v.chunk_versions.values()))
+        table.add_row(
+            "records in S3",
+            f"{v.records_in_s3} of {v.steps_expected} (lost {v.records_lost}, "
+            f"duplicated {v.records_duplicated}), writer ranks {v.writer_ranks}",
+        )
+        table.add_row("versioning", f"bucket {v.bucket_versioning}; versions per chunk {versions}")
+        table.add_row("checkpoints", str(v.checkpoints))
+        table.add_row("metrics", f"present {v.metrics_present}; missing {v.metrics_missing or 'none'}")
+        table.add_row("alarms (evaluated)", ", ".join(f"{k}={s}" for k, s in sorted(v.alarms.items())))
+        table.add_row("run finished", str(v.succeeded))
+    table.add_row("alarms (CloudWatch)", ", ".join(f"{k}={s}" for k, s in sorted(report.alarms_observed.items())))
+    for problem in report.problems:
+        table.add_row("[red]problem[/]", problem)
+    table.add_row("cleaned up", str(report.cleaned_up))
+    table.add_row("wall seconds", f"{report.wall_seconds:.0f}")
+    console.print(table)
+    for verdict_row in report.doctor if not report.ok else []:
+        console.print(f"doctor {verdict_row['check']}: {verdict_row['verdict']} — {verdict_row['evidence']}")
+    for source, text in report.logs.items():
+        tail = "\n".join(text.splitlines()[-20:])
+        console.print(f"[bold]log {source}[/] (last lines)\n{tail}", markup=True, highlight=False)
+    console.print(f"report: {path}")
+
+
+@app.command()
+def smoke(
+    team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name (config/teams/<team>.toml)")],
+    target: Annotated[Target, typer.Option(envvar="BEACON_SMOKE_TARGET", help="where the job runs")] = Target.EKS,
+    region: Annotated[str | None, typer.Option(envvar="AWS_REGION", help="default: the team's region")] = None,
+    report_path: Annotated[Path, typer.Option("--report", envvar="BEACON_SMOKE_REPORT", help="JSON report")] = Path(
+        ".beacon/smoke/report.json"
+    ),
+    kubernetes_url: Annotated[
+        str | None,
+        typer.Option(envvar="BEACON_KUBERNETES_URL", help="API URL through a tunnel (default: the EKS endpoint)"),
+    ] = None,
+    start_timeout: Annotated[float, typer.Option(min=1, help="seconds for a pod to become ready (eks)")] = 900,
+    timeout: Annotated[
+        float | None, typer.Option(min=1, help="seconds for the whole run (default: eks 1800, sagemaker max run + 900)")
+    ] = None,
+    keep: Annotated[bool, typer.Option(help="leave the Job on the cluster for inspection (eks)")] = False,
+    poll_interval: Annotated[float, typer.Option(min=0.1, hidden=True)] = 5.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """After `cdk deploy`: run a fresh smoke job on the team's stack and prove nothing was lost."""
+    from beacon.smoke import Access, SmokeError, read_outputs
+
+    try:
+        config = load_team(team)
+    except ConfigError as error:
+        print(f"beacon smoke: {error}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    session = boto3.session.Session(region_name=region or config.region)
+    region = str(session.region_name)
+
+    def show(line: str) -> None:
+        status.update(line)
+        if not sys.stdout.isatty():
+            console.log(line)
+
+    try:
+        with console.status(f"beacon smoke: reading the stacks of {team} in {region}") as status:
+            outputs = read_outputs(session.client("cloudformation"), team, region)
+            access = Access.open(session, outputs.reader_role_arn)
+            if target is Target.EKS:
+                from beacon.smoke_eks import run_eks_smoke
+
+                report = run_eks_smoke(
+                    access,
+                    outputs,
+                    config,
+                    kubernetes_url=kubernetes_url,
+                    start_timeout_s=start_timeout,
+                    timeout_s=timeout or 1800,
+                    keep=keep,
+                    show=show,
+                    poll_interval_s=poll_interval,
+                )
+            else:
+                from beacon.smoke_sagemaker import run_sagemaker_smoke
+
+                report = run_sagemaker_smoke(
+                    access, outputs, config, timeout_s=timeout, show=show, poll_interval_s=poll_interval
+                )
+    except SmokeError as error:
+        print(f"beacon smoke: {error}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    except (ClientError, BotoCoreError) as error:
+        print(f"beacon smoke: AWS refused a call: {error}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report.as_dict(), indent=2, default=str))
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2, default=str))
+    else:
+        print_smoke(report, report_path)
+    raise typer.Exit(0 if report.ok else 1)
 
 
 @app.command()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from beacon.templates import Resolver, Template, TemplateError
+from training import contract
 
 # Bucket-policy statements moto cannot evaluate faithfully. The template tests assert them.
 # - aws:SecureTransport: the embedded server speaks plain HTTP, so it would deny everything.
@@ -226,7 +227,7 @@ def provision_team(
     )
     keys = iam.create_access_key(UserName=OPERATOR)["AccessKey"]
     store = provision_artifact_store(
-        templates[f"beacon-{team}-artifacts"],
+        templates[contract.stack_name(team, "artifacts")],
         s3=clients("s3"),
         kms=clients("kms"),
         iam=iam,
@@ -236,7 +237,7 @@ def provision_team(
         trusted_principal_arn=operator["Arn"],
     )
     monitoring = provision_monitoring(
-        templates[f"beacon-{team}-monitoring"],
+        templates[contract.stack_name(team, "monitoring")],
         cloudwatch=clients("cloudwatch"),
         ssm=clients("ssm"),
         sns=clients("sns"),

@@ -204,8 +204,11 @@ def open_sandbox(templates: dict[str, Template], workdir: Path) -> Sandbox:
 
 
 def run_smoke(sandbox: Sandbox, run: str, steps: int, ranks: int) -> subprocess.CompletedProcess[str]:
+    pace = f"{contract.smoke_min_duration_s(DEMO_HEARTBEAT_S):g}"  # long enough for the run alarms to arm
     command = sandbox.job_command(
-        run, "--steps", str(steps), "--workers", "1", "--checkpoint-interval", "100", ranks=ranks
+        run,
+        *("--steps", str(steps), "--workers", "1", "--checkpoint-interval", "100", "--min-duration", pace),
+        ranks=ranks,
     )
     return subprocess.run(
         command, cwd=ROOT, env=sandbox.job_env(sandbox.writer), capture_output=True, text=True, timeout=600
@@ -315,7 +318,7 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     templates = synthesize(ROOT / "cdk.out", log)
-    monitoring = templates[f"beacon-{TEAM}-monitoring"]
+    monitoring = templates[contract.stack_name(TEAM, "monitoring")]
     log("starting the embedded AWS (moto, own process) and provisioning from the templates")
     sandbox = open_sandbox(templates, workdir)
     try:

@@ -9,6 +9,7 @@ from beacon.alarms import ALARM, AlarmSet, SeriesKey, series_key
 from beacon.observe import RunEvidence, metric_samples
 from training import contract
 
+NOT_ARMED = "NOT_ARMED"
 EVALUATED_METRICS = (
     (contract.HEARTBEAT, "SampleCount", contract.RUN_DIMENSIONS),
     (contract.PROGRESS_AGE, "Maximum", contract.RUN_DIMENSIONS),
@@ -32,6 +33,7 @@ class Verification:
     cloudwatch_datapoints: int
     alarms: dict[str, str] = field(default_factory=dict)
     succeeded: bool = False
+    bucket_versioning: str = ""
 
     @property
     def ok(self) -> bool:
@@ -43,7 +45,9 @@ class Verification:
             and self.checkpoints > 0
             and not self.metrics_missing
             and ALARM not in self.alarms.values()
+            and NOT_ARMED not in self.alarms.values()  # a run too short to arm its alarms proves nothing
             and self.succeeded
+            and self.bucket_versioning == "Enabled"
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -61,9 +65,6 @@ def recorded_samples(
         points = metric_samples(cloudwatch, metric, dims, statistic=statistic)
         samples[series_key(contract.NAMESPACE, metric.name, dims)] = [(p.at.timestamp(), p.value) for p in points]
     return samples
-
-
-NOT_ARMED = "NOT_ARMED"
 
 
 def evaluate_recorded(
@@ -118,4 +119,5 @@ def verify_run(
         cloudwatch_datapoints=datapoints,
         alarms=states,
         succeeded=evidence.final is not None,
+        bucket_versioning=str(s3.get_bucket_versioning(Bucket=bucket).get("Status", "Disabled")),
     )

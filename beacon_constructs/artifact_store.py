@@ -146,6 +146,11 @@ class ArtifactStore(Construct):
                     resources=[self.experiments_arn],
                 ),
                 self._list_experiments_statement("ListExperiments", versions=True),
+                iam.PolicyStatement(
+                    sid="ConfirmVersioning",  # `beacon smoke` proves history is kept
+                    actions=["s3:GetBucketVersioning"],
+                    resources=[self.bucket.bucket_arn],
+                ),
                 self._key_via_s3_statement("DecryptViaS3", ["kms:Decrypt"]),
                 iam.PolicyStatement(
                     sid="ReadMetricsAndAlarms",

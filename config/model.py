@@ -10,6 +10,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from training import contract
+from training.manifests import SmokeJobSpec
+
 TEAMS_DIR = Path(__file__).parent / "teams"
 DEMO_TEAM = "demo"
 
@@ -225,6 +228,9 @@ class TrainingConfig(_Section):
     smoke_nodes: Annotated[int, Field(ge=1, le=16)] = 1
     smoke_processes_per_node: Annotated[int, Field(ge=1, le=8)] = 1
     image_platform: Literal["linux/amd64", "linux/arm64"] = "linux/amd64"
+    # `beacon smoke --target sagemaker`: the same image and entry point as a SageMaker training job.
+    sagemaker_instance_type: Annotated[str, Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")] = "ml.m5.xlarge"
+    sagemaker_max_runtime_seconds: Annotated[int, Field(ge=600, le=86_400)] = 3600
 
 
 class TeamConfig(_Section):
@@ -237,6 +243,24 @@ class TeamConfig(_Section):
     monitoring: MonitoringConfig = MonitoringConfig()
     artifacts: ArtifactsConfig = ArtifactsConfig()
     training: TrainingConfig = TrainingConfig()
+
+    def smoke_job_spec(self, *, image: str, bucket: str, region: str, name_suffix: str = "") -> SmokeJobSpec:
+        """The smoke Job's settings: the cluster stack and `beacon smoke` both build from here."""
+        training = self.training
+        return SmokeJobSpec(
+            team=self.team,
+            image=image,
+            bucket=bucket,
+            region=region,
+            uid=training.uid,
+            gid=training.gid,
+            steps=training.smoke_steps,
+            nodes=training.smoke_nodes,
+            processes_per_node=training.smoke_processes_per_node,
+            heartbeat_interval=self.monitoring.heartbeat_interval_seconds,
+            name_suffix=name_suffix,
+            min_duration=contract.smoke_min_duration_s(self.monitoring.heartbeat_interval_seconds),
+        )
 
     @field_validator("team")
     @classmethod

@@ -13,6 +13,7 @@ from stacks.artifacts import ArtifactsStack
 from stacks.cluster import ClusterStack
 from stacks.monitoring import MonitoringStack
 from stacks.network import NetworkStack
+from training import contract
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,11 @@ class BeaconStacks:
 
 
 def stack_name(config: TeamConfig, component: str) -> str:
-    return f"beacon-{config.team}-{component}"
+    return contract.stack_name(config.team, component)
 
 
 def cluster_name(config: TeamConfig) -> str:
-    return f"beacon-{config.team}"
+    return contract.cluster_name(config.team)
 
 
 def build_app(app: App, config: TeamConfig) -> BeaconStacks:

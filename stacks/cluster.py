@@ -12,7 +12,7 @@ from beacon_constructs.karpenter import Karpenter, PoolSettings
 from beacon_constructs.smoke_job import SmokeJob
 from beacon_constructs.training_namespace import TrainingNamespace
 from config import TeamConfig
-from training import contract, manifests
+from training import contract
 
 
 class ClusterStack(Stack):
@@ -70,24 +70,12 @@ class ClusterStack(Stack):
             access_point_id=access_point.access_point_id,
             depends_on_storage_driver=self.training_cluster.addons[EFS_CSI_ADDON],
         )
-        training = config.training
         self.smoke_job = SmokeJob(
             self,
             "SmokeJob",
             cluster=cluster,
-            spec=manifests.SmokeJobSpec(
-                team=config.team,
-                image="",
-                bucket=bucket.bucket_name,
-                region=self.region,
-                uid=training.uid,
-                gid=training.gid,
-                steps=training.smoke_steps,
-                nodes=training.smoke_nodes,
-                processes_per_node=training.smoke_processes_per_node,
-                heartbeat_interval=config.monitoring.heartbeat_interval_seconds,
-            ),
-            platform=training.image_platform,
+            spec=config.smoke_job_spec(image="", bucket=bucket.bucket_name, region=self.region),
+            platform=config.training.image_platform,
             after=[
                 self.training.service_account,
                 self.training.volume,
@@ -98,4 +86,5 @@ class ClusterStack(Stack):
         CfnOutput(self, "ClusterName", value=cluster.cluster_name)
         CfnOutput(self, "TrainingNamespace", value=contract.TRAINING_NAMESPACE)
         CfnOutput(self, "SmokeJobName", value=self.smoke_job.spec.name)
+        CfnOutput(self, "SmokeImageUri", value=self.smoke_job.image.image_uri)
         CfnOutput(self, "InterruptionQueueName", value=self.karpenter.queue.queue_name)

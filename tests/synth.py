@@ -13,6 +13,7 @@ from beacon.templates import Template as SynthesizedTemplate
 from beacon.templates import load_templates
 from config import TeamConfig
 from stacks.beacon_app import BeaconStacks, build_app
+from training import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +33,7 @@ class Synthesized:
         return Template.from_json(self.templates[stack_name].body)
 
     def template(self, component: str) -> SynthesizedTemplate:
-        return self.templates[f"beacon-{self.config.team}-{component}"]
+        return self.templates[contract.stack_name(self.config.team, component)]
 
 
 def synthesize(config: TeamConfig, outdir: Path) -> Synthesized:

@@ -84,7 +84,12 @@ def test_sample_count_below_one_with_missing_breaching_is_a_heartbeat_alarm() ->
 
 def test_metric_math_alarms_are_refused_rather_than_guessed() -> None:
     with pytest.raises(ValueError, match="metric-math"):
-        MetricAlarm.from_definition({**definition(), "Metrics": []})
+        MetricAlarm.from_definition({**definition(), "Metrics": [{"Id": "m1", "Expression": "SUM(METRICS())"}]})
+
+
+def test_an_alarm_as_describe_alarms_returns_it_is_a_plain_metric_alarm() -> None:
+    """DescribeAlarms answers `Metrics: []` for every alarm that is not metric math."""
+    assert MetricAlarm.from_definition({**definition(), "Metrics": []}) == MetricAlarm.from_definition(definition())
 
 
 @pytest.mark.parametrize(

@@ -192,6 +192,7 @@ def test_reader_may_only_read_and_list(demo: Synthesized) -> None:
         "cloudwatch:GetMetricStatistics",
         "cloudwatch:ListMetrics",
         "kms:Decrypt",
+        "s3:GetBucketVersioning",
         "s3:GetObject",
         "s3:GetObjectVersion",
         "s3:ListBucket",

@@ -19,6 +19,10 @@ CASES = {
     "missing_run": (["doctor", "--team", "demo"], "Missing option '--run'"),
     "negative_steps": (["local", "--steps", "-3"], "Invalid value for '--steps'"),
     "unknown_command": (["nosuch"], "No such command 'nosuch'"),
+    "smoke_unknown_target": (["smoke", "--team", "demo", "--target", "gke"], "Invalid value for '--target'"),
+    "smoke_unknown_team": (["smoke", "--team", "nosuch"], "unknown team 'nosuch'"),
+    "smoke_missing_team": (["smoke"], "Missing option '--team'"),
+    "smoke_zero_timeout": (["smoke", "--team", "demo", "--timeout", "0"], "Invalid value for '--timeout'"),
 }
 
 

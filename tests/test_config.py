@@ -87,6 +87,16 @@ BAD_CASES = {
     ),
     "bad_email": ('[monitoring]\nalarm_email = "ops-at-example"', "monitoring.alarm_email", "e-mail"),
     "bad_gpu_family": ('[compute]\ngpu_instance_families = ["G5!"]', "compute.gpu_instance_families", "family"),
+    "sagemaker_instance_type_without_ml_prefix": (
+        '[training]\nsagemaker_instance_type = "m5.xlarge"',
+        "training.sagemaker_instance_type",
+        "should match pattern",
+    ),
+    "sagemaker_runtime_too_short": (
+        "[training]\nsagemaker_max_runtime_seconds = 60",
+        "training.sagemaker_max_runtime_seconds",
+        "greater than or equal to 600",
+    ),
 }
 
 

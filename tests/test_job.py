@@ -174,3 +174,13 @@ def test_metrics_of_the_contract_reach_cloudwatch(harness: JobHarness, as_writer
         assert metric.name in names, metric.name
     team = {m["MetricName"] for m in listed if m["Dimensions"] == [{"Name": "Team", "Value": "demo"}]}
     assert {contract.SPOOL_BACKLOG.name, contract.UPLOAD_FAILURES.name} <= team
+
+
+def test_min_duration_spreads_the_steps_so_a_short_run_lasts_long_enough(
+    harness: JobHarness, as_writer: WriterSession
+) -> None:
+    """The smoke job uses it so its run alarms arm; nothing is skipped or repeated for it."""
+    result = harness.run("--run-id", "paced-1", "--steps", "20", "--min-duration", "4")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.summary["loop_seconds"] >= 4 * 19 / 20
+    assert_exactly_once(delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "paced-1"), 20)

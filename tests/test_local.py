@@ -4,24 +4,36 @@ nothing is left running."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from tests.synth import ROOT
 
+MARKER = "PYTEST_BEACON_DEMO_RUN"  # jobs keep it: the demo strips only AWS_* and BEACON_*
+
 
 def demo_processes(workdir: Path) -> list[str]:
-    """The demo's jobs (their spool lies under its workdir) and its embedded AWS."""
-    listed = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in listed if str(workdir) in line or "beacon.embedded_aws" in line]
+    """Processes this demo started: its jobs and its embedded AWS inherit the marker in their
+    environment (other tests may run their own embedded AWS meanwhile)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if f"{MARKER}={workdir}".encode() in environ:
+            found.append(f"{proc.name} {args}")
+    return found
 
 
 def test_beacon_local_delivers_everything_once_and_shows_every_scenarios_verdict(tmp_path: Path) -> None:
-    before = demo_processes(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "beacon.cli", "local", "--workdir", str(tmp_path)],
         cwd=ROOT,
+        env={**os.environ, MARKER: str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=600,
@@ -45,4 +57,4 @@ def test_beacon_local_delivers_everything_once_and_shows_every_scenarios_verdict
     assert report["wall_seconds"] > 0
     picture = Path(report["picture"])
     assert picture.is_file() and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert demo_processes(tmp_path) == before, "the demo leaves no process running"
+    assert demo_processes(tmp_path) == [], "the demo leaves no process running"

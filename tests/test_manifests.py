@@ -7,7 +7,8 @@ import dataclasses
 import kubernetes_validate
 import pytest
 
-from training import manifests
+from config import load_team
+from training import contract, manifests
 
 BASE = manifests.SmokeJobSpec(
     team="demo",
@@ -29,7 +30,7 @@ def test_every_variant_validates_strictly(nodes: int, gpu: bool) -> None:
 def test_one_node_runs_standalone_without_a_service() -> None:
     (job,) = manifests.smoke_job(BASE)
     (train,) = job["spec"]["template"]["spec"]["containers"]
-    assert train["command"] == ["torchrun"] and train["args"][0] == "--standalone"
+    assert train["command"] == ["python", "-m", "training.launch"] and train["args"][0] == "--standalone"
     assert "subdomain" not in job["spec"]["template"]["spec"]
 
 
@@ -67,3 +68,30 @@ def test_preflight_and_bad_input_fail_the_job_at_once() -> None:
     (job,) = manifests.smoke_job(BASE)
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert {"action": "FailJob", "onExitCodes": {"containerName": "train", "operator": "In", "values": [2, 3]}} in rules
+
+
+def test_the_sagemaker_job_runs_the_same_entry_point_and_settings_with_sagemakers_paths() -> None:
+    (job,) = manifests.smoke_job(BASE)
+    (train,) = job["spec"]["template"]["spec"]["containers"]
+    container = manifests.sagemaker_container(BASE)
+    assert [*container.entrypoint, *container.arguments] == [*train["command"], *train["args"]]
+    on_eks = {e["name"]: e["value"] for e in train["env"]}
+    differing = {k for k in on_eks if on_eks[k] != container.environment[k]}
+    assert differing == {"BEACON_SPOOL_DIR", "BEACON_CHECKPOINT_DIR", "BEACON_HEARTBEAT_FILE"}
+    assert container.environment["BEACON_SPOOL_DIR"] == f"{manifests.SAGEMAKER_VOLUME}/spool"
+    assert container.checkpoint_s3_uri == f"s3://bucket/experiments/smoke/{BASE.name}/sagemaker-volume/"
+
+
+def test_a_sagemaker_smoke_job_is_one_instance() -> None:
+    with pytest.raises(ValueError, match="nodes: a SageMaker smoke job runs on one instance, got 2"):
+        manifests.sagemaker_container(dataclasses.replace(BASE, nodes=2))
+
+
+def test_the_smoke_job_from_a_team_file_lasts_long_enough_for_its_run_alarms() -> None:
+    config = load_team("demo")
+    spec = config.smoke_job_spec(image="i", bucket="b", region="us-east-1")
+    (job,) = manifests.smoke_job(spec)
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # Two 30 s periods (the first heartbeat's, then one evaluated) and one more beat.
+    assert float(env["BEACON_MIN_DURATION"]) == 2 * contract.HEARTBEAT_PERIOD_S + spec.heartbeat_interval
+    assert env["BEACON_STEPS"] == str(config.training.smoke_steps)

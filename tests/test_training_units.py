@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from training import contract
 from training.checkpoint import AsyncCheckpointer, latest_checkpoint
 from training.distributed import backend_for
 from training.model import StepSampler, SyntheticImages
@@ -120,3 +122,11 @@ def test_a_spool_whose_seal_failed_on_a_full_disk_refuses_further_use_clearly(tm
         spool.append(records(range(2, 3)))
     with pytest.raises(SpoolFullError):
         spool.seal()
+
+
+@pytest.mark.parametrize("loss", [2.302585, 0.000123, 1.5e-07])
+def test_sagemakers_metric_definitions_parse_the_jobs_progress_line(loss: float) -> None:
+    line = f"2026-12-01 10:00:00 beacon.job INFO {contract.progress_line(170, loss)}"
+    (step,) = re.findall(contract.PROGRESS_LOG_METRICS["step"], line)
+    (parsed,) = re.findall(contract.PROGRESS_LOG_METRICS["loss"], line)
+    assert int(step) == 170 and float(parsed) == pytest.approx(loss, abs=1e-6)

@@ -42,6 +42,7 @@ class JobConfig:
     telemetry: bool
     step_sleep: float
     hang_after_step: int
+    min_duration: float
 
     def with_run(self, run: str) -> JobConfig:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -88,6 +89,13 @@ def _positive_float(value: str) -> float:
     number = float(value)
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+def _non_negative_float(value: str) -> float:
+    number = float(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return number
 
 
@@ -144,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--telemetry", _bool, True, "all sinks on; off only to measure overhead")
     add("--step-sleep", float, 0.0, "extra seconds per step (fault tests slow the loop with it)")
     add("--hang-after-step", int, -1, "hang the loop after this step, heartbeat alive (fault tests and benchmarks)")
+    add(
+        "--min-duration",
+        _non_negative_float,
+        0.0,
+        "pace the loop so the run spans at least this many seconds (the smoke job: its run alarms arm)",
+    )
     return parser
 
 

@@ -63,6 +63,34 @@ def append_only_resource_patterns() -> list[str]:
     return [f"{EXPERIMENTS_PREFIX}*/*/{kind}/*" for kind in APPEND_ONLY_KINDS]
 
 
+# --- Stacks ------------------------------------------------------------------------------
+STACK_COMPONENTS = ("network", "artifacts", "cluster", "monitoring")
+
+
+def stack_name(team: str, component: str) -> str:
+    return f"beacon-{team}-{component}"
+
+
+def cluster_name(team: str) -> str:
+    return f"beacon-{team}"
+
+
+# --- Log lines ---------------------------------------------------------------------------
+# Rank 0 logs one progress line every few steps: people read it in pod logs, and SageMaker's
+# metric definitions parse it (the regexes below are what `beacon smoke` sends).
+PROGRESS_LOG_INTERVAL = 10
+
+
+def progress_line(step: int, loss: float) -> str:
+    return f"beacon-progress step={step} loss={loss:.6f}"
+
+
+PROGRESS_LOG_METRICS = {
+    "step": r"beacon-progress step=(\d+)",
+    "loss": r"beacon-progress step=\d+ loss=([0-9.eE+-]+)",
+}
+
+
 # --- CloudWatch ------------------------------------------------------------------------
 NAMESPACE = "Beacon"
 
@@ -180,6 +208,12 @@ def run_alarm_name(team: str, experiment: str, run: str, kind: RunAlarm) -> str:
 
 def team_alarm_name(team: str, kind: TeamAlarm) -> str:
     return f"{ALARM_PREFIX}-{team}-{kind.value}"
+
+
+def smoke_min_duration_s(heartbeat_interval_s: float) -> float:
+    """How long a smoke run must last for its run alarms to arm and be evaluated at least once:
+    the first heartbeat's period closes, and a beat or two follow."""
+    return HEARTBEAT_PERIOD_S * 2 + heartbeat_interval_s
 
 
 def run_alarm_parameter_name(team: str) -> str:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from training import aws
+from training import aws, contract
 from training.checkpoint import AsyncCheckpointer, Uploader, latest_checkpoint
 from training.config import JobConfig
 from training.distributed import World
@@ -147,10 +147,14 @@ class Job:
                 self.progress.step_finished()
                 self.telemetry.record(step, value)
                 telemetry_seconds += time.perf_counter() - entered
+                if world.is_writer and step % contract.PROGRESS_LOG_INTERVAL == 0:
+                    log.info(contract.progress_line(step, value))
                 if (step + 1) % config.checkpoint_interval == 0:
                     self._checkpoint(step, model, optimizer)
                 if config.step_sleep:
                     time.sleep(config.step_sleep)
+                if config.min_duration:
+                    self._pace(loop_started, step - start_step + 1, config.steps - start_step)
                 if step == config.hang_after_step:
                     log.warning("hanging after step %d (--hang-after-step); the heartbeat goes on", step)
                     self.stop.wait()
@@ -164,6 +168,12 @@ class Job:
         summary["loop_seconds"] = loop_seconds
         summary["telemetry_seconds_on_loop"] = telemetry_seconds
         return summary
+
+    def _pace(self, loop_started: float, done: int, total: int) -> None:
+        """Spread the steps over --min-duration; a stop request ends the wait at once."""
+        behind = loop_started + self.config.min_duration * done / max(total, 1) - time.perf_counter()
+        if behind > 0:
+            self.stop.wait(behind)
 
     def _should_stop(self) -> bool:
         stop = self.stop.is_set()

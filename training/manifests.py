@@ -28,6 +28,8 @@ GPU_POOL, CPU_POOL = "gpu-training", "cpu-smoke"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 # Bad input (2) and a failed preflight (3) will not get better with a retry.
 NON_RETRIABLE_EXIT_CODES = [2, 3]
+# torchrun, keeping the job's exit code (training/launch.py); the image has no other entry point.
+LAUNCH_COMMAND = ["python", "-m", "training.launch"]
 
 
 def namespace(name: str = contract.TRAINING_NAMESPACE) -> dict[str, Any]:
@@ -99,6 +101,7 @@ class SmokeJobSpec:
     workers: int = 2
     namespace: str = contract.TRAINING_NAMESPACE
     name_suffix: str = ""
+    min_duration: float = 0.0  # seconds the run spans at least, so its run alarms arm
 
     @property
     def fingerprint(self) -> str:
@@ -128,23 +131,28 @@ def _torchrun_args(spec: SmokeJobSpec) -> list[str]:
     return [*rendezvous, f"--nproc-per-node={spec.processes_per_node}", "-m", "training.train"]
 
 
-def _environment(spec: SmokeJobSpec) -> list[dict[str, str]]:
-    values = {
+def _environment(
+    spec: SmokeJobSpec,
+    *,
+    volume: str = ARTIFACTS_MOUNT,
+    heartbeat_file: str = HEARTBEAT_FILE,
+) -> dict[str, str]:
+    return {
         "BEACON_TEAM": spec.team,
         "BEACON_EXPERIMENT": spec.experiment,
         "BEACON_RUN_ID": spec.name,  # restarts of this Job resume the same run
         "BEACON_STEPS": str(spec.steps),
         "BEACON_BUCKET": spec.bucket,
-        "BEACON_SPOOL_DIR": f"{ARTIFACTS_MOUNT}/spool",
-        "BEACON_CHECKPOINT_DIR": f"{ARTIFACTS_MOUNT}/checkpoints",
+        "BEACON_SPOOL_DIR": f"{volume}/spool",
+        "BEACON_CHECKPOINT_DIR": f"{volume}/checkpoints",
         "BEACON_HEARTBEAT_INTERVAL": str(spec.heartbeat_interval),
-        "BEACON_HEARTBEAT_FILE": HEARTBEAT_FILE,
+        "BEACON_HEARTBEAT_FILE": heartbeat_file,
         "BEACON_SHUTDOWN_BUDGET": str(spec.shutdown_budget),
         "BEACON_WORKERS": str(spec.workers),
+        "BEACON_MIN_DURATION": f"{spec.min_duration:g}",
         "AWS_REGION": spec.region,
         "PYTHONUNBUFFERED": "1",
     }
-    return [{"name": k, "value": v} for k, v in values.items()]
 
 
 def _heartbeat_age_check(tolerance: int) -> list[str]:
@@ -193,9 +201,9 @@ def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
             {
                 "name": "train",
                 "image": spec.image,
-                "command": ["torchrun"],
+                "command": LAUNCH_COMMAND,
                 "args": _torchrun_args(spec),
-                "env": _environment(spec),
+                "env": [{"name": k, "value": v} for k, v in _environment(spec).items()],
                 "resources": resources,
                 "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}],
                 "startupProbe": {
@@ -268,3 +276,32 @@ def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
             }
         )
     return objects
+
+
+# --- the same job as a SageMaker training job ------------------------------------------------
+# SageMaker syncs this directory to the checkpoint S3 URI while the job runs and restores it on a
+# restart (spot interruption): on SageMaker it is the persistent volume the spool needs.
+SAGEMAKER_VOLUME = "/opt/ml/checkpoints"
+SAGEMAKER_VOLUME_KIND = "sagemaker-volume"  # under the run prefix, beside what the job writes itself
+
+
+@dataclass(frozen=True)
+class SageMakerContainer:
+    entrypoint: list[str]
+    arguments: list[str]
+    environment: dict[str, str]
+    checkpoint_s3_uri: str
+    checkpoint_local_path: str = SAGEMAKER_VOLUME
+
+
+def sagemaker_container(spec: SmokeJobSpec) -> SageMakerContainer:
+    """The smoke Job's container, entry point and settings as a SageMaker training job runs them."""
+    if spec.nodes != 1:
+        raise ValueError(f"nodes: a SageMaker smoke job runs on one instance, got {spec.nodes}")
+    run_prefix = contract.run_prefix(spec.experiment, spec.name)
+    return SageMakerContainer(
+        entrypoint=LAUNCH_COMMAND,
+        arguments=_torchrun_args(spec),
+        environment=_environment(spec, volume=SAGEMAKER_VOLUME, heartbeat_file="/tmp/beacon-heartbeat"),
+        checkpoint_s3_uri=f"s3://{spec.bucket}/{run_prefix}{SAGEMAKER_VOLUME_KIND}/",
+    )

@@ -1,0 +1,446 @@
+"""`beacon smoke`, the post-deploy test, as a real subprocess against a moto server.
+
+moto provides CloudFormation (stand-in stacks carrying the synthesized templates' output keys), EKS's
+describe, S3, CloudWatch, SSM, STS, IAM (enforced) and SageMaker's create/describe. What no machine
+here can run is faked, and each test's name says so: the Kubernetes API (tests/fake_kubernetes.py)
+and SageMaker's training instances (tests/sagemaker_standin.py). In both, the job that runs is the
+real training job, as a local process, writing as the writer role.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import boto3
+import pytest
+
+from beacon.embedded import OPERATOR, Provisioned, provision_team
+from beacon.smoke import STACK_OUTPUTS, read_outputs
+from beacon.smoke_eks import TOKEN_PREFIX, eks_token
+from config import TeamConfig
+from tests.fake_kubernetes import FakeKubernetes
+from tests.moto_server import ACCOUNT, REGION, MotoServer
+from tests.sagemaker_standin import SageMakerStandIn
+from tests.synth import ROOT, Synthesized
+from training import contract, manifests
+
+TEAM = "demo"
+BUCKET = "beacon-demo-smoke"
+IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/cdk-hnb659fds-container-assets-{ACCOUNT}-{REGION}:0123abcd"
+
+
+CROSS_STACK_OUTPUTS = ("PublishOutput", "ExportsOutput")
+
+
+def kebab(camel: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", camel).lower()
+
+
+def stand_in_outputs(demo: Synthesized, provisioned: Provisioned) -> dict[str, dict[str, str]]:
+    """A value for every output the synthesized stacks declare, as a deploy would have produced."""
+    store, monitoring = provisioned.store, provisioned.monitoring
+    known = {
+        "BucketName": store.bucket,
+        "WriterRoleArn": store.writer_role_arn,
+        "ReaderRoleArn": store.reader_role_arn,
+        "KmsKeyArn": store.key_arn,
+        "FileSystemId": "fs-0123456789abcdef0",
+        "AccessPointId": "fsap-0123456789abcdef0",
+        "ClusterName": contract.cluster_name(TEAM),
+        "TrainingNamespace": contract.TRAINING_NAMESPACE,
+        "SmokeJobName": "beacon-smoke-deployed",
+        "SmokeImageUri": IMAGE,
+        "InterruptionQueueName": "beacon-demo-interruptions",
+        "AlarmTopicArn": monitoring.topic_arn,
+        "RunAlarmTemplateParameter": monitoring.run_alarm_parameter,
+        "DashboardName": "beacon-demo",
+    }
+    stacks: dict[str, dict[str, str]] = {}
+    for component in STACK_OUTPUTS:
+        declared = demo.templates[contract.stack_name(TEAM, component)].body.get("Outputs", {})
+        values = {}
+        for key in declared:
+            if key.startswith(CROSS_STACK_OUTPUTS):
+                continue  # what CDK wires between stacks, not what a team reads
+            if key.endswith("AlarmName"):
+                name = contract.team_alarm_name(TEAM, contract.TeamAlarm(kebab(key.removesuffix("AlarmName"))))
+                assert name in monitoring.team_alarm_names
+                values[key] = name
+            else:
+                assert key in known, f"the stand-in does not know output {key} of the {component} stack"
+                values[key] = known[key]
+        stacks[component] = values
+    return stacks
+
+
+@pytest.fixture(scope="session")
+def eks_api() -> Iterator[MotoServer]:
+    """moto cannot check SigV4 on EKS's REST paths once IAM is enforced (SignatureDoesNotMatch on
+    every call), so the cluster's describe comes from a second moto, in its own process, unenforced."""
+    server = MotoServer.start_process()
+    server.client("eks").create_cluster(
+        name=contract.cluster_name(TEAM),
+        roleArn=f"arn:aws:iam::{ACCOUNT}:role/beacon-demo-cluster",
+        resourcesVpcConfig={"subnetIds": []},
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class DeployedTeam:
+    """The demo team 'deployed' into moto: its resources, its stacks' outputs, an operator who may
+    do anything (who runs `cdk deploy`), and the writer's credentials (what Pod Identity would give)."""
+
+    aws: MotoServer
+    provisioned: Provisioned
+    outputs: dict[str, dict[str, str]]
+    writer: dict[str, str]
+    eks_url: str
+
+    @property
+    def operator(self) -> dict[str, str]:
+        return self.provisioned.operator_keys
+
+    def client(self, service: str) -> Any:
+        return self.aws.client(service, **self.operator)
+
+    def cli(
+        self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 420
+    ) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
+        env.update(
+            AWS_ENDPOINT_URL=self.aws.url,
+            AWS_ENDPOINT_URL_EKS=self.eks_url,
+            AWS_REGION=REGION,
+            AWS_ACCESS_KEY_ID=self.operator["aws_access_key_id"],
+            AWS_SECRET_ACCESS_KEY=self.operator["aws_secret_access_key"],
+            **(extra_env or {}),
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "beacon.cli", "smoke", "--team", TEAM, *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+
+def deploy_stand_in(demo: Synthesized, aws: MotoServer, eks_api: MotoServer, *, stacks: bool = True) -> DeployedTeam:
+    provisioned = provision_team(
+        demo.templates, TEAM, clients=aws.client, account=ACCOUNT, region=REGION, bucket=BUCKET
+    )
+    aws.client("iam").put_user_policy(
+        UserName=OPERATOR,
+        PolicyName="deploys-beacon",
+        PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+        ),
+    )
+    outputs = stand_in_outputs(demo, provisioned)
+    if stacks:
+        for component, values in outputs.items():
+            aws.client("cloudformation").create_stack(
+                StackName=contract.stack_name(TEAM, component),
+                TemplateBody=json.dumps(
+                    {
+                        "Resources": {"StandIn": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
+                        "Outputs": {k: {"Value": v} for k, v in values.items()},
+                    }
+                ),
+            )
+    aws.enforce_iam()
+    writer = provisioned.writer_credentials(aws.client("sts", **provisioned.operator_keys))
+    return DeployedTeam(aws, provisioned, outputs, writer, eks_api.url)
+
+
+@pytest.fixture
+def deployed(demo: Synthesized, moto_server: MotoServer, eks_api: MotoServer) -> DeployedTeam:
+    return deploy_stand_in(demo, moto_server, eks_api)
+
+
+def fake_cluster(
+    deployed: DeployedTeam, workdir: Path, pod_credentials: dict[str, str] | None = None
+) -> FakeKubernetes:
+    creds = pod_credentials or deployed.writer
+    pod_env = {
+        "AWS_ENDPOINT_URL": deployed.aws.url,
+        "AWS_ACCESS_KEY_ID": creds["aws_access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": creds["aws_secret_access_key"],
+        **({"AWS_SESSION_TOKEN": creds["aws_session_token"]} if "aws_session_token" in creds else {}),
+    }
+    return FakeKubernetes(
+        workdir,
+        cluster_name=contract.cluster_name(TEAM),
+        access_key_id=deployed.operator["aws_access_key_id"],
+        pod_environment=pod_env,
+        namespaces={
+            contract.TRAINING_NAMESPACE: {
+                "serviceaccounts": [manifests.TRAINING_SERVICE_ACCOUNT],
+                "persistentvolumeclaims": [manifests.ARTIFACTS_CLAIM],
+            }
+        },
+    ).start()
+
+
+@pytest.fixture
+def kubernetes(deployed: DeployedTeam, tmp_path: Path) -> Iterator[FakeKubernetes]:
+    fake = fake_cluster(deployed, tmp_path / "cluster")
+    yield fake
+    fake.stop()
+
+
+def smoke(
+    deployed: DeployedTeam, target: str, report: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return deployed.cli(*("--target", target, "--report", str(report), "--poll-interval", "0.5", *extra), extra_env=env)
+
+
+def smoke_eks(
+    deployed: DeployedTeam, fake: FakeKubernetes, report: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return smoke(deployed, "eks", report, "--kubernetes-url", fake.url, *extra)
+
+
+# --- what the command reads is what the stacks write ------------------------------------------
+def test_every_output_smoke_reads_is_declared_by_the_synthesized_stacks(demo: Synthesized) -> None:
+    for component, keys in STACK_OUTPUTS.items():
+        declared = set(demo.templates[contract.stack_name(TEAM, component)].body.get("Outputs", {}))
+        assert set(keys) <= declared, component
+    monitoring = demo.templates[contract.stack_name(TEAM, "monitoring")].body["Outputs"]
+    assert len([k for k in monitoring if k.endswith("AlarmName")]) == len(contract.TeamAlarm)
+
+
+def test_outputs_are_read_from_cloudformation_in_moto(deployed: DeployedTeam) -> None:
+    outputs = read_outputs(deployed.client("cloudformation"), TEAM, REGION)
+    assert outputs.bucket == BUCKET and outputs.image_uri == IMAGE
+    assert outputs.writer_role_arn == deployed.provisioned.store.writer_role_arn
+    assert sorted(outputs.team_alarm_names) == sorted(deployed.provisioned.monitoring.team_alarm_names)
+
+
+def test_the_eks_token_is_a_presigned_get_caller_identity_naming_the_cluster() -> None:
+    session = boto3.session.Session(aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="secret", region_name=REGION)
+    token = eks_token(session, "beacon-demo", REGION)
+    assert token.startswith(TOKEN_PREFIX) and "=" not in token
+    encoded = token.removeprefix(TOKEN_PREFIX)
+    url = urlparse(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode())
+    query = {k: v[0] for k, v in parse_qs(url.query).items()}
+    assert url.hostname == f"sts.{REGION}.amazonaws.com"
+    assert query["Action"] == "GetCallerIdentity" and query["X-Amz-Expires"] == "60"
+    assert query["X-Amz-Credential"].startswith("AKIDEXAMPLE/") and "/sts/aws4_request" in query["X-Amz-Credential"]
+    assert set(query["X-Amz-SignedHeaders"].split(";")) == {"host", "x-k8s-aws-id"}
+
+
+# --- EKS: the fake Kubernetes API runs the real job against moto ------------------------------
+def test_smoke_eks_on_a_fake_kubernetes_api_runs_the_real_job_on_moto_and_proves_it(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes, demo_config: TeamConfig, tmp_path: Path
+) -> None:
+    done = smoke_eks(deployed, kubernetes, tmp_path / "report.json")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:] + str(kubernetes.refused)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"] and report["target"] == "eks"
+    v = report["verification"]
+    assert v["records_in_s3"] == v["steps_expected"] == demo_config.training.smoke_steps
+    assert v["records_lost"] == 0 and v["records_duplicated"] == 0 and v["writer_ranks"] == [0]
+    assert set(v["chunk_versions"].values()) == {1} and v["bucket_versioning"] == "Enabled"
+    assert v["checkpoints"] >= 1 and v["succeeded"]
+    assert v["metrics_missing"] == [] and v["cloudwatch_datapoints"] > 0
+    assert v["alarms"] and "ALARM" not in v["alarms"].values()
+    assert report["alarms_observed"] and "ALARM" not in report["alarms_observed"].values()
+    assert report["platform"]["state"] == "Complete"
+
+    # The Job is the stack's own manifest builder's, for a fresh run name.
+    (job,) = kubernetes.jobs.values()
+    suffix = job.name[len("beacon-smoke-") + 8 :]
+    spec = demo_config.smoke_job_spec(image=IMAGE, bucket=BUCKET, region=REGION, name_suffix=suffix)
+    assert job.manifest == manifests.smoke_job(spec)[0]
+    assert report["run"] == job.name
+    # Every call carried an EKS token; the Job was deleted and nothing runs on.
+    assert kubernetes.refused == []
+    assert report["cleaned_up"] and job.deleted and kubernetes.running_processes() == 0
+    assert "records in S3" in done.stdout and "passed" in done.stdout
+
+
+def test_smoke_eks_on_a_fake_kubernetes_api_collects_pod_logs_and_cleans_up_when_the_job_fails(
+    deployed: DeployedTeam, tmp_path: Path
+) -> None:
+    no_rights = deployed.aws.user_without_rights("beacon-pod-without-rights")
+    fake = fake_cluster(deployed, tmp_path / "cluster", pod_credentials=no_rights)
+    try:
+        done = smoke_eks(deployed, fake, tmp_path / "report.json")
+    finally:
+        fake.stop()
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert not report["ok"]
+    assert report["platform"]["state"] == "Failed" and "PodFailurePolicy" in report["platform"]["detail"]
+    train_logs = [text for source, text in report["logs"].items() if source.endswith("/train")]
+    assert train_logs and "beacon preflight:" in train_logs[0]
+    assert report["verification"]["records_in_s3"] == 0
+    assert {row["check"] for row in report["doctor"]}, "the doctor explains the failure"
+    (job,) = fake.jobs.values()
+    assert len(job.pods) == 1, "exit code 3 fails the Job at once: no retries"
+    assert report["cleaned_up"] and job.deleted
+    assert "beacon preflight:" in done.stdout
+
+
+def test_smoke_eks_on_a_fake_kubernetes_api_gives_up_when_no_pod_becomes_ready_in_time(
+    deployed: DeployedTeam, tmp_path: Path
+) -> None:
+    fake = fake_cluster(deployed, tmp_path / "cluster")
+    fake.schedulable = False
+    try:
+        done = smoke_eks(deployed, fake, tmp_path / "report.json", "--start-timeout", "3")
+    finally:
+        fake.stop()
+    assert done.returncode == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["platform"]["state"] == "NotReady"
+    assert "Unschedulable" in report["platform"]["detail"] and "within 3 s" in report["platform"]["detail"]
+    (job,) = fake.jobs.values()
+    assert job.deleted
+
+
+def test_smoke_eks_refuses_a_wrong_token_signer_on_the_fake_kubernetes_api_with_one_line(
+    deployed: DeployedTeam, tmp_path: Path
+) -> None:
+    fake = fake_cluster(deployed, tmp_path / "cluster")
+    fake.access_key_id = "AKIASOMEBODYELSE"
+    try:
+        done = smoke_eks(deployed, fake, tmp_path / "report.json")
+    finally:
+        fake.stop()
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert "refused" in line and "access entry" in line and "namespace training" in line
+    assert fake.jobs == {}
+
+
+def test_smoke_names_the_missing_stack_in_one_line(
+    demo: Synthesized, moto_server: MotoServer, eks_api: MotoServer
+) -> None:
+    team = deploy_stand_in(demo, moto_server, eks_api, stacks=False)
+    done = team.cli("--target", "eks")
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert (
+        line
+        == f"beacon smoke: stack beacon-demo-artifacts not found in {REGION}: deploy it first (make deploy TEAM=demo)"
+    )
+
+
+# --- SageMaker: moto's create/describe, a local process standing in for the instance ------------
+@pytest.fixture
+def sagemaker(deployed: DeployedTeam, tmp_path: Path) -> Iterator[SageMakerStandIn]:
+    sts = deployed.aws.client("sts", **deployed.operator)
+    standin = SageMakerStandIn(
+        upstream=deployed.aws.url,
+        workdir=tmp_path / "sagemaker",
+        role_credentials=lambda arn: Provisioned.role_credentials(sts, arn, "sagemaker-standin"),
+        endpoint_for_job=deployed.aws.url,
+        logs=deployed.client("logs"),
+    ).start()
+    yield standin
+    standin.stop()
+
+
+def smoke_sagemaker(
+    deployed: DeployedTeam, standin: SageMakerStandIn, report: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    return smoke(deployed, "sagemaker", report, *extra, env={"AWS_ENDPOINT_URL_SAGEMAKER": standin.url})
+
+
+def test_smoke_sagemaker_on_moto_with_a_local_process_standing_in_for_the_training_instance(
+    deployed: DeployedTeam, sagemaker: SageMakerStandIn, demo_config: TeamConfig, tmp_path: Path
+) -> None:
+    done = smoke_sagemaker(deployed, sagemaker, tmp_path / "report.json")
+    standin = sagemaker
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"] and report["platform"]["state"] == "Completed"
+    v = report["verification"]
+    assert v["records_in_s3"] == demo_config.training.smoke_steps and v["records_lost"] == v["records_duplicated"] == 0
+    assert v["checkpoints"] >= 1 and v["metrics_missing"] == [] and "ALARM" not in v["alarms"].values()
+
+    # What was sent to SageMaker, as sent.
+    (job,) = standin.jobs.values()
+    request = job.request
+    run = report["run"]
+    assert request["TrainingJobName"] == run
+    assert request["RoleArn"] == deployed.provisioned.store.writer_role_arn
+    spec = request["AlgorithmSpecification"]
+    assert spec["TrainingImage"] == IMAGE
+    assert spec["ContainerEntrypoint"] == manifests.LAUNCH_COMMAND
+    assert spec["ContainerArguments"][-2:] == ["-m", "training.train"]
+    assert {m["Name"]: m["Regex"] for m in spec["MetricDefinitions"]} == contract.PROGRESS_LOG_METRICS
+    assert request["CheckpointConfig"] == {
+        "S3Uri": f"s3://{BUCKET}/{contract.run_prefix('smoke', run)}{manifests.SAGEMAKER_VOLUME_KIND}/",
+        "LocalPath": manifests.SAGEMAKER_VOLUME,
+    }
+    assert request["Environment"]["PYTHONUNBUFFERED"] == "1"
+    assert request["Environment"]["BEACON_RUN_ID"] == run
+    assert request["Environment"]["BEACON_SPOOL_DIR"].startswith(manifests.SAGEMAKER_VOLUME)
+    assert request["StoppingCondition"]["MaxRuntimeInSeconds"] == demo_config.training.sagemaker_max_runtime_seconds
+    assert request["ResourceConfig"]["InstanceType"] == demo_config.training.sagemaker_instance_type
+    assert "StopTrainingJob" not in standin.calls, "a finished job is not stopped"
+    # The metric definitions parse the job's own progress lines.
+    log = job.log_path.read_text()
+    steps = [int(m) for m in re.findall(contract.PROGRESS_LOG_METRICS["step"], log)]
+    losses = [float(m) for m in re.findall(contract.PROGRESS_LOG_METRICS["loss"], log)]
+    assert (
+        steps[0] == 0
+        and len(steps) == len(losses) >= demo_config.training.smoke_steps // contract.PROGRESS_LOG_INTERVAL
+    )
+
+
+def test_smoke_sagemaker_with_a_stand_in_instance_reports_the_failure_reason_and_the_logs(
+    deployed: DeployedTeam, sagemaker: SageMakerStandIn, tmp_path: Path
+) -> None:
+    """The execution role loses its rights: the job's preflight fails, SageMaker says Failed."""
+    no_rights = deployed.aws.user_without_rights("beacon-execution-without-rights")
+    sagemaker.role_credentials = lambda _arn: no_rights
+    done = smoke_sagemaker(deployed, sagemaker, tmp_path / "report.json")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["platform"]["state"] == "Failed" and "exited with code 3" in report["platform"]["detail"]
+    (log,) = report["logs"].values()
+    assert "beacon preflight:" in log
+    assert report["doctor"] and not report["ok"]
+
+
+def test_smoke_sagemaker_with_a_stand_in_instance_stops_a_job_that_outlives_its_bound(
+    deployed: DeployedTeam, sagemaker: SageMakerStandIn, tmp_path: Path
+) -> None:
+    done = smoke_sagemaker(deployed, sagemaker, tmp_path / "report.json", "--timeout", "5")
+    assert done.returncode == 1
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["platform"]["state"] == "TimedOut"
+    assert "StopTrainingJob" in sagemaker.calls, "no instance is left billing"
+    (job,) = sagemaker.jobs.values()
+    assert job.process.wait(timeout=120) == 0, "SIGTERM: the job drains and exits cleanly"
+
+
+def test_smoke_eks_says_in_one_line_when_the_kubernetes_api_cannot_be_reached(
+    deployed: DeployedTeam, tmp_path: Path
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    done = deployed.cli("--target", "eks", "--kubernetes-url", nobody, "--report", str(tmp_path / "r.json"))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert f"cannot reach the Kubernetes API of beacon-demo at {nobody}" in line and "--kubernetes-url" in line
