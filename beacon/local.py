@@ -203,16 +203,30 @@ def open_sandbox(templates: dict[str, Template], workdir: Path) -> Sandbox:
     return Sandbox(aws, provisioned, writer, reader, workdir)
 
 
-def run_smoke(sandbox: Sandbox, run: str, steps: int, ranks: int) -> subprocess.CompletedProcess[str]:
+def start_smoke(sandbox: Sandbox, run: str, steps: int, ranks: int) -> subprocess.Popen[bytes]:
+    """The paced smoke job, in the background: the scenarios run meanwhile. Output goes to a file
+    (a full pipe would block the job)."""
     pace = f"{contract.smoke_min_duration_s(DEMO_HEARTBEAT_S):g}"  # long enough for the run alarms to arm
     command = sandbox.job_command(
         run,
         *("--steps", str(steps), "--workers", "1", "--checkpoint-interval", "100", "--min-duration", pace),
         ranks=ranks,
     )
-    return subprocess.run(
-        command, cwd=ROOT, env=sandbox.job_env(sandbox.writer), capture_output=True, text=True, timeout=600
-    )
+    with (sandbox.workdir / "smoke-job.log").open("wb") as output:
+        return subprocess.Popen(
+            command, cwd=ROOT, env=sandbox.job_env(sandbox.writer), stdout=output, stderr=subprocess.STDOUT
+        )
+
+
+def finish_smoke(sandbox: Sandbox, job: subprocess.Popen[bytes]) -> None:
+    try:
+        code = job.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        code = job.wait()
+    if code != 0:
+        tail = (sandbox.workdir / "smoke-job.log").read_text(errors="replace").strip()[-800:]
+        raise RuntimeError(f"the smoke job failed ({code}): {tail}")
 
 
 def scenario_permission(sandbox: Sandbox) -> Scenario:
@@ -324,9 +338,16 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
     try:
         run = f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
         log(f"running the smoke job: torchrun, {ranks} ranks on CPU, {steps} steps, as the writer (IAM enforced)")
-        done = run_smoke(sandbox, run, steps, ranks)
-        if done.returncode != 0:
-            raise RuntimeError(f"the smoke job failed ({done.returncode}): {done.stderr.strip()[-800:]}")
+        job = start_smoke(sandbox, run, steps, ranks)
+        try:
+            log("meanwhile, the scenarios: a writer without permission, a frozen job, a spool on tmpfs")
+            scenarios = [scenario_permission(sandbox), *scenario_frozen(sandbox, monitoring), scenario_tmpfs(sandbox)]
+        except BaseException:
+            job.kill()  # the demo leaves no process behind, even when it fails
+            job.wait()
+            raise
+        log("waiting for the smoke job (paced so its run alarms arm)")
+        finish_smoke(sandbox, job)
         log("verifying what reached S3 and CloudWatch, and evaluating the synthesized alarms")
         reader_s3 = sandbox.client("s3", sandbox.reader)
         evidence = read_run(reader_s3, BUCKET, EXPERIMENT, run)
@@ -348,8 +369,6 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
             next(v for k, v in samples.items() if k[1] == contract.HEARTBEAT.name),
             next(v for k, v in samples.items() if k[1] == contract.PROGRESS_AGE.name),
         )
-        log("scenarios: a writer without permission, a frozen job, a spool on tmpfs")
-        scenarios = [scenario_permission(sandbox), *scenario_frozen(sandbox, monitoring), scenario_tmpfs(sandbox)]
     finally:
         sandbox.aws.stop()
     report = LocalReport(steps, ranks, run, verification, doctor, scenarios, time.monotonic() - started)

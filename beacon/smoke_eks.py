@@ -112,8 +112,8 @@ def kubernetes_api(
 def _refused(error: ApiException, what: str, cluster: str) -> SmokeError:
     if error.status in (401, 403):
         return SmokeError(
-            f"the Kubernetes API of {cluster} refused {what} ({error.status} {error.reason}): give your IAM "
-            "identity an access entry on the cluster"
+            f"the Kubernetes API of {cluster} refused {what} ({error.status} {error.reason}): list your role "
+            "in cluster.operator_role_arns of the team file (an access entry on the cluster) and redeploy"
         )
     if error.status == 404:
         return SmokeError(f"{what} not found on cluster {cluster}: is the cluster stack deployed?")

@@ -124,6 +124,16 @@ class ClusterConfig(_Section):
     public_access_cidrs: StrList = ()
     system_node_instance_type: str = "m7i.large"
     system_node_count: Annotated[int, Field(ge=2, le=5)] = 2
+    # IAM roles that may run `beacon smoke`: an access entry each, edit rights in `training` only.
+    operator_role_arns: StrList = ()
+
+    @field_validator("operator_role_arns")
+    @classmethod
+    def _role_arns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arn in value:
+            if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}", arn):
+                raise ValueError(f"not an IAM role ARN: {arn!r}")
+        return value
 
     @field_validator("kubernetes_version")
     @classmethod

@@ -69,6 +69,7 @@ class ClusterStack(Stack):
             file_system_id=file_system.file_system_id,
             access_point_id=access_point.access_point_id,
             depends_on_storage_driver=self.training_cluster.addons[EFS_CSI_ADDON],
+            operator_role_arns=list(config.cluster.operator_role_arns),
         )
         self.smoke_job = SmokeJob(
             self,

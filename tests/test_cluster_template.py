@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -17,8 +18,9 @@ from beacon.templates import Template as SynthesizedTemplate
 from beacon.templates import kubernetes_objects, shape_resolver
 from beacon_constructs.cluster import TrainingCluster
 from beacon_constructs.karpenter import INTERRUPTION_RULES, NODE_MANAGED_POLICIES
-from tests.synth import ROOT, Synthesized
-from training import manifests
+from config import TeamConfig
+from tests.synth import ROOT, Synthesized, synthesize
+from training import contract, manifests
 
 KUBERNETES = "1.35.0"
 
@@ -160,6 +162,23 @@ def test_access_is_through_access_entries_only_and_karpenter_nodes_join_as_ec2_l
     (eks,) = cluster.of_type("AWS::EKS::Cluster").values()
     assert eks["Properties"]["AccessConfig"]["AuthenticationMode"] == "API"
     assert not [o for o in all_objects(objects) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "aws-auth"]
+
+
+def test_operator_roles_may_edit_the_training_namespace_and_nothing_else(
+    demo_config: TeamConfig, tmp_path: Path
+) -> None:
+    """Who runs `beacon smoke` gets an access entry scoped to `training`; the demo lists nobody."""
+    operator = "arn:aws:iam::123456789012:role/ml-vision-operators"
+    config = demo_config.model_copy(
+        update={"cluster": demo_config.cluster.model_copy(update={"operator_role_arns": (operator,)})}
+    )
+    cluster = synthesize(config, tmp_path).template("cluster")
+    entries = [e["Properties"] for e in cluster.of_type("AWS::EKS::AccessEntry").values()]
+    (entry,) = [e for e in entries if e["PrincipalArn"] == operator]
+    (policy,) = entry["AccessPolicies"]
+    assert policy["AccessScope"] == {"Type": "namespace", "Namespaces": [contract.TRAINING_NAMESPACE]}
+    assert json.dumps(policy["PolicyArn"]).endswith('cluster-access-policy/AmazonEKSEditPolicy"]]}')
+    assert entry.get("Type", "STANDARD") == "STANDARD"
 
 
 def test_kubectl_provider_uses_the_layer_matching_the_cluster_version(cluster: SynthesizedTemplate) -> None:

@@ -92,6 +92,11 @@ BAD_CASES = {
         "training.sagemaker_instance_type",
         "should match pattern",
     ),
+    "operator_not_a_role_arn": (
+        '[cluster]\noperator_role_arns = ["arn:aws:iam::123456789012:user/alice"]',
+        "cluster.operator_role_arns",
+        "not an IAM role ARN",
+    ),
     "sagemaker_runtime_too_short": (
         "[training]\nsagemaker_max_runtime_seconds = 60",
         "training.sagemaker_max_runtime_seconds",

@@ -35,6 +35,8 @@ from tests.sagemaker_standin import SageMakerStandIn
 from tests.synth import ROOT, Synthesized
 from training import contract, manifests
 
+# moto's CloudFormation parses the stand-in stacks' one placeholder resource with a warning.
+pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS..CloudFormation..WaitConditionHandle")
 TEAM = "demo"
 BUCKET = "beacon-demo-smoke"
 IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/cdk-hnb659fds-container-assets-{ACCOUNT}-{REGION}:0123abcd"
