@@ -213,6 +213,7 @@ class SmokeReport:
     region: str
     run: str
     experiment: str = EXPERIMENT
+    stack_outputs: dict[str, Any] = field(default_factory=dict)
     launched: dict[str, Any] = field(default_factory=dict)
     platform_state: str = ""
     platform_succeeded: bool = False
@@ -243,6 +244,7 @@ class SmokeReport:
             "region": self.region,
             "experiment": self.experiment,
             "run": self.run,
+            "stack_outputs": self.stack_outputs,
             "launched": self.launched,
             "platform": {
                 "state": self.platform_state,
@@ -261,6 +263,7 @@ class SmokeReport:
 
 def verify(report: SmokeReport, access: Access, outputs: TeamOutputs, *, steps: int, started: datetime) -> None:
     """The checks both targets share; on a failure, also the doctor's verdicts for the run."""
+    report.stack_outputs = asdict(outputs)
     s3, cloudwatch = access.as_reader("s3"), access.as_reader("cloudwatch")
     try:
         evidence = read_run(s3, outputs.bucket, EXPERIMENT, report.run)

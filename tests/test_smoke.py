@@ -264,6 +264,7 @@ def test_smoke_eks_on_a_fake_kubernetes_api_runs_the_real_job_on_moto_and_proves
     assert v["alarms"] and "ALARM" not in v["alarms"].values()
     assert report["alarms_observed"] and "ALARM" not in report["alarms_observed"].values()
     assert report["platform"]["state"] == "Complete"
+    assert report["stack_outputs"]["alarm_topic_arn"] == deployed.provisioned.monitoring.topic_arn
 
     # The Job is the stack's own manifest builder's, for a fresh run name.
     (job,) = kubernetes.jobs.values()
