@@ -168,7 +168,7 @@ def open_bench(workdir: Path) -> Bench:
     )
 
 
-def bench_telemetry(bench: Bench, rounds: int = 5, steps: int = 300) -> dict[str, Any]:
+def bench_telemetry(bench: Bench, rounds: int = 9, steps: int = 300) -> dict[str, Any]:
     common = (
         "--steps",
         str(steps),
