@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
 import boto3
@@ -280,9 +282,24 @@ def local(
     raise typer.Exit(0 if good else 1)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a cancelled pipeline, a closed terminal): unwind like Ctrl-C, so every
+    cleanup runs (the smoke Job deleted, a SageMaker job stopped, the demo's processes ended)."""
+
+
+TERMINATED_BY: list[int] = []
+
+
+def _terminated(signum: int, _frame: FrameType | None) -> None:
+    TERMINATED_BY.append(signum)
+    raise Terminated(signal.Signals(signum).name)
+
+
 def main() -> None:
     """Bad input gets one line and exit code 2, not a usage box."""
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminated)
     try:
         code = app(prog_name="beacon", standalone_mode=False)
     except NoArgsIsHelpError:
@@ -296,6 +313,8 @@ def main() -> None:
         sys.exit(done.exit_code)
     except typer.Abort:
         sys.exit(130)
+    if TERMINATED_BY:  # typer reports any interrupt as 130; a signal's own code is 128 + its number
+        sys.exit(128 + TERMINATED_BY[0])
     sys.exit(code if isinstance(code, int) else 0)
 
 

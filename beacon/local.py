@@ -214,7 +214,12 @@ def start_smoke(sandbox: Sandbox, run: str, steps: int, ranks: int) -> subproces
     )
     with (sandbox.workdir / "smoke-job.log").open("wb") as output:
         return subprocess.Popen(
-            command, cwd=ROOT, env=sandbox.job_env(sandbox.writer), stdout=output, stderr=subprocess.STDOUT
+            command,
+            cwd=ROOT,
+            env=sandbox.job_env(sandbox.writer),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # torchrun and its workers end together, by process group
         )
 
 
@@ -222,7 +227,7 @@ def finish_smoke(sandbox: Sandbox, job: subprocess.Popen[bytes]) -> None:
     try:
         code = job.wait(timeout=600)
     except subprocess.TimeoutExpired:
-        job.kill()
+        os.killpg(job.pid, signal.SIGKILL)
         code = job.wait()
     if code != 0:
         tail = (sandbox.workdir / "smoke-job.log").read_text(errors="replace").strip()[-800:]
@@ -343,7 +348,7 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
             log("meanwhile, the scenarios: a writer without permission, a frozen job, a spool on tmpfs")
             scenarios = [scenario_permission(sandbox), *scenario_frozen(sandbox, monitoring), scenario_tmpfs(sandbox)]
         except BaseException:
-            job.kill()  # the demo leaves no process behind, even when it fails
+            os.killpg(job.pid, signal.SIGKILL)  # the demo leaves no process behind, even when it fails
             job.wait()
             raise
         log("waiting for the smoke job (paced so its run alarms arm)")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.job_harness import wait_for
 from tests.synth import ROOT
 
 MARKER = "PYTEST_BEACON_DEMO_RUN"  # jobs keep it: the demo strips only AWS_* and BEACON_*
@@ -58,3 +60,25 @@ def test_beacon_local_delivers_everything_once_and_shows_every_scenarios_verdict
     picture = Path(report["picture"])
     assert picture.is_file() and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert demo_processes(tmp_path) == [], "the demo leaves no process running"
+
+
+def test_beacon_local_stopped_with_sigterm_mid_scenario_leaves_no_process(tmp_path: Path) -> None:
+    """A cancelled pipeline or a closed terminal: the demo still ends its jobs and its embedded AWS."""
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "beacon.cli", "local", "--workdir", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, MARKER: str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        frozen_job_started = wait_for(
+            lambda: any("demo-frozen" in p for p in demo_processes(tmp_path)), timeout=240, interval=0.5
+        )
+        assert frozen_job_started, "the demo reached its frozen-job scenario"
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=120) == 143
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert wait_for(lambda: demo_processes(tmp_path) == [], timeout=30), demo_processes(tmp_path)

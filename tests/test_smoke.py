@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from beacon.smoke import STACK_OUTPUTS, read_outputs
 from beacon.smoke_eks import TOKEN_PREFIX, eks_token
 from config import TeamConfig
 from tests.fake_kubernetes import FakeKubernetes
+from tests.job_harness import wait_for
 from tests.moto_server import ACCOUNT, REGION, MotoServer
 from tests.sagemaker_standin import SageMakerStandIn
 from tests.synth import ROOT, Synthesized
@@ -120,9 +122,7 @@ class DeployedTeam:
     def client(self, service: str) -> Any:
         return self.aws.client(service, **self.operator)
 
-    def cli(
-        self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 420
-    ) -> subprocess.CompletedProcess[str]:
+    def env(self, extra_env: dict[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
         env.update(
             AWS_ENDPOINT_URL=self.aws.url,
@@ -132,13 +132,16 @@ class DeployedTeam:
             AWS_SECRET_ACCESS_KEY=self.operator["aws_secret_access_key"],
             **(extra_env or {}),
         )
+        return env
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "beacon.cli", "smoke", "--team", TEAM, *args]
+
+    def cli(
+        self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 420
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "beacon.cli", "smoke", "--team", TEAM, *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            self.command(*args), cwd=ROOT, env=self.env(extra_env), capture_output=True, text=True, timeout=timeout
         )
 
 
@@ -447,3 +450,28 @@ def test_smoke_eks_says_in_one_line_when_the_kubernetes_api_cannot_be_reached(
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert f"cannot reach the Kubernetes API of beacon-demo at {nobody}" in line and "--kubernetes-url" in line
+
+
+def test_smoke_eks_stopped_with_sigterm_deletes_its_job_on_the_fake_kubernetes_api(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes, tmp_path: Path
+) -> None:
+    """A cancelled pipeline step: the Job is deleted (its pods get SIGTERM) before the command exits."""
+    cli = subprocess.Popen(
+        deployed.command(
+            *("--target", "eks", "--kubernetes-url", kubernetes.url, "--report", str(tmp_path / "r.json")),
+            *("--poll-interval", "0.5"),
+        ),
+        cwd=ROOT,
+        env=deployed.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert wait_for(lambda: any(p.ready for j in kubernetes.jobs.values() for p in j.pods), timeout=120)
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=150) == 128 + signal.SIGTERM
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    (job,) = kubernetes.jobs.values()
+    assert job.deleted and kubernetes.running_processes() == 0
