@@ -20,6 +20,7 @@ from rich.table import Table
 # typer 0.29 vendors click; its exceptions are not the `click` package's (typer is pinned).
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
+from beacon.credentials import assume_role_credentials
 from beacon.doctor import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose
 from beacon.smoke import SmokeReport
 from config import ConfigError, load_team
@@ -55,15 +56,6 @@ def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
     return {o["OutputKey"]: o["OutputValue"] for o in answer.get("Outputs", [])}
 
 
-def assumed(sts: Any, role_arn: str, session: str) -> dict[str, str]:
-    creds = sts.assume_role(RoleArn=role_arn, RoleSessionName=session)["Credentials"]
-    return {
-        "aws_access_key_id": creds["AccessKeyId"],
-        "aws_secret_access_key": creds["SecretAccessKey"],
-        "aws_session_token": creds["SessionToken"],
-    }
-
-
 @app.command()
 def doctor(
     team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name")],
@@ -85,11 +77,11 @@ def doctor(
             reader_role_arn = reader_role_arn or outputs.get("ReaderRoleArn")
             writer_role_arn = writer_role_arn or outputs.get("WriterRoleArn")
         sts = session.client("sts")
-        reader = assumed(sts, reader_role_arn, "beacon-doctor") if reader_role_arn else {}
+        reader = assume_role_credentials(sts, reader_role_arn, "beacon-doctor") if reader_role_arn else {}
         probe = None
         if writer_role_arn:
             try:
-                probe = session.client("s3", **assumed(sts, writer_role_arn, "beacon-doctor-probe"))
+                probe = session.client("s3", **assume_role_credentials(sts, writer_role_arn, "beacon-doctor-probe"))
             except ClientError:
                 probe = None  # the writer trusts only its workloads; the verdict says so
         result = diagnose(

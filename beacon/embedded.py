@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from beacon.credentials import assume_role_credentials
 from beacon.templates import Resolver, Template, TemplateError
 from training import contract
 
@@ -199,14 +200,7 @@ class Provisioned:
     def writer_credentials(self, sts: Any, session_name: str = "beacon-job") -> dict[str, str]:
         return self.role_credentials(sts, self.store.writer_role_arn, session_name)
 
-    @staticmethod
-    def role_credentials(sts: Any, role_arn: str, session_name: str) -> dict[str, str]:
-        creds = sts.assume_role(RoleArn=role_arn, RoleSessionName=session_name)["Credentials"]
-        return {
-            "aws_access_key_id": creds["AccessKeyId"],
-            "aws_secret_access_key": creds["SecretAccessKey"],
-            "aws_session_token": creds["SessionToken"],
-        }
+    role_credentials = staticmethod(assume_role_credentials)
 
 
 OPERATOR = "beacon-operator"

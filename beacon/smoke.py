@@ -17,10 +17,13 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon.alarms import ALARM, AlarmSet
+from beacon.credentials import assume_role_credentials
 from beacon.doctor import DoctorInputs, diagnose
 from beacon.observe import read_run
 from beacon.verify import Verification, verify_run
+from config import TeamConfig
 from training import contract
+from training.manifests import SmokeJobSpec
 
 STACK_OUTPUTS = {
     "artifacts": ("BucketName", "WriterRoleArn", "ReaderRoleArn", "KmsKeyArn"),
@@ -30,6 +33,7 @@ STACK_OUTPUTS = {
 TEAM_ALARM_OUTPUT_SUFFIX = "AlarmName"
 EXPERIMENT = "smoke"
 SHOW_EVERY_S = 5.0
+Show = Callable[[str], None]
 
 
 class SmokeError(Exception):
@@ -103,18 +107,9 @@ class Access:
     @classmethod
     def open(cls, operator: boto3.session.Session, reader_role_arn: str) -> Access:
         try:
-            creds = operator.client("sts").assume_role(RoleArn=reader_role_arn, RoleSessionName="beacon-smoke")
+            return cls(operator, assume_role_credentials(operator.client("sts"), reader_role_arn, "beacon-smoke"))
         except (ClientError, BotoCoreError) as error:
             raise SmokeError(f"cannot assume the reader role {reader_role_arn}: {error}") from None
-        c = creds["Credentials"]
-        return cls(
-            operator,
-            {
-                "aws_access_key_id": c["AccessKeyId"],
-                "aws_secret_access_key": c["SecretAccessKey"],
-                "aws_session_token": c["SessionToken"],
-            },
-        )
 
     def client(self, service: str) -> Any:
         return self.operator.client(service)
@@ -135,6 +130,10 @@ class Delivery:
     last_step: int | None = None
     finished: bool = False
     _read: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of_run(cls, access: Access, outputs: TeamOutputs, run: str) -> Delivery:
+        return cls(access.as_reader("s3"), outputs.bucket, EXPERIMENT, run)
 
     def poll(self) -> Delivery:
         prefix = f"{contract.run_prefix(self.experiment, self.run)}{contract.EVENTS}/"
@@ -302,7 +301,31 @@ def fresh_suffix(now: datetime | None = None) -> str:
     return (now or datetime.now(UTC)).strftime("-%m%d%H%M%S")
 
 
-Show = Callable[[str], None]
+def fresh_spec(config: TeamConfig, outputs: TeamOutputs) -> SmokeJobSpec:
+    """The team's smoke job, for the deployed image and bucket, under a fresh run name."""
+    return config.smoke_job_spec(
+        image=outputs.image_uri, bucket=outputs.bucket, region=outputs.region, name_suffix=fresh_suffix()
+    )
+
+
+def conclude(
+    report: SmokeReport,
+    access: Access,
+    outputs: TeamOutputs,
+    delivery: Delivery,
+    *,
+    steps: int,
+    started: datetime,
+    collect_logs: Callable[[SmokeReport], None],
+    show: Show,
+) -> None:
+    """Once the platform gave its verdict: the run's last writes, its logs if it failed, the checks."""
+    if report.platform_succeeded and not wait_for_final_status(delivery, grace_s=60):
+        report.problems.append(f"the {report.target} job succeeded but the run's final status never reached S3")
+    if not report.platform_succeeded:
+        collect_logs(report)
+    show("verifying S3, CloudWatch metrics and alarms")
+    verify(report, access, outputs, steps=steps, started=started)
 
 
 def started_at() -> datetime:

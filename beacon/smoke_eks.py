@@ -26,7 +26,6 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from beacon.smoke import (
-    EXPERIMENT,
     SHOW_EVERY_S,
     Access,
     Delivery,
@@ -34,10 +33,9 @@ from beacon.smoke import (
     SmokeError,
     SmokeReport,
     TeamOutputs,
-    fresh_suffix,
+    conclude,
+    fresh_spec,
     started_at,
-    verify,
-    wait_for_final_status,
 )
 from config import TeamConfig
 from training import manifests
@@ -73,9 +71,7 @@ def eks_token(session: boto3.session.Session, cluster_name: str, region: str) ->
     return TOKEN_PREFIX + base64.urlsafe_b64encode(url.encode()).decode().rstrip("=")
 
 
-def kubernetes_api(
-    session: boto3.session.Session, outputs: TeamOutputs, *, url_override: str | None
-) -> tuple[k8s.ApiClient, str]:
+def kubernetes_api(session: boto3.session.Session, outputs: TeamOutputs, *, url_override: str | None) -> k8s.ApiClient:
     """An API client for the team's cluster; the endpoint comes from EKS unless a tunnel is given."""
     try:
         cluster = session.client("eks").describe_cluster(name=outputs.cluster_name)["cluster"]
@@ -106,7 +102,7 @@ def kubernetes_api(
 
     configuration.api_key_prefix = {"authorization": "Bearer"}
     configuration.refresh_api_key_hook = refresh
-    return k8s.ApiClient(configuration), configuration.host
+    return k8s.ApiClient(configuration)
 
 
 def _refused(error: ApiException, what: str, cluster: str) -> SmokeError:
@@ -151,7 +147,6 @@ def pod_views(pods: list[Any]) -> list[PodView]:
 
 @dataclass
 class EksSmoke:
-    access: Access
     outputs: TeamOutputs
     spec: manifests.SmokeJobSpec
     api: k8s.ApiClient
@@ -289,28 +284,34 @@ def run_eks_smoke(
     show: Show,
     poll_interval_s: float = 5.0,
 ) -> SmokeReport:
-    spec = config.smoke_job_spec(
-        image=outputs.image_uri, bucket=outputs.bucket, region=outputs.region, name_suffix=fresh_suffix()
-    )
-    spec = dataclasses.replace(spec, namespace=outputs.namespace)
+    spec = dataclasses.replace(fresh_spec(config, outputs), namespace=outputs.namespace)
     report = SmokeReport("eks", outputs.team, outputs.region, spec.name)
     began, clock = started_at(), time.monotonic()
-    api, host = kubernetes_api(access.operator, outputs, url_override=kubernetes_url)
-    smoke = EksSmoke(access, outputs, spec, api, poll_interval_s)
+    api = kubernetes_api(access.operator, outputs, url_override=kubernetes_url)
+    smoke = EksSmoke(outputs, spec, api, poll_interval_s)
     smoke.check_prerequisites()
-    report.launched = {"cluster": outputs.cluster_name, "api": host, "namespace": spec.namespace, "job": spec.name}
-    report.launched["image"] = spec.image
+    report.launched = {
+        "cluster": outputs.cluster_name,
+        "api": api.configuration.host,
+        "namespace": spec.namespace,
+        "job": spec.name,
+        "image": spec.image,
+    }
     show(f"creating Job {spec.namespace}/{spec.name} on {outputs.cluster_name}")
     objects = smoke.create()
     try:
-        delivery = Delivery(access.as_reader("s3"), outputs.bucket, EXPERIMENT, spec.name)
+        delivery = Delivery.of_run(access, outputs, spec.name)
         smoke.wait(report, delivery, start_timeout_s=start_timeout_s, timeout_s=timeout_s, show=show)
-        if report.platform_succeeded and not wait_for_final_status(delivery, grace_s=60):
-            report.problems.append("the Job completed but the run's final status never reached S3")
-        if not report.platform_succeeded:
-            smoke.collect_logs(report)
-        show("verifying S3, CloudWatch metrics and alarms")
-        verify(report, access, outputs, steps=spec.steps, started=began)
+        conclude(
+            report,
+            access,
+            outputs,
+            delivery,
+            steps=spec.steps,
+            started=began,
+            collect_logs=smoke.collect_logs,
+            show=show,
+        )
     finally:
         if not keep:
             smoke.delete(objects)

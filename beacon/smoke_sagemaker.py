@@ -13,7 +13,6 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon.smoke import (
-    EXPERIMENT,
     SHOW_EVERY_S,
     Access,
     Delivery,
@@ -21,10 +20,9 @@ from beacon.smoke import (
     SmokeError,
     SmokeReport,
     TeamOutputs,
-    fresh_suffix,
+    conclude,
+    fresh_spec,
     started_at,
-    verify,
-    wait_for_final_status,
 )
 from config import TeamConfig
 from training import contract, manifests
@@ -131,9 +129,7 @@ def run_sagemaker_smoke(
     show: Show,
     poll_interval_s: float = 15.0,
 ) -> SmokeReport:
-    spec = config.smoke_job_spec(
-        image=outputs.image_uri, bucket=outputs.bucket, region=outputs.region, name_suffix=fresh_suffix()
-    )
+    spec = fresh_spec(config, outputs)
     report = SmokeReport("sagemaker", outputs.team, outputs.region, spec.name)
     began, clock = started_at(), time.monotonic()
     show(f"creating SageMaker training job {spec.name} ({config.training.sagemaker_instance_type})")
@@ -148,15 +144,19 @@ def run_sagemaker_smoke(
     bound = timeout_s or config.training.sagemaker_max_runtime_seconds + PROVISIONING_ALLOWANCE_S
     finished = False
     try:
-        delivery = Delivery(access.as_reader("s3"), outputs.bucket, EXPERIMENT, spec.name)
+        delivery = Delivery.of_run(access, outputs, spec.name)
         wait(job, report, delivery, timeout_s=bound, poll_s=poll_interval_s, show=show)
         finished = report.platform_state in TERMINAL
-        if report.platform_succeeded and not wait_for_final_status(delivery, grace_s=60):
-            report.problems.append("the training job completed but the run's final status never reached S3")
-        if not report.platform_succeeded:
-            collect_logs(access, report)
-        show("verifying S3, CloudWatch metrics and alarms")
-        verify(report, access, outputs, steps=spec.steps, started=began)
+        conclude(
+            report,
+            access,
+            outputs,
+            delivery,
+            steps=spec.steps,
+            started=began,
+            collect_logs=lambda failed: collect_logs(access, failed),
+            show=show,
+        )
     finally:
         if not finished:  # timed out or interrupted: a smoke test must not leave an instance billing
             try:

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -62,7 +63,7 @@ class SigtermForwarder:
                     except ProcessLookupError:
                         continue
                     self.signalled.add(pid)
-            threading.Event().wait(FORWARD_EVERY_S)
+            time.sleep(FORWARD_EVERY_S)
 
 
 def main(argv: list[str] | None = None) -> int:
