@@ -3,6 +3,11 @@
 It tells S3 from CloudWatch by the SigV4 credential scope, and on a configurable fraction of their
 requests answers 500, throttles (503 SlowDown), resets the connection, or adds latency. It can also
 stop forwarding for a stretch (the endpoint unreachable).
+
+Which requests are faulted is a schedule per service, not a coin toss over the interleaved stream:
+the first eligible request of every service is faulted, then one in every 1/fraction, the position
+inside each stride drawn from the seed. So a test that asserts a fault on CloudWatch gets one in
+every run, however the threads happened to interleave.
 """
 
 from __future__ import annotations
@@ -35,6 +40,21 @@ class FaultPlan:
     max_lifetime_s: float = 600.0
 
 
+class FaultSchedule:
+    """Which of one service's eligible requests are faulted: the first, then one per stride."""
+
+    def __init__(self, fraction: float, seed: str) -> None:
+        self.stride = max(1, round(1 / fraction))
+        self.random = random.Random(seed)
+        self.offsets: list[int] = [0]  # stride 0 faults its first request: every run meets a fault
+
+    def faults(self, index: int) -> bool:
+        stride, position = divmod(index, self.stride)
+        while len(self.offsets) <= stride:
+            self.offsets.append(self.random.randrange(self.stride))
+        return position == self.offsets[stride]
+
+
 @dataclass
 class FaultStats:
     forwarded: Counter[str] = field(default_factory=Counter)
@@ -47,10 +67,11 @@ class FaultProxy:
         self.upstream = urlparse(upstream)
         self.plan = plan
         self.stats = FaultStats()
-        self.random = random.Random(plan.seed)
         self.lock = threading.Lock()
         self.requests = 0
+        self.eligible: Counter[str] = Counter()
         self.turns: Counter[str] = Counter()
+        self.schedules: dict[str, FaultSchedule] = {}
         self.down = threading.Event()
         self.down_services: tuple[str, ...] | None = None
         self.started = time.monotonic()
@@ -100,7 +121,14 @@ class FaultProxy:
                 return "reset"
             if self.requests <= self.plan.spare_first or service not in self.plan.services:
                 return None
-            if self.random.random() >= self.plan.fraction:
+            if self.plan.fraction <= 0:
+                return None
+            if service not in self.schedules:
+                self.schedules[service] = FaultSchedule(self.plan.fraction, f"{self.plan.seed}:{service}")
+            schedule = self.schedules[service]
+            index = self.eligible[service]
+            self.eligible[service] += 1
+            if not schedule.faults(index):
                 return None
             # Kinds take turns per service, so a short run still meets every one of them.
             turn = self.turns[service]

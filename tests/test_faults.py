@@ -19,7 +19,7 @@ import pytest
 
 from beacon.observe import metric_samples
 from tests.conftest import WriterSession
-from tests.fault_proxy import FaultPlan, FaultProxy
+from tests.fault_proxy import FaultPlan, FaultProxy, FaultSchedule
 from tests.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
 from training import contract
 
@@ -47,6 +47,17 @@ def assert_exactly_once(as_writer: WriterSession, run: str, steps: int) -> None:
 
 def twenty_percent(**overrides: Any) -> FaultPlan:
     return FaultPlan(fraction=0.2, spare_first=PREFLIGHT_REQUESTS, **overrides)
+
+
+def test_the_fault_schedule_faults_each_services_first_request_then_one_per_stride_whatever_the_interleaving() -> None:
+    """A fault test asserts what it injected: the schedule is per service, so another service's
+    traffic in between changes nothing, and the first eligible request is always faulted."""
+    alone = FaultSchedule(0.2, "7:monitoring")
+    faulted = [i for i in range(40) if alone.faults(i)]
+    assert faulted[0] == 0
+    assert [i // 5 for i in faulted] == list(range(8)), "exactly one fault per stride of five"
+    again = FaultSchedule(0.2, "7:monitoring")
+    assert [i for i in range(40) if again.faults(i)] == faulted, "the same seed, the same schedule"
 
 
 def test_20pct_5xx_throttling_resets_and_latency_lose_and_duplicate_nothing(
