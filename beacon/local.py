@@ -9,7 +9,6 @@ on its recorded metrics, then `beacon doctor`, 5. show the seed's failures and t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -26,6 +25,7 @@ from beacon.doctor import Diagnosis, DoctorInputs, diagnose
 from beacon.embedded import Provisioned, provision_team
 from beacon.embedded_aws import ACCOUNT, REGION, EmbeddedAws
 from beacon.observe import read_run
+from beacon.processes import end_process_tree
 from beacon.report import render_png
 from beacon.templates import Template, load_templates
 from beacon.verify import Verification, recorded_samples, verify_run
@@ -227,7 +227,7 @@ def finish_smoke(sandbox: Sandbox, job: subprocess.Popen[bytes]) -> None:
     try:
         code = job.wait(timeout=600)
     except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
+        end_process_tree(job.pid)
         code = job.wait()
     if code != 0:
         tail = (sandbox.workdir / "smoke-job.log").read_text(errors="replace").strip()[-800:]
@@ -310,8 +310,7 @@ def scenario_frozen(sandbox: Sandbox, monitoring: Template) -> tuple[Scenario, S
         armed = contract.run_alarms_arm_at(beats[0][0]) if beats else frozen_at
         alarm_at = alarms.first_alarm(silent, samples, max(armed, frozen_at - 1), frozen_at + 600)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # delivered even to a stopped process
+        end_process_tree(process.pid)  # SIGKILL is delivered even to a stopped process
         process.wait(timeout=30)
     alarm_seconds = (alarm_at - frozen_at) if alarm_at is not None else float("inf")
     interval = f"heartbeat every {DEMO_HEARTBEAT_S:g} s (shortened for the demo)"
@@ -348,7 +347,7 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
             log("meanwhile, the scenarios: a writer without permission, a frozen job, a spool on tmpfs")
             scenarios = [scenario_permission(sandbox), *scenario_frozen(sandbox, monitoring), scenario_tmpfs(sandbox)]
         except BaseException:
-            os.killpg(job.pid, signal.SIGKILL)  # the demo leaves no process behind, even when it fails
+            end_process_tree(job.pid)  # the demo leaves no process behind, even when it fails
             job.wait()
             raise
         log("waiting for the smoke job (paced so its run alarms arm)")

@@ -22,6 +22,7 @@ from beacon.alarms import alarm_set_for_run
 from beacon.doctor import DoctorInputs, diagnose
 from beacon.embedded import provision_team
 from beacon.embedded_aws import ACCOUNT, REGION, EmbeddedAws
+from beacon.processes import end_process_tree
 from beacon.templates import load_templates
 from beacon.verify import recorded_samples
 from training import contract
@@ -269,7 +270,7 @@ def bench_detection(bench: Bench) -> dict[str, Any]:
         )
         results["silent_alarm_s"] = (at - frozen) if at else float("inf")
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
+        end_process_tree(process.pid)
         process.wait()
     stalled = bench.command("detect-stall", "--steps", "1000000", "--step-sleep", "0.05", "--hang-after-step", "100")
     process = subprocess.Popen(
@@ -295,7 +296,7 @@ def bench_detection(bench: Bench) -> dict[str, Any]:
         at = alarm_set_for_run(bench.monitoring, "smoke", "detect-stall").first_alarm(alarm, samples, hung, time.time())
         results["stall_alarm_s"] = (at - hung) if at else float("inf")
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
+        end_process_tree(process.pid)
         process.wait()
     return results
 

@@ -18,6 +18,7 @@ from training import aws, contract
 from training.checkpoint import AsyncCheckpointer, Uploader, latest_checkpoint
 from training.config import JobConfig
 from training.distributed import World
+from training.lifeline import dataloader_worker_dies_with_its_rank
 from training.model import SmallConvNet, StepSampler, SyntheticImages
 from training.preflight import PreflightError, run_preflight
 from training.progress import ProgressClock
@@ -124,6 +125,7 @@ class Job:
             num_workers=min(config.workers, MAX_WORKERS),
             multiprocessing_context="spawn" if config.workers else None,  # fork deadlocks with threads
             persistent_workers=config.workers > 0,
+            worker_init_fn=dataloader_worker_dies_with_its_rank if config.workers else None,
         )
         self.telemetry.start()
         losses: list[float] = []
