@@ -65,9 +65,11 @@ class FakePod:
     process: subprocess.Popen[bytes] | None = None
     started_at: str = ""
 
+    probe: Any = None  # runs one of the container's probes, as the kubelet would; set by the API
+
     @property
     def ready(self) -> bool:
-        return self.phase == "Running" and (self.runtime_dir / Path(manifests.HEARTBEAT_FILE).name).exists()
+        return self.phase == "Running" and self.probe is not None and self.probe("startupProbe")
 
     def as_object(self, job: FakeJob) -> dict[str, Any]:
         image = job.container["image"]
@@ -338,6 +340,7 @@ class FakeKubernetes:
         runtime = pod_dir / "runtime"
         runtime.mkdir(parents=True)
         pod = FakePod(name, index, pod_dir / "pod", runtime)
+        pod.probe = lambda kind: self._probe(job, pod, kind)
         job.pods.append(pod)
         threading.Thread(target=self._run_pod, args=(job, pod), daemon=True, name=f"kubelet-{name}").start()
 
@@ -346,6 +349,11 @@ class FakeKubernetes:
             target = self.workdir / local if local == "volume" else pod.runtime_dir
             value = value.replace(path, str(target))
         return value
+
+    def _probe(self, job: FakeJob, pod: FakePod, kind: str) -> bool:
+        """The container's own probe command, on this pod's paths: ready means what the kubelet means."""
+        command = [self._mapped(part, pod) for part in job.container[kind]["exec"]["command"]]
+        return subprocess.run(command, capture_output=True, check=False).returncode == 0
 
     def _environment(self, job: FakeJob, pod: FakePod) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beacon.processes import end_process_tree
 from tests.synth import ROOT
 from training import contract
 
@@ -111,8 +112,11 @@ class JobHarness:
             start_new_session=True,
         )
 
+    def liveness_file(self, local_rank: int = 0) -> Path:
+        return Path(contract.liveness_file(str(self.workdir / "heartbeat"), local_rank))
+
     def heartbeat_age(self) -> float:
-        return time.time() - (self.workdir / "heartbeat").stat().st_mtime
+        return time.time() - self.liveness_file().stat().st_mtime
 
 
 def finish(process: subprocess.Popen[str], *, timeout: float) -> JobResult:
@@ -122,7 +126,12 @@ def finish(process: subprocess.Popen[str], *, timeout: float) -> JobResult:
 
 
 def signal_group(process: subprocess.Popen[str], signum: signal.Signals) -> None:
-    os.killpg(process.pid, signum)
+    """SIGKILL ends the whole tree (torchrun puts each rank in a session of its own); other signals go
+    to the launcher's group, as a terminal or a runner would send them."""
+    if signum == signal.SIGKILL:
+        end_process_tree(process.pid)
+    else:
+        os.killpg(process.pid, signum)
 
 
 def delivered_records(s3: Any, bucket: str, experiment: str, run: str) -> list[dict[str, Any]]:

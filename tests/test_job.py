@@ -148,9 +148,9 @@ def test_sigkill_then_restart_with_the_same_run_loses_and_duplicates_nothing(
 def test_the_heartbeat_file_is_touched_while_the_job_runs(harness: JobHarness) -> None:
     process = harness.start("--run-id", "hb-1", "--steps", "400", "--step-sleep", "0.02")
     try:
-        assert wait_for(lambda: (harness.workdir / "heartbeat").exists(), timeout=30)
-        first = (harness.workdir / "heartbeat").stat().st_mtime
-        assert wait_for(lambda: (harness.workdir / "heartbeat").stat().st_mtime > first, timeout=10)
+        assert wait_for(harness.liveness_file().exists, timeout=30)
+        first = harness.liveness_file().stat().st_mtime
+        assert wait_for(lambda: harness.liveness_file().stat().st_mtime > first, timeout=10)
     finally:
         signal_group(process, signal.SIGTERM)
         finish(process, timeout=60)

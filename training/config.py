@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--flush-interval", _positive_float, 10.0, "seconds between spool chunk seals and uploads")
     add("--chunk-records", _positive_int, 100, "records per chunk at most")
     add("--heartbeat-interval", _positive_float, 15.0, "seconds between heartbeats (and metric batches)")
-    add("--heartbeat-file", Path, Path("/tmp/beacon-heartbeat"), "file touched every heartbeat, for liveness")
+    add("--heartbeat-file", Path, Path("/tmp/beacon-heartbeat"), "liveness: each local rank touches <file>.<rank>")
     add("--namespace", str, contract.NAMESPACE, "CloudWatch namespace")
     add(
         "--region",

@@ -91,6 +91,12 @@ PROGRESS_LOG_METRICS = {
 }
 
 
+# --- Liveness ---------------------------------------------------------------------------
+def liveness_file(base: str, local_rank: int) -> str:
+    """The pod-local file one rank touches; a pod's probes check one per local rank."""
+    return f"{base}.{local_rank}"
+
+
 # --- CloudWatch ------------------------------------------------------------------------
 NAMESPACE = "Beacon"
 
@@ -131,6 +137,11 @@ UPLOAD_LATENCY = Metric("UploadLatency", Unit.MILLISECONDS)
 UPLOAD_FAILURES = Metric("UploadFailures", Unit.COUNT)
 SPOOL_BACKLOG = Metric("SpoolBacklog", Unit.COUNT)
 CHECKPOINT_SECONDS = Metric("CheckpointSeconds", Unit.SECONDS)
+# Loss values that were NaN or infinite in the window. CloudWatch refuses such values (one of them
+# fails the whole request, heartbeat included), so they are counted here and kept only in the spool.
+NON_FINITE_LOSS = Metric("NonFiniteLoss", Unit.COUNT)
+# CloudWatch's accepted range for a value: beyond it, or not finite, a datum fails the request.
+CLOUDWATCH_VALUE_LIMIT = 2.0**360
 
 JOB_METRICS = (
     LOSS,
@@ -143,6 +154,8 @@ JOB_METRICS = (
     SPOOL_BACKLOG,
     CHECKPOINT_SECONDS,
 )
+# Sent only when something happened: verification does not expect them in every run.
+EVENT_METRICS = (NON_FINITE_LOSS,)
 # Per-run metrics carry all three; team roll-ups (for team alarms) carry Team only.
 RUN_DIMENSIONS = (Dim.TEAM, Dim.EXPERIMENT, Dim.RUN)
 TEAM_DIMENSIONS = (Dim.TEAM,)

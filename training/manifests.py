@@ -155,8 +155,20 @@ def _environment(
     }
 
 
-def _heartbeat_age_check(tolerance: int) -> list[str]:
-    return ["sh", "-c", f"test $(( $(date +%s) - $(stat -c %Y {HEARTBEAT_FILE}) )) -lt {tolerance}"]
+def liveness_files(processes_per_node: int) -> list[str]:
+    """One pod-local file per local rank: every rank of every pod shows its own sign of life."""
+    return [contract.liveness_file(HEARTBEAT_FILE, rank) for rank in range(processes_per_node)]
+
+
+def _all_ranks_started(processes_per_node: int) -> list[str]:
+    return ["sh", "-c", " && ".join(f"test -f {path}" for path in liveness_files(processes_per_node))]
+
+
+def _all_ranks_alive(processes_per_node: int, tolerance: int) -> list[str]:
+    checks = " && ".join(
+        f"test $(( now - $(stat -c %Y {path}) )) -lt {tolerance}" for path in liveness_files(processes_per_node)
+    )
+    return ["sh", "-c", f"now=$(date +%s) && {checks}"]
 
 
 def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
@@ -207,12 +219,12 @@ def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
                 "resources": resources,
                 "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}],
                 "startupProbe": {
-                    "exec": {"command": ["test", "-f", HEARTBEAT_FILE]},
+                    "exec": {"command": _all_ranks_started(spec.processes_per_node)},
                     "periodSeconds": 10,
                     "failureThreshold": 30,
                 },
                 "livenessProbe": {
-                    "exec": {"command": _heartbeat_age_check(HEARTBEAT_TOLERANCE_S)},
+                    "exec": {"command": _all_ranks_alive(spec.processes_per_node, HEARTBEAT_TOLERANCE_S)},
                     "periodSeconds": 20,
                     "timeoutSeconds": 5,
                     "failureThreshold": 1,

@@ -2,7 +2,11 @@
 
 The spool is the source of truth. A record is durable once fsync'd into the open chunk; a chunk
 leaves the pending set only after S3 acknowledged it. After a crash the open chunk is sealed
-(dropping a torn last line), and the sequence continues where the disk says it stopped.
+(dropping a torn last line), and the position (next chunk, next sequence number, last step) is
+derived from what is durable: the state file, the sealed chunks and the open chunk, whichever is
+furthest. The state file is written before a chunk is sealed, so a chunk S3 acknowledged and the
+spool deleted is always counted in it: a kill at any point of a seal neither reuses a chunk number
+nor a sequence number, and never forgets a recorded step.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from training import kill_points
 
 OPEN = "open.jsonl"
 SEALED = "sealed"
@@ -76,15 +82,16 @@ class Spool:
         self.directory = directory
         self.sealed_dir = directory / SEALED
         self.sealed_dir.mkdir(parents=True, exist_ok=True)
+        # The uploader lists and acknowledges chunks while the spool thread seals them.
         self._lock = threading.Lock()
         state = self._read_state()
         self.next_chunk: int = state.get("next_chunk", 0)
         self.next_seq: int = state.get("next_seq", 0)
         self.last_step: int = state.get("last_step", -1)
         self.recovered_records = 0
-        sealed = self._sealed_sequences()
-        if sealed:
-            self.next_chunk = max(self.next_chunk, sealed[-1] + 1)
+        self._sealed: dict[int, Chunk] = {}
+        for sequence in self._sealed_sequences():
+            self._index_sealed(sequence)
         self._recover_open_chunk()
         self._open = open(self.directory / OPEN, "ab")  # noqa: SIM115 - held for the spool's life
         self.open_records = 0
@@ -98,6 +105,20 @@ class Spool:
     def _sealed_sequences(self) -> list[int]:
         return sorted(int(p.stem.split("-")[1]) for p in self.sealed_dir.glob("chunk-*.jsonl"))
 
+    def _index_sealed(self, sequence: int) -> None:
+        """Count a sealed chunk found on disk, and move the position past what it holds."""
+        path = self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
+        lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+        self._sealed[sequence] = Chunk(sequence, path, len(lines))
+        self.next_chunk = max(self.next_chunk, sequence + 1)
+        self._advance_past(lines)
+
+    def _advance_past(self, lines: list[bytes]) -> None:
+        for line in lines:
+            record = json.loads(line)
+            self.next_seq = max(self.next_seq, int(record["seq"]) + 1)
+            self.last_step = max(self.last_step, int(record["step"]))
+
     def _recover_open_chunk(self) -> None:
         path = self.directory / OPEN
         if not path.exists():
@@ -108,16 +129,30 @@ class Spool:
         if not lines:
             path.unlink()
             return
-        path.write_bytes(complete)
-        for line in lines:
-            record = json.loads(line)
-            self.next_seq = max(self.next_seq, int(record["seq"]) + 1)
-            self.last_step = max(self.last_step, int(record["step"]))
+        if len(complete) < len(data):
+            # Cut the torn tail in place: the complete records are never rewritten, so a second
+            # kill here cannot lose them.
+            os.truncate(path, len(complete))
+        first_seq = int(json.loads(lines[0])["seq"])
+        state_seq = self.next_seq
+        self._advance_past(lines)
         self.recovered_records = len(lines)
-        self.open_records = len(lines)
-        self._seal_path(path, len(lines))
+        # A seal writes the state (next chunk = N + 1) before renaming the open chunk into N: an open
+        # chunk whose records the state already counts is that chunk N, caught between the two.
+        sequence = self.next_chunk - 1 if first_seq < state_seq and self.next_chunk > 0 else self.next_chunk
+        sequence = max(sequence, max(self._sealed, default=-1) + 1)
+        self._seal_path(path, len(lines), sequence)
 
-    # --- writing (the uploader thread) ---------------------------------------------------
+    def continue_after(self, *, chunk: int, seq: int, step: int) -> None:
+        """Continue after what S3 already holds (a new volume under an existing run)."""
+        with self._lock:
+            self.next_chunk = max(self.next_chunk, chunk + 1)
+            self.next_seq = max(self.next_seq, seq + 1)
+            self.last_step = max(self.last_step, step)
+            self.durable_step = max(self.durable_step, self.last_step)
+            self._write_state()
+
+    # --- writing (the spool thread) -------------------------------------------------------
     def _usable(self) -> None:
         if self._open.closed:  # a seal failed half-way on a full disk
             raise SpoolFullError(errno.ENOSPC, f"spool {self.directory}: unusable since the disk filled up")
@@ -156,38 +191,43 @@ class Spool:
             self.sync()
             if not self._open.closed:
                 self._open.close()
-            chunk = self._seal_path(self.directory / OPEN, self.open_records)
+            chunk = self._seal_path(self.directory / OPEN, self.open_records, self.next_chunk)
             self._open = open(self.directory / OPEN, "ab")  # noqa: SIM115
         self.open_records = 0
         return chunk
 
-    def _seal_path(self, path: Path, records: int) -> Chunk:
-        sequence = self.next_chunk
+    def _seal_path(self, path: Path, records: int, sequence: int) -> Chunk:
         target = self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
+        with self._lock:
+            self.next_chunk = max(self.next_chunk, sequence + 1)
+            self._write_state()  # first: the state counts this chunk before it can be acknowledged
+        kill_points.hit(kill_points.SEAL_STATE_WRITTEN)
         os.replace(path, target)
+        kill_points.hit(kill_points.SEAL_RENAMED)
         fsync_directory(self.sealed_dir)
-        self.next_chunk += 1
-        self._write_state()
-        return Chunk(sequence, target, records)
+        chunk = Chunk(sequence, target, records)
+        with self._lock:
+            self._sealed[sequence] = chunk
+        return chunk
 
     def _write_state(self) -> None:
         state = {"next_chunk": self.next_chunk, "next_seq": self.next_seq, "last_step": self.last_step}
         write_atomically(self.directory / STATE, json.dumps(state).encode())
 
-    # --- the pending set -------------------------------------------------------------------
+    # --- the pending set (the uploader thread) -----------------------------------------------
     def pending(self) -> list[Chunk]:
-        chunks = []
-        for sequence in self._sealed_sequences():
-            path = self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
-            chunks.append(Chunk(sequence, path, path.read_bytes().count(b"\n")))
-        return chunks
+        with self._lock:
+            return [self._sealed[sequence] for sequence in sorted(self._sealed)]
 
     def acknowledge(self, chunk: Chunk) -> None:
         """S3 holds the chunk: only now does it leave the spool."""
-        chunk.path.unlink(missing_ok=True)
+        with self._lock:
+            self._sealed.pop(chunk.sequence, None)
+            chunk.path.unlink(missing_ok=True)
 
     def unacknowledged_records(self) -> int:
-        return self.open_records + sum(c.records for c in self.pending())
+        with self._lock:
+            return self.open_records + sum(c.records for c in self._sealed.values())
 
     def close(self) -> None:
         try:

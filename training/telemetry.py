@@ -13,6 +13,7 @@ import collections
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from training import contract
+from training import contract, kill_points
 from training.config import JobConfig
 from training.progress import ProgressClock
 from training.run_alarms import RunAlarms
@@ -32,6 +33,17 @@ log = logging.getLogger("beacon.telemetry")
 
 UPLOAD_POLL_S = 0.25
 MAX_BACKOFF_S = 30.0
+MAX_DATA_PER_REQUEST = 1000  # PutMetricData's limit
+
+
+def cloudwatch_accepts(value: float) -> bool:
+    return math.isfinite(value) and abs(value) <= contract.CLOUDWATCH_VALUE_LIMIT
+
+
+def datum_is_valid(datum: dict[str, Any]) -> bool:
+    """CloudWatch refuses a whole request for one bad value: drop the datum, keep the heartbeat."""
+    values = [datum["Value"]] if "Value" in datum else list(datum.get("StatisticValues", {}).values())
+    return all(cloudwatch_accepts(float(v)) for v in values)
 
 
 @dataclass
@@ -102,21 +114,27 @@ class Telemetry(NullTelemetry):
         self._queue: collections.deque[dict[str, Any]] = collections.deque()
         self._window = WindowStats()
         self._window_lock = threading.Lock()
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the loop is over: seal what is left, then stop
+        self._spool_done = threading.Event()  # nothing new will reach the pending set
+        self._beats_done = threading.Event()  # uploads are over: the final beat, then stop
+        self._upload_wake = threading.Event()
+        self._deadline: float | None = None
         self._durable = threading.Condition()
         self._chunk_opened_at: float | None = None
         self._backoff_until = 0.0
         self._backoff = 1.0
         self._tensorboard: Any = None
         self._tensorboard_dir = spool.directory / "tensorboard"
-        self._tensorboard_files = 0
         self._first_beat_at: float | None = None
         self._last_rate_sample = (time.monotonic(), progress.steps)
         self._fatal: BaseException | None = None
-        self._threads = [
-            threading.Thread(target=self._upload_loop, name="beacon-uploader", daemon=True),
-            threading.Thread(target=self._heartbeat_loop, name="beacon-heartbeat", daemon=True),
-        ]
+        # Disk and network never share a thread: a slow S3 cannot delay durability, and a slow
+        # CloudWatch cannot delay an upload.
+        self._spool_thread = threading.Thread(target=self._spool_loop, name="beacon-spool", daemon=True)
+        self._upload_thread = threading.Thread(target=self._upload_loop, name="beacon-uploader", daemon=True)
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="beacon-heartbeat", daemon=True)
+        self._threads = [self._spool_thread, self._upload_thread, self._heartbeat_thread]
+        self._seal_leftover_tensorboard()
 
     # --- the training thread's side: cheap -------------------------------------------------
     def start(self) -> None:
@@ -152,23 +170,37 @@ class Telemetry(NullTelemetry):
         with self._durable:
             while self.spool.durable_step < step and step > self.resumed_after_step:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (self._stop.is_set() and not self._queue):
+                if remaining <= 0 or self._spool_done.is_set():
                     return self.spool.durable_step >= step
                 self._durable.wait(min(remaining, UPLOAD_POLL_S))
         return True
 
-    # --- the uploader thread -----------------------------------------------------------------
-    def _upload_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._cycle(final=False)
-            except SpoolFullError as error:
-                self._fatal = error
-                log.error("%s: the spool is full; stopping before anything acknowledged can be lost", error)
-                return
-            except Exception:  # keep delivering whatever happens; the spool keeps the records
-                log.exception("uploader cycle failed; retrying")
-            self._stop.wait(UPLOAD_POLL_S)
+    def _remaining(self) -> float:
+        return float("inf") if self._deadline is None else self._deadline - time.monotonic()
+
+    # --- the spool thread: disk only ------------------------------------------------------------
+    def _spool_loop(self) -> None:
+        try:
+            while True:
+                stopping = self._stop.is_set()
+                try:
+                    self._persist(final=stopping)
+                except SpoolFullError as error:
+                    self._fatal = error
+                    log.error("%s: the spool is full; stopping before anything acknowledged can be lost", error)
+                    return
+                except Exception:  # keep persisting whatever happens; the queue keeps the records
+                    log.exception("spool cycle failed; retrying")
+                    if stopping:
+                        return
+                if stopping:
+                    return
+                self._stop.wait(UPLOAD_POLL_S)
+        finally:
+            self._spool_done.set()
+            self._upload_wake.set()
+            with self._durable:
+                self._durable.notify_all()
 
     def _drain(self) -> list[dict[str, Any]]:
         drained = []
@@ -176,7 +208,7 @@ class Telemetry(NullTelemetry):
             drained.append(self._queue.popleft())
         return drained
 
-    def _cycle(self, *, final: bool) -> None:
+    def _persist(self, *, final: bool) -> None:
         records = self._drain()
         if records:
             if self._chunk_opened_at is None:
@@ -193,27 +225,55 @@ class Telemetry(NullTelemetry):
             or self.spool.open_records >= self.config.chunk_records
         )
         if due or final:
-            self.spool.seal()
+            if self.spool.seal() is not None:
+                self._upload_wake.set()
             self._chunk_opened_at = None
             with on_spool_disk(self.spool.directory):
                 self._rotate_tensorboard()
-        if final or time.monotonic() >= self._backoff_until:
-            self._upload_pending()
+
+    # --- the uploader thread: S3 only -------------------------------------------------------------
+    def _upload_loop(self) -> None:
+        while True:
+            draining = self._spool_done.is_set()
+            if time.monotonic() >= self._backoff_until:
+                try:
+                    self._upload_pending()
+                except Exception:  # keep delivering whatever happens; the spool keeps the chunks
+                    log.exception("upload cycle failed; retrying")
+            if draining and not self._has_pending():
+                return
+            if self._remaining() <= 0:
+                return
+            self._upload_wake.wait(min(UPLOAD_POLL_S, max(0.0, self._remaining())))
+            self._upload_wake.clear()
+
+    def _has_pending(self) -> bool:
+        return bool(self.spool.pending()) or any(self._tensorboard_dir.glob("*.sealed"))
 
     def _upload_pending(self) -> None:
         for chunk in self.spool.pending():
+            if self._remaining() <= 0:
+                return
             if not self._upload_chunk(chunk):
-                self._backoff_until = time.monotonic() + self._backoff
-                self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
+                self._back_off()
                 return
             self._backoff = 1.0
         for path in sorted(self._tensorboard_dir.glob("*.sealed")):
-            if not self._upload_tensorboard(path):
+            if self._remaining() <= 0 or not self._upload_tensorboard(path):
                 return
+
+    def _back_off(self) -> None:
+        # While draining, retry often: the shutdown budget is short.
+        ceiling = 1.0 if self._deadline is not None else MAX_BACKOFF_S
+        self._backoff_until = time.monotonic() + min(self._backoff, ceiling)
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
 
     def _upload_chunk(self, chunk: Chunk) -> bool:
         key = contract.events_key(self.config.experiment, self.config.run, chunk.sequence)
-        body = chunk.body()
+        try:
+            body = chunk.body()
+        except FileNotFoundError:  # acknowledged meanwhile (a drain's last pass): nothing to send
+            return True
         started = time.monotonic()
         try:
             self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=body, IfNoneMatch="*")
@@ -225,6 +285,7 @@ class Telemetry(NullTelemetry):
             self.report.already_present += 1  # a retry of an upload S3 had already taken
         except (BotoCoreError, OSError) as error:
             return self._upload_failed(key, error)
+        kill_points.hit(kill_points.UPLOADED_NOT_ACKNOWLEDGED)
         with self._window_lock:
             self._window.upload_latencies_ms.append((time.monotonic() - started) * 1000)
         self.spool.acknowledge(chunk)
@@ -263,9 +324,19 @@ class Telemetry(NullTelemetry):
         log_dir = Path(self._tensorboard.log_dir)
         self._tensorboard.close()
         self._tensorboard = None
+        self._seal_tensorboard_part(log_dir)
+
+    def _seal_tensorboard_part(self, log_dir: Path) -> None:
         for event_file in log_dir.glob("events.out.tfevents.*"):
             event_file.rename(self._tensorboard_dir / f"{log_dir.name}.{event_file.name}.sealed")
         log_dir.rmdir()
+
+    def _seal_leftover_tensorboard(self) -> None:
+        """A part a crash left open is sealed and uploaded like any other: its points happened."""
+        for log_dir in sorted(self._tensorboard_dir.glob("part-*")):
+            if log_dir.is_dir():
+                with on_spool_disk(self.spool.directory):
+                    self._seal_tensorboard_part(log_dir)
 
     def _upload_tensorboard(self, path: Path) -> bool:
         name = path.name.removesuffix(".sealed")
@@ -281,25 +352,33 @@ class Telemetry(NullTelemetry):
         self.report.tensorboard_files += 1
         return True
 
-    # --- the heartbeat thread -------------------------------------------------------------------
+    # --- the heartbeat thread: CloudWatch only -----------------------------------------------------
     def _heartbeat_loop(self) -> None:
-        while not self._stop.is_set():
-            self.beat()
-            self._stop.wait(self.config.heartbeat_interval)
+        while True:
+            try:
+                self.beat()
+            except Exception:  # a heartbeat thread that dies makes a live job look silent
+                log.exception("heartbeat failed; the next one follows")
+            if self._beats_done.wait(self.config.heartbeat_interval):
+                break
+        if self._remaining() > 0:
+            try:
+                self.beat(final=True)
+            except Exception:
+                log.exception("final heartbeat failed")
 
     def beat(self, *, final: bool = False) -> None:
         now = time.time()
+        data, window = self._metric_batch(now)
         try:
-            self.config.heartbeat_file.touch()
-        except OSError as error:
-            log.warning("cannot touch heartbeat file %s: %s", self.config.heartbeat_file, error)
-        data = self._metric_batch(now)
-        try:
-            for start in range(0, len(data), 1000):
-                self.cloudwatch.put_metric_data(Namespace=self.config.namespace, MetricData=data[start : start + 1000])
+            for start in range(0, len(data), MAX_DATA_PER_REQUEST):
+                self.cloudwatch.put_metric_data(
+                    Namespace=self.config.namespace, MetricData=data[start : start + MAX_DATA_PER_REQUEST]
+                )
             self.report.metric_batches += 1
         except (ClientError, BotoCoreError, OSError) as error:
             self.report.metric_failures += 1
+            self._restore_window(window)  # counted in the next batch rather than lost
             log.warning("PutMetricData to %s failed: %s", self.config.namespace, error)
             return
         if self._first_beat_at is None:
@@ -315,7 +394,16 @@ class Telemetry(NullTelemetry):
             except (ClientError, BotoCoreError) as error:
                 log.error("cannot create this run's alarms: %s", error)
 
-    def _metric_batch(self, now: float) -> list[dict[str, Any]]:
+    def _restore_window(self, sent: WindowStats) -> None:
+        with self._window_lock:
+            current = self._window
+            current.losses[:0] = sent.losses
+            current.last_step = max(current.last_step, sent.last_step)
+            current.upload_latencies_ms[:0] = sent.upload_latencies_ms
+            current.upload_failures += sent.upload_failures
+            current.checkpoint_seconds[:0] = sent.checkpoint_seconds
+
+    def _metric_batch(self, now: float) -> tuple[list[dict[str, Any]], WindowStats]:
         with self._window_lock:
             window, self._window = self._window, WindowStats()
         timestamp = datetime.fromtimestamp(now, UTC)
@@ -344,8 +432,11 @@ class Telemetry(NullTelemetry):
         for dims in (run_dims, team_dims):
             data.append(datum(contract.SPOOL_BACKLOG, dims, Value=backlog))
             data.append(datum(contract.UPLOAD_FAILURES, dims, Value=float(window.upload_failures)))
-        if window.losses:
-            data.append(datum(contract.LOSS, run_dims, StatisticValues=statistic_set(window.losses)))
+        sendable = [v for v in window.losses if cloudwatch_accepts(v)]
+        if sendable:
+            data.append(datum(contract.LOSS, run_dims, StatisticValues=statistic_set(sendable)))
+        if len(sendable) < len(window.losses):
+            data.append(datum(contract.NON_FINITE_LOSS, run_dims, Value=float(len(window.losses) - len(sendable))))
         if window.last_step >= 0:
             data.append(datum(contract.STEP, run_dims, Value=float(window.last_step)))
         if window.upload_latencies_ms:
@@ -356,7 +447,7 @@ class Telemetry(NullTelemetry):
             data.append(
                 datum(contract.CHECKPOINT_SECONDS, run_dims, StatisticValues=statistic_set(window.checkpoint_seconds))
             )
-        return data
+        return [d for d in data if datum_is_valid(d)], window
 
     def publish_final(self, summary: dict[str, Any]) -> None:
         """Tell `beacon doctor` the run finished (rather than went silent)."""
@@ -369,33 +460,27 @@ class Telemetry(NullTelemetry):
     # --- shutdown ---------------------------------------------------------------------------------
     def close(self, budget: float) -> DeliveryReport:
         """Drain: make every record durable, upload every chunk and the last TensorBoard file, send a
-        final metric batch and remove this run's alarms (a clean exit). Bounded by `budget` seconds."""
-        deadline = time.monotonic() + budget
+        final metric batch and remove this run's alarms (a clean exit). Bounded by `budget` seconds.
+
+        Each thread finishes its own work; nothing here drives the spool or S3 from this thread, so
+        a call still in flight when the budget ends can never be repeated beside it."""
+        self._deadline = time.monotonic() + budget
         self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        try:
-            self._cycle(final=True)
-        except SpoolFullError as error:
-            log.error("%s: the last records could not be made durable", error)
-        while self.spool.pending() and time.monotonic() < deadline:
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-            self._upload_pending()
-        if self._tensorboard is not None:
-            try:
-                with on_spool_disk(self.spool.directory):
-                    self._rotate_tensorboard()
-            except SpoolFullError as error:
-                log.error("%s: the last TensorBoard file could not be closed", error)
-            self._upload_pending()
-        self.beat(final=True)
+        self._spool_thread.join(timeout=max(0.0, self._remaining()))
+        if self._spool_thread.is_alive():
+            log.error("the spool did not finish within the shutdown budget (a stuck disk?)")
+        self._upload_wake.set()
+        self._upload_thread.join(timeout=max(0.0, self._remaining()))
+        self._beats_done.set()
+        self._heartbeat_thread.join(timeout=max(0.0, self._remaining()))
         pending = self.spool.pending()
         self.report.pending_chunks = len(pending)
-        self.report.unacknowledged_records = sum(c.records for c in pending)
-        if self.run_alarms is not None and self.run_alarms.armed and not pending:
+        self.report.unacknowledged_records = self.spool.unacknowledged_records() + len(self._queue)
+        if self.run_alarms is not None and self.run_alarms.armed and not self.report.unacknowledged_records:
             try:
                 self.run_alarms.disarm()
             except (ClientError, BotoCoreError) as error:
                 log.error("cannot delete this run's alarms (they will fire): %s", error)
-        self.spool.close()
+        if not self._spool_thread.is_alive():
+            self.spool.close()
         return self.report

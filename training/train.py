@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -16,6 +17,8 @@ from types import FrameType
 from training.config import generated_run_id, parse_args
 from training.distributed import world_from_environment
 from training.job import Job
+from training.lifeline import die_with_parent
+from training.liveness import Liveness
 from training.preflight import PreflightError
 
 EXIT_PREFLIGHT = 3
@@ -36,19 +39,31 @@ def install_stop_handlers() -> threading.Event:
     return stop
 
 
+def launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
 def main(argv: list[str] | None = None) -> int:
+    if launched_by_torchrun():
+        die_with_parent(signal.SIGTERM)  # a killed launcher: drain, rather than run on as an orphan
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     logging.getLogger("botocore").setLevel(logging.WARNING)
     config = parse_args(argv)
     stop = install_stop_handlers()
     with world_from_environment() as world:
-        config = config.with_run(world.broadcast(config.run or generated_run_id()))
+        # Every rank's own sign of life, from before setup until the drain is over.
+        liveness = Liveness(config.heartbeat_file, local_rank=world.local_rank, interval=config.heartbeat_interval)
+        liveness.start()
         try:
-            job = Job.build(config, world, stop)
-        except PreflightError as error:
-            print(f"beacon preflight: {error}", file=sys.stderr, flush=True)
-            return EXIT_PREFLIGHT
-        summary = job.run()
+            config = config.with_run(world.broadcast(config.run or generated_run_id()))
+            try:
+                job = Job.build(config, world, stop)
+            except PreflightError as error:
+                print(f"beacon preflight: {error}", file=sys.stderr, flush=True)
+                return EXIT_PREFLIGHT
+            summary = job.run()
+        finally:
+            liveness.stop()
     print(json.dumps({"beacon": "job-finished", **summary}), flush=True)
     return int(summary["exit_code"])
 
