@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from typing import Any
 
 import boto3
 import requests
+from moto.cloudwatch.exceptions import InvalidParameterValue
+from moto.cloudwatch.models import CloudWatchBackend
 from moto.cloudwatch.responses import CloudWatchResponse
 from moto.server import ThreadedMotoServer
 
@@ -34,6 +37,54 @@ def add_missing_apis() -> None:
         CloudWatchResponse.put_composite_alarm = CloudWatchResponse.put_metric_alarm  # type: ignore[attr-defined]
 
 
+# What CloudWatch refuses and moto accepts: one such datum fails the whole PutMetricData request.
+METRIC_DATA_PER_REQUEST = 1000
+VALUES_PER_DATUM = 150
+DIMENSIONS_PER_DATUM = 30
+VALUE_LIMIT = 2.0**360
+
+
+def _refused_value(value: Any) -> bool:
+    number = float(value)
+    return not math.isfinite(number) or abs(number) > VALUE_LIMIT
+
+
+def strict_metric_data(metric_data: list[dict[str, Any]]) -> None:
+    """Raise what CloudWatch raises for a request it refuses (moto only refuses a NaN `Value`)."""
+    if len(metric_data) > METRIC_DATA_PER_REQUEST:
+        raise InvalidParameterValue(
+            f"The collection MetricData must not have a size greater than {METRIC_DATA_PER_REQUEST}."
+        )
+    for number, datum in enumerate(metric_data, start=1):
+        where = f"MetricData.member.{number}"
+        if len(datum.get("Dimensions") or []) > DIMENSIONS_PER_DATUM:
+            raise InvalidParameterValue(f"The collection {where}.Dimensions must not exceed {DIMENSIONS_PER_DATUM}.")
+        if "Value" in datum and _refused_value(datum["Value"]):
+            raise InvalidParameterValue(f"The value {datum['Value']} for parameter {where}.Value is invalid.")
+        values = datum.get("Values") or []
+        if len(values) > VALUES_PER_DATUM or any(_refused_value(v) for v in values):
+            raise InvalidParameterValue(f"The parameter {where}.Values is invalid.")
+        for statistic, value in (datum.get("StatisticValues") or {}).items():
+            if _refused_value(value):
+                raise InvalidParameterValue(
+                    f"The value {value} for parameter {where}.StatisticValues.{statistic} is invalid."
+                )
+
+
+def add_aws_strictness() -> None:
+    """Refuse in moto what AWS refuses, so a test cannot pass on a request AWS would reject."""
+    if getattr(CloudWatchBackend.put_metric_data, "beacon_strict", False):
+        return
+    lenient = CloudWatchBackend.put_metric_data
+
+    def put_metric_data(self: CloudWatchBackend, namespace: str, metric_data: list[dict[str, Any]]) -> None:
+        strict_metric_data(metric_data)
+        lenient(self, namespace, metric_data)
+
+    put_metric_data.beacon_strict = True  # type: ignore[attr-defined]
+    CloudWatchBackend.put_metric_data = put_metric_data  # type: ignore[method-assign]
+
+
 @dataclass
 class EmbeddedAws:
     url: str
@@ -43,6 +94,7 @@ class EmbeddedAws:
     def start(cls) -> EmbeddedAws:
         """In this process: cheap to start, but it shares the GIL with whatever else runs here."""
         add_missing_apis()
+        add_aws_strictness()
         quiet_request_log()
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()

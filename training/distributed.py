@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -26,6 +28,19 @@ class World:
     @property
     def distributed(self) -> bool:
         return self.size > 1
+
+    def finish_together(self, timeout_s: float) -> None:
+        """Wait, bounded, until every rank is done before any tears the process group down.
+
+        Rank 0 drains for up to its shutdown budget after the others have nothing left to do; a rank
+        that destroyed its group and exited meanwhile left rank 0 holding a dead peer inside the
+        group. gloo's monitored barrier also names a rank that never arrives."""
+        if not self.distributed:
+            return
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
+        except RuntimeError as error:
+            logging.getLogger("beacon.distributed").error("ranks did not finish together: %s", error)
 
     def broadcast(self, value: str) -> str:
         """Rank 0's value, on every rank."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from torch.utils.tensorboard import SummaryWriter  # at import: seconds the spool thread must not spend
 
 from training import contract, kill_points
 from training.config import JobConfig
@@ -309,8 +310,6 @@ class Telemetry(NullTelemetry):
     # --- TensorBoard: one whole file per flush, never a growing one ------------------------------
     def _write_tensorboard(self, records: list[dict[str, Any]]) -> None:
         if self._tensorboard is None:
-            from torch.utils.tensorboard import SummaryWriter
-
             self._tensorboard_dir.mkdir(parents=True, exist_ok=True)
             self._tensorboard = SummaryWriter(
                 log_dir=str(self._tensorboard_dir / f"part-{self.spool.next_chunk:08d}"), flush_secs=3600

@@ -22,6 +22,7 @@ from training.liveness import Liveness
 from training.preflight import PreflightError
 
 EXIT_PREFLIGHT = 3
+FINISH_MARGIN_S = 30.0  # beyond rank 0's drain budget: its final checkpoint and the last uploads
 
 
 def install_stop_handlers() -> threading.Event:
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"beacon preflight: {error}", file=sys.stderr, flush=True)
                 return EXIT_PREFLIGHT
             summary = job.run()
+            world.finish_together(config.shutdown_budget + FINISH_MARGIN_S)
         finally:
             liveness.stop()
     print(json.dumps({"beacon": "job-finished", **summary}), flush=True)

@@ -1,0 +1,288 @@
+"""The runtime at the worst moment, in-process and fast: a kill inside a seal, a chunk acknowledged
+while the heartbeat counts the backlog, a drain whose upload outlives the budget, a NaN loss in a
+metric batch, a CloudWatch that never answers. Each test stops the code exactly where production
+would hurt, with a hook or a stub, never with a sleep and luck."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from beacon.embedded_aws import strict_metric_data
+from tests.moto_server import MotoServer
+from training import contract, kill_points
+from training.config import parse_args
+from training.liveness import Liveness
+from training.progress import ProgressClock
+from training.spool import OPEN, Spool
+from training.telemetry import Telemetry
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL inside this process: nothing after the kill point runs."""
+
+
+def records(steps: range) -> list[dict[str, object]]:
+    return [{"run": "r", "rank": 0, "step": s, "loss": 1.0, "wall_time": 0.0} for s in steps]
+
+
+@pytest.fixture
+def kill_at() -> Any:
+    def arm(name: str) -> None:
+        def handler(hit: str) -> None:
+            if hit == name:
+                kill_points.install(lambda _hit: None)
+                raise Killed(hit)
+
+        kill_points.install(handler)
+
+    yield arm
+    kill_points.install(lambda _hit: None)
+
+
+# --- defect 4: a kill inside seal() ---------------------------------------------------------------
+@pytest.mark.parametrize("point", [kill_points.SEAL_STATE_WRITTEN, kill_points.SEAL_RENAMED])
+def test_a_kill_inside_seal_then_the_uploader_acknowledging_leaves_a_position_that_reuses_nothing(
+    tmp_path: Path, kill_at: Any, point: str
+) -> None:
+    """The old seal renamed first and wrote the state after: killed in between, with the chunk
+    already acknowledged (deleted), a restart reused the chunk number, the seq numbers and the steps."""
+    spool = Spool(tmp_path)
+    spool.append(records(range(3)))
+    spool.seal()
+    spool.append(records(range(3, 6)))
+    kill_at(point)
+    with pytest.raises(Killed):
+        spool.seal()
+    for chunk in Spool(tmp_path).pending():  # a restart; the uploader delivers and acknowledges all
+        chunk.path.unlink()
+    restarted = Spool(tmp_path)
+    assert (restarted.next_chunk, restarted.next_seq, restarted.last_step) == (2, 6, 5)
+    restarted.append(records(range(6, 7)))
+    sealed = restarted.seal()
+    assert sealed is not None and sealed.sequence == 2
+    assert json.loads(sealed.body())["seq"] == 6
+
+
+def test_an_open_chunk_caught_between_state_and_rename_keeps_its_own_number(tmp_path: Path, kill_at: Any) -> None:
+    spool = Spool(tmp_path)
+    spool.append(records(range(4)))
+    kill_at(kill_points.SEAL_STATE_WRITTEN)
+    with pytest.raises(Killed):
+        spool.seal()
+    assert (tmp_path / OPEN).exists(), "killed before the rename"
+    restarted = Spool(tmp_path)
+    assert [c.sequence for c in restarted.pending()] == [0], "no gap, no second number for the same records"
+    assert restarted.next_chunk == 1 and restarted.next_seq == 4
+
+
+def test_recovering_a_torn_open_chunk_never_rewrites_its_complete_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old recovery rewrote the file with write_bytes (truncate, then write): a second kill in
+    that window lost fsync'd records. Only the torn tail is cut now, in place."""
+    spool = Spool(tmp_path)
+    spool.append(records(range(5)))
+    spool.sync()
+    with open(tmp_path / OPEN, "ab") as handle:
+        handle.write(b'{"run":"r","step":5,"lo')
+    inode = (tmp_path / OPEN).stat().st_ino
+    writes: list[str] = []
+    original = Path.write_bytes
+
+    def spy(path: Path, data: Any) -> int:
+        writes.append(path.name)
+        return original(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", spy)
+    recovered = Spool(tmp_path)
+    monkeypatch.undo()
+    assert OPEN not in writes
+    (chunk,) = recovered.pending()
+    assert chunk.path.stat().st_ino == inode, "the same file, renamed: never rewritten"
+    assert chunk.records == 5
+
+
+# --- defect 3: the heartbeat and the drain race the uploader ---------------------------------------
+def test_the_backlog_is_counted_from_memory_while_the_uploader_deletes_acknowledged_chunks(tmp_path: Path) -> None:
+    """The old `pending()` listed the sealed files, then read them: a chunk acknowledged in between
+    raised FileNotFoundError in the heartbeat thread, which died."""
+    spool = Spool(tmp_path)
+    for start in range(0, 30, 3):
+        spool.append(records(range(start, start + 3)))
+        spool.seal()
+    for chunk in spool.pending()[:5]:
+        chunk.path.unlink()  # gone from disk between the listing and the reading
+    assert spool.unacknowledged_records() == 30
+    for chunk in spool.pending():
+        spool.acknowledge(chunk)
+    assert spool.unacknowledged_records() == 0
+
+
+class SlowS3:
+    """put_object that takes `seconds`, counting every PUT per key."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.puts: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.in_flight = threading.Event()
+
+    def put_object(self, **request: Any) -> dict[str, Any]:
+        with self.lock:
+            self.puts[request["Key"]] = self.puts.get(request["Key"], 0) + 1
+        self.in_flight.set()
+        time.sleep(self.seconds)
+        return {}
+
+
+class RecordingCloudWatch:
+    """Refuses what CloudWatch refuses; records every accepted request."""
+
+    def __init__(self, *, block: threading.Event | None = None, fail_first: int = 0) -> None:
+        self.requests: list[list[dict[str, Any]]] = []
+        self.block = block
+        self.fail_first = fail_first
+
+    def put_metric_data(self, Namespace: str, MetricData: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.block is not None:
+            self.block.wait()
+        if self.fail_first:
+            self.fail_first -= 1
+            raise ClientError({"Error": {"Code": "InternalFailure", "Message": "injected"}}, "PutMetricData")
+        try:
+            strict_metric_data(MetricData)
+        except Exception as error:
+            refused = {"Error": {"Code": "InvalidParameterValue", "Message": str(error)}}
+            raise ClientError(refused, "PutMetricData") from error
+        self.requests.append(MetricData)
+        return {}
+
+    def data(self, metric: contract.Metric) -> list[dict[str, Any]]:
+        return [d for request in self.requests for d in request if d["MetricName"] == metric.name]
+
+
+def telemetry(tmp_path: Path, *, s3: Any, cloudwatch: Any, **flags: str) -> Telemetry:
+    args = {"--bucket": "b", "--run-id": "r1", "--flush-interval": "0.05", "--heartbeat-interval": "0.1", **flags}
+    config = parse_args([part for pair in args.items() for part in pair])
+    spool = Spool(tmp_path / "spool")
+    return Telemetry(
+        config,
+        s3=s3,
+        cloudwatch=cloudwatch,
+        progress=ProgressClock(),
+        spool=spool,
+        run_alarms=None,
+        resumed_after_step=-1,
+    )
+
+
+def test_a_drain_whose_upload_outlives_the_budget_returns_on_time_and_puts_no_chunk_twice(tmp_path: Path) -> None:
+    """The old close() joined the uploader with a timeout, then drove the spool from the main thread
+    while the uploader was still inside put_object: one chunk was PUT twice, and the final cycle
+    ignored the deadline (1.46 s on a 0.5 s budget)."""
+    s3 = SlowS3(seconds=1.5)
+    sink = telemetry(tmp_path, s3=s3, cloudwatch=RecordingCloudWatch())
+    sink.start()
+    for step in range(20):
+        sink.record(step, 1.0)
+    assert s3.in_flight.wait(timeout=10), "the first chunk is sealed and its PUT is in flight"
+    started = time.monotonic()
+    report = sink.close(budget=0.5)
+    assert time.monotonic() - started < 0.5 + 0.3
+    assert max(s3.puts.values()) == 1, s3.puts
+    assert report.unacknowledged_records > 0, "what did not reach S3 is reported, and stays in the spool"
+
+
+# --- defect 5: NaN and Inf -------------------------------------------------------------------------
+def test_a_diverging_loss_keeps_the_heartbeat_flowing_is_counted_and_is_stored_faithfully(tmp_path: Path) -> None:
+    cloudwatch = RecordingCloudWatch()
+    sink = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=cloudwatch)
+    for step, value in enumerate([1.0, math.nan, math.inf, -math.inf, 2.0**400, 0.5]):
+        sink.record(step, value)
+    sink.beat()
+    assert cloudwatch.data(contract.HEARTBEAT), "the request was valid: the heartbeat arrived"
+    (loss,) = cloudwatch.data(contract.LOSS)
+    assert loss["StatisticValues"]["SampleCount"] == 2 and loss["StatisticValues"]["Maximum"] == 1.0
+    (diverged,) = cloudwatch.data(contract.NON_FINITE_LOSS)
+    assert diverged["Value"] == 4
+    sink._persist(final=True)
+    (chunk,) = sink.spool.pending()
+    stored = [json.loads(line)["loss"] for line in chunk.body().splitlines()]
+    assert math.isnan(stored[1]) and stored[2] == math.inf and stored[3] == -math.inf and stored[4] == 2.0**400
+
+
+def test_a_failed_metric_batch_is_counted_in_the_next_one_rather_than_thrown_away(tmp_path: Path) -> None:
+    cloudwatch = RecordingCloudWatch(fail_first=1)
+    sink = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=cloudwatch)
+    sink._window.upload_failures = 3
+    sink.record(0, 1.0)
+    sink.beat()
+    sink.beat()
+    (failures,) = [d for d in cloudwatch.data(contract.UPLOAD_FAILURES) if len(d["Dimensions"]) == 3]
+    assert failures["Value"] == 3
+    (loss,) = cloudwatch.data(contract.LOSS)
+    assert loss["StatisticValues"]["SampleCount"] == 1
+
+
+def test_the_embedded_aws_refuses_what_cloudwatch_refuses(moto_server: MotoServer) -> None:
+    cloudwatch = moto_server.client("cloudwatch")
+    good = {"MetricName": "M", "Value": 1.0}
+    for bad in (
+        {"MetricName": "M", "Value": math.inf},
+        {"MetricName": "M", "Value": 2.0**361},
+        {"MetricName": "M", "StatisticValues": {"SampleCount": 1, "Sum": math.nan, "Minimum": 0, "Maximum": 1}},
+    ):
+        with pytest.raises(ClientError, match="InvalidParameterValue"):
+            cloudwatch.put_metric_data(Namespace="Strict", MetricData=[good, bad])
+    with pytest.raises(ClientError, match="InvalidParameterValue"):
+        cloudwatch.put_metric_data(Namespace="Strict", MetricData=[good] * 1001)
+    cloudwatch.put_metric_data(Namespace="Strict", MetricData=[good])
+
+
+# --- defect 10: disk, S3, CloudWatch and liveness never wait on each other ---------------------------
+def test_a_cloudwatch_that_never_answers_delays_neither_durability_nor_uploads_nor_liveness(tmp_path: Path) -> None:
+    stuck = threading.Event()
+    s3 = SlowS3(0)
+    sink = telemetry(tmp_path, s3=s3, cloudwatch=RecordingCloudWatch(block=stuck))
+    liveness = Liveness(tmp_path / "heartbeat", local_rank=0, interval=0.05).start()
+    try:
+        sink.start()
+        for step in range(10):
+            sink.record(step, 1.0)
+        assert sink.wait_durable(9, timeout=5), "durable while CloudWatch hangs"
+        deadline = time.monotonic() + 5
+        while not s3.puts and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s3.puts, "uploaded while CloudWatch hangs"
+        touched = liveness.path.stat().st_mtime_ns
+        time.sleep(0.2)
+        assert liveness.path.stat().st_mtime_ns > touched, "alive while CloudWatch hangs"
+    finally:
+        stuck.set()
+        sink.close(budget=2)
+        liveness.stop()
+
+
+def test_a_slow_s3_does_not_delay_durability(tmp_path: Path) -> None:
+    """The old uploader fsync'd the spool and called S3 in turn: a slow PUT held back `latest`."""
+    sink = telemetry(tmp_path, s3=SlowS3(seconds=3), cloudwatch=RecordingCloudWatch())
+    sink.start()
+    try:
+        for step in range(5):
+            sink.record(step, 1.0)
+        assert sink.s3.in_flight.wait(timeout=10), "a chunk is sealed; its PUT now takes 3 s"
+        for step in range(5, 10):
+            sink.record(step, 1.0)
+        started = time.monotonic()
+        assert sink.wait_durable(9, timeout=2)
+        assert time.monotonic() - started < 1
+    finally:
+        sink.close(budget=0.5)
