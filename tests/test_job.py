@@ -6,6 +6,8 @@ Every test runs `python -m training.train` (or torchrun) as a subprocess acting 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,8 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 
 from tests.conftest import WriterSession
 from tests.job_harness import JobHarness, delivered_records, finish, keys_under, signal_group, wait_for
-from training import contract
+from tests.synth import ROOT
+from training import contract, kill_points
 
 
 @pytest.fixture
@@ -184,3 +187,30 @@ def test_min_duration_spreads_the_steps_so_a_short_run_lasts_long_enough(
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.summary["loop_seconds"] >= 4 * 19 / 20
     assert_exactly_once(delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "paced-1"), 20)
+
+
+@pytest.mark.parametrize(
+    ("point", "nth"),
+    [
+        (kill_points.SEAL_STATE_WRITTEN, 3),
+        (kill_points.SEAL_RENAMED, 3),
+        (kill_points.UPLOADED_NOT_ACKNOWLEDGED, 2),
+    ],
+)
+def test_killed_at_a_durable_state_transition_then_restarted_every_step_arrives_exactly_once(
+    harness: JobHarness, as_writer: WriterSession, point: str, nth: int
+) -> None:
+    run = f"kp-{point.replace(':', '-')}"
+    common = ("--run-id", run, "--steps", "300", "--checkpoint-interval", "40", "--chunk-records", "20")
+    killed = subprocess.run(
+        [sys.executable, "-m", "tests.support.kill_point_job", point, str(nth), *harness.args(*common)],
+        cwd=ROOT,
+        env=harness.env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    resumed = harness.run(*common)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_exactly_once(delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", run), 300)
