@@ -6,6 +6,7 @@ Every test runs `python -m training.train` (or torchrun) as a subprocess acting 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tests.conftest import WriterSession
 from tests.job_harness import JobHarness, delivered_records, finish, keys_under, signal_group, wait_for
 from tests.synth import ROOT
-from training import contract, kill_points
+from training import contract, kill_points, manifests
 
 
 @pytest.fixture
@@ -214,3 +215,59 @@ def test_killed_at_a_durable_state_transition_then_restarted_every_step_arrives_
     resumed = harness.run(*common)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_exactly_once(delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", run), 300)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_every_pod_of_a_two_node_job_passes_its_own_probes_while_it_trains(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """The rendered Indexed Job, run as its two pods would run it (two torchrun nodes rendezvousing
+    on loopback), and each pod's startup and liveness probe commands executed on that pod's paths.
+    Before, only rank 0 touched the heartbeat file: pod 1 failed its startup probe and was killed."""
+    spec = manifests.SmokeJobSpec(
+        team="demo", image="i", bucket=as_writer.bucket, region="us-east-1", uid=1000, gid=1000, nodes=2,
+        steps=100000, heartbeat_interval=1, shutdown_budget=20, workers=0,
+    )  # fmt: skip
+    job, _service = manifests.smoke_job(spec)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    port = free_port()
+    volume = tmp_path / "volume"
+
+    def on_pod(value: str, index: int) -> str:
+        value = value.replace("$(JOB_COMPLETION_INDEX)", str(index))
+        value = value.replace(manifests.ARTIFACTS_MOUNT, str(volume))
+        value = value.replace(manifests.RUNTIME_DIR, str(tmp_path / f"pod-{index}"))
+        if value.startswith("--master-addr="):
+            return "--master-addr=127.0.0.1"
+        return f"--master-port={port}" if value.startswith("--master-port=") else value
+
+    harness = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, as_writer.credentials)
+    pods = []
+    for index in range(2):
+        (tmp_path / f"pod-{index}").mkdir()
+        env = {**harness.env(), **{e["name"]: on_pod(e["value"], index) for e in container["env"]}}
+        command = [sys.executable if part == "python" else part for part in container["command"]]
+        args = [on_pod(arg, index) for arg in container["args"]]
+        pods.append(subprocess.Popen([*command, *args], cwd=ROOT, env=env, text=True, start_new_session=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+
+    def probe(index: int, kind: str) -> bool:
+        command = [on_pod(part, index) for part in container[kind]["exec"]["command"]]
+        return subprocess.run(command, capture_output=True, check=False).returncode == 0
+
+    try:
+        prefix = contract.run_prefix("smoke", spec.name) + "events/"
+        assert wait_for(lambda: len(keys_under(as_writer.client("s3"), as_writer.bucket, prefix)) >= 1, timeout=120)
+        for index in range(2):
+            assert probe(index, "startupProbe"), f"pod {index} passes its startup probe"
+            assert probe(index, "livenessProbe"), f"pod {index} passes its liveness probe"
+    finally:
+        for pod in pods:
+            pod.send_signal(signal.SIGTERM)  # the container's first process, as the kubelet does
+        results = [finish(pod, timeout=120) for pod in pods]
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
