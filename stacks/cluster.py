@@ -60,6 +60,7 @@ class ClusterStack(Stack):
                 gpu_cpu_limit=compute.gpu_cpu_limit,
                 smoke_cpu_limit=compute.smoke_cpu_limit,
             ),
+            controller_replicas=config.cluster.karpenter_replicas,
         )
         self.training = TrainingNamespace(
             self,
