@@ -24,6 +24,7 @@ from beacon.embedded import provision_team
 from beacon.embedded_aws import ACCOUNT, REGION, EmbeddedAws
 from beacon.templates import load_templates
 from beacon.verify import recorded_samples
+from bench.cost import bench_idle_cost
 from training import contract
 from training.checkpoint import AsyncCheckpointer, Uploader, save_file
 from training.model import SmallConvNet
@@ -362,6 +363,9 @@ def main() -> None:
     }
     print("bench: synth (full app vs empty app, interleaved)", flush=True)
     report.update(bench_synth())
+    print("bench: idle cost of both profiles from their templates (rewrites the README's table)", flush=True)
+    with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
+        report.update(bench_idle_cost(Path(scratch)))
     with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
         bench = open_bench(Path(scratch))
         try:
@@ -386,7 +390,12 @@ def main() -> None:
     for name, (op, limit) in GOALS.items():
         met = "ok" if report["goals"][name]["met"] else "MISSED"
         print(f"{name:36} {report[name]:12.3f}  {op} {limit}  {met}")
-    for name in ("cloudwatch_requests_per_job_minute", "telemetry_cost_per_job_hour_usd"):
+    for name in (
+        "cloudwatch_requests_per_job_minute",
+        "telemetry_cost_per_job_hour_usd",
+        "idle_cost_per_month_usd",
+        "idle_cost_lean_per_month_usd",
+    ):
         print(f"{name:36} {report[name]:12.4f}")
     print(f"\nreport: {OUT / 'report.json'}")
 
