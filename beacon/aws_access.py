@@ -9,7 +9,14 @@ from __future__ import annotations
 import os
 
 import boto3
-from botocore.exceptions import BotoCoreError, NoCredentialsError, ProfileNotFound
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    NoCredentialsError,
+    ProfileNotFound,
+    SSOError,
+    TokenRetrievalError,
+)
 
 LOGIN_HINT = (
     "run `aws sso login --profile <name>` and set AWS_PROFILE=<name>, "
@@ -45,3 +52,25 @@ def open_session(*, region_flag: str | None, team_region: str | None) -> boto3.s
     if session.region_name is None:
         raise AccessError("no AWS region: pass --region, or set AWS_REGION")
     return session
+
+
+# Error codes AWS answers when the credentials themselves are the problem.
+REJECTED_CREDENTIALS = frozenset(
+    {
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "InvalidClientTokenId",
+        "UnrecognizedClientException",
+        "SignatureDoesNotMatch",
+    }
+)
+
+
+def describe_aws_error(error: ClientError | BotoCoreError) -> str:
+    """One line: missing or rejected credentials get the way to fix them; anything else AWS's answer."""
+    if isinstance(error, NoCredentialsError | SSOError | TokenRetrievalError):
+        return f"AWS credentials are missing or expired ({error}); {LOGIN_HINT}"
+    if isinstance(error, ClientError) and error.response.get("Error", {}).get("Code") in REJECTED_CREDENTIALS:
+        return f"AWS rejected the credentials ({error.response['Error']['Code']}); {LOGIN_HINT}"
+    text = " ".join(str(error).split())
+    return f"AWS refused a call: {text}" if isinstance(error, ClientError) else f"AWS could not be reached: {text}"

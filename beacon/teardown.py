@@ -21,7 +21,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon.aws_access import AccessError, open_session
+from beacon.aws_access import AccessError, describe_aws_error, open_session
 from beacon.templates import load_templates
 from config import ConfigError, load_team
 from training import contract
@@ -137,11 +137,15 @@ def main(argv: list[str] | None = None) -> int:
         config = load_team(args.team)
         session = open_session(region_flag=None, team_region=config.region)
         retained = prepare(session.client("cloudformation"), args.team, args.cdk_out)
-    except (ConfigError, AccessError) as error:
+    except ConfigError as error:
+        for line in error.lines:
+            print(f"beacon destroy: {line}", file=sys.stderr)
+        return 2
+    except AccessError as error:
         print(f"beacon destroy: {error}", file=sys.stderr)
         return 2
     except (ClientError, BotoCoreError) as error:
-        print(f"beacon destroy: AWS refused: {error}", file=sys.stderr)
+        print(f"beacon destroy: {describe_aws_error(error)}", file=sys.stderr)
         return 2
     record_path(args.team).parent.mkdir(parents=True, exist_ok=True)
     record_path(args.team).write_text(json.dumps([asdict(r) for r in retained], indent=2))
