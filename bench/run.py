@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import statistics
 import subprocess
@@ -355,10 +356,18 @@ GOALS = {
 }
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux), so a reader elsewhere knows which machine the figures come from."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or "unknown"
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count()},
+        "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "system": platform.platform()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     print("bench: synth (full app vs empty app, interleaved)", flush=True)
