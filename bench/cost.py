@@ -18,6 +18,7 @@ from typing import Any
 from aws_cdk import App
 
 from beacon.templates import Template, load_templates
+from beacon_constructs.bastion import BASTION_INSTANCE_TYPE
 from config.model import DEMO_TEAM, parse_team, team_file
 from stacks.beacon_app import build_app
 
@@ -113,7 +114,9 @@ def readme_section(standard: list[Line], lean: list[Line], prices: Mapping[str, 
     for ours, theirs in zip(standard, lean, strict=True):
         rows.append(f"| {ours.item} | {ours.cell()} | {theirs.cell()} |")
     rows.append(f"| **idle total** | **${total(standard):,.0f}** | **${total(lean):,.0f}** |")
+    bastion = float(prices["hourly"][f"ec2:{BASTION_INSTANCE_TYPE}"]) * float(prices["hours_per_month"])
     note = (
+        f"The optional bastion (`cluster.bastion = true`) adds one {BASTION_INSTANCE_TYPE}: ${bastion:,.2f} a month. "
         f"Computed by `make bench` (`bench/cost.py`) from the synthesized templates of the demo team in each "
         f"profile, at {prices['region']} list prices as of {prices['as_of']} (`bench/prices.json`), "
         f"{prices['hours_per_month']} hours a month."

@@ -142,6 +142,8 @@ class ClusterConfig(_Section):
     karpenter_replicas: Annotated[int, Field(ge=1, le=3)] = 2
     # IAM roles that may run `beacon smoke`: an access entry each, edit rights in `training` only.
     operator_role_arns: StrList = ()
+    # An SSM-managed bastion (no SSH, no public IP) to port-forward to the private API endpoint.
+    bastion: bool = False
 
     @field_validator("operator_role_arns")
     @classmethod

@@ -34,6 +34,7 @@ ACCOUNT_TEAM: dict[str, object] = {
     "account": "123456789012",
     "region": "eu-west-1",
     "profile": "lean",
+    "cluster": {"bastion": True},
     "monitoring": {
         "alarm_email": ["ml-oncall@example.com", "ml-lead@example.com"],
         "alarm_topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ml-chat"],

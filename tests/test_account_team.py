@@ -8,7 +8,7 @@ from typing import Any
 
 from beacon_constructs.network import INTERFACE_ENDPOINTS
 from tests.conftest import ACCOUNT_TEAM
-from tests.synth import Synthesized
+from tests.synth import ROOT, Synthesized
 
 
 def test_synth_with_an_account_passes_cdk_nag_and_needs_no_lookup(account_team: Synthesized) -> None:
@@ -72,3 +72,34 @@ def test_lean_profile_drops_the_extra_endpoints_and_runs_one_small_system_node(a
     assert nodegroup["Properties"]["ScalingConfig"]["DesiredSize"] == 1
     assert nodegroup["Properties"]["InstanceTypes"] == ["t3.medium"]
     assert '\\"replicas\\":1,' in karpenter_values(cluster)
+
+
+def test_the_bastion_is_ssm_only_private_and_may_reach_the_api_on_443(account_team: Synthesized) -> None:
+    cluster = account_team.template("cluster")
+    (instance_id, instance) = cluster.one_of_type("AWS::EC2::Instance")
+    props = instance["Properties"]
+    assert "KeyName" not in props  # no SSH key: Session Manager only
+    assert "SubnetId" in props and "NetworkInterfaces" not in props  # a node subnet, no public address
+    (bastion_group,) = [g for g in props["SecurityGroupIds"] if "Bastion" in json.dumps(g)]
+    ingress = [
+        r["Properties"]
+        for r in cluster.of_type("AWS::EC2::SecurityGroupIngress").values()
+        if r["Properties"].get("SourceSecurityGroupId") == bastion_group
+    ]
+    assert ingress and {(r["FromPort"], r["ToPort"], r["IpProtocol"]) for r in ingress} == {(443, 443, "tcp")}
+    outputs = cluster.body["Outputs"]
+    assert outputs["BastionInstanceId"]["Value"] == {"Ref": instance_id}
+    assert "ClusterEndpoint" in outputs
+
+
+def test_no_bastion_unless_the_team_file_asks(demo: Synthesized) -> None:
+    assert demo.template("cluster").of_type("AWS::EC2::Instance") == {}
+
+
+def test_the_readme_walks_through_the_bastion_with_the_real_output_names(account_team: Synthesized) -> None:
+    readme = (ROOT / "README.md").read_text()
+    steps = readme[readme.index("### Reaching the private cluster") :]
+    for output in ("BastionInstanceId", "ClusterEndpoint"):
+        assert output in account_team.template("cluster").body["Outputs"]
+        assert f"OutputKey=='{output}'" in steps
+    assert "AWS-StartPortForwardingSessionToRemoteHost" in steps and "--kubernetes-url https://127.0.0.1:8443" in steps
