@@ -1,7 +1,15 @@
 # Beacon. Two commands a newcomer needs: `make demo` and `make test`.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-TEAM ?= demo
+# No default team for what touches an account: `make deploy` must never land the demo by accident.
+TEAM ?=
+SYNTH_TEAM := $(or $(TEAM),demo)
+ACCOUNT_GOALS := deploy destroy diff bootstrap
+ifneq ($(filter $(ACCOUNT_GOALS),$(MAKECMDGOALS)),)
+ifeq ($(strip $(TEAM)),)
+$(error make $(filter $(ACCOUNT_GOALS),$(MAKECMDGOALS)) needs TEAM=<team>, the name of a file in config/teams/ (it never defaults to demo))
+endif
+endif
 PY := .venv/bin/python
 STAMP_PY := .venv/.installed
 STAMP_NODE := node_modules/.installed
@@ -10,16 +18,18 @@ CDK := JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 npx --no-install cdk
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install demo test synth lint deploy destroy bench clean
+.PHONY: help install demo test synth lint bootstrap diff deploy destroy bench clean
 
 help:
 	@echo "make demo    install what is missing, then run Beacon end to end on an embedded AWS (no account)"
 	@echo "make test    install what is missing, then run every test"
-	@echo "make synth   synthesize all stacks of TEAM=$(TEAM) into cdk.out/ (cdk-nag enforced)"
+	@echo "make synth   synthesize all stacks of TEAM=$(SYNTH_TEAM) into cdk.out/ (cdk-nag enforced)"
 	@echo "make lint    ruff and mypy"
 	@echo "make bench   the measured figures -> .beacon/bench/report.json"
-	@echo "make deploy TEAM=<name>   npx cdk deploy --all -c team=<name>"
-	@echo "make destroy TEAM=<name>  npx cdk destroy --all -c team=<name>"
+	@echo "make bootstrap TEAM=<name>  npx cdk bootstrap: once per account and region, before the first deploy"
+	@echo "make diff TEAM=<name>       npx cdk diff --all: what a deploy would change"
+	@echo "make deploy TEAM=<name>     npx cdk deploy --all -c team=<name>"
+	@echo "make destroy TEAM=<name>    every stack but the retained data (bucket, file system, keys); says what remains"
 
 # Reinstalls only when a pin changes; a second run touches no network.
 $(STAMP_PY): requirements.txt requirements-dev.txt training/requirements.txt constraints.txt pyproject.toml
@@ -43,7 +53,7 @@ install: $(STAMP_PY) $(STAMP_NODE)
 
 synth: install
 	@rm -rf cdk.out
-	@$(CDK) synth --quiet -c team=$(TEAM)
+	@$(CDK) synth --quiet -c team=$(SYNTH_TEAM)
 	@$(PY) -m stacks.summary cdk.out
 
 demo: install
@@ -57,11 +67,24 @@ lint: install
 	@$(PY) -m ruff format --check .
 	@$(PY) -m mypy
 
+bootstrap: install
+	$(CDK) bootstrap -c team=$(TEAM)
+
+diff: install
+	$(CDK) diff --all -c team=$(TEAM)
+
 deploy: install
 	$(CDK) deploy --all -c team=$(TEAM)
 
+# `cdk destroy --all` stops at the termination-protected stateful stack; destroy stack by stack instead.
 destroy: install
-	$(CDK) destroy --all -c team=$(TEAM)
+	@rm -rf cdk.out && $(CDK) synth --quiet -c team=$(TEAM) >/dev/null
+	@$(PY) -m beacon.teardown prepare --team $(TEAM) cdk.out
+	@for stack in $$($(PY) -m beacon.teardown order cdk.out); do \
+		echo "beacon: destroying $$stack"; \
+		$(CDK) destroy --force --exclusively -c team=$(TEAM) $$stack || exit 1; \
+	done
+	@$(PY) -m beacon.teardown remains --team $(TEAM)
 
 bench: install
 	@$(CDK) synth --quiet -c team=demo >/dev/null

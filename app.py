@@ -13,7 +13,8 @@ app = App()
 try:
     team_config = load_team(str(app.node.try_get_context("team") or DEMO_TEAM))
 except ConfigError as error:
-    print(f"beacon: {error}", file=sys.stderr)
+    for line in error.lines:
+        print(f"beacon: {line}", file=sys.stderr)
     sys.exit(2)
 build_app(app, team_config)
 app.synth()

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from enum import StrEnum
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -20,10 +21,11 @@ from rich.table import Table
 # typer 0.29 vendors click; its exceptions are not the `click` package's (typer is pinned).
 from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
+from beacon.aws_access import AccessError, describe_aws_error, open_session
 from beacon.credentials import assume_role_credentials
 from beacon.doctor import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose
 from beacon.smoke import SmokeReport
-from config import ConfigError, load_team
+from config import ConfigError, TeamConfig, load_team
 from training import contract
 
 
@@ -37,7 +39,58 @@ def identifier(kind: str) -> Any:
     return check
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Beacon: training that is never lost in the cloud.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Beacon: training that is never lost in the cloud.",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+    rich_markup_mode=None,  # plain help wraps long lines instead of cutting them at 80 columns
+)
+REGION_HELP = "AWS region (default: the team file's region, then AWS_REGION)"
+
+
+def fail(command: str, message: str, *, as_json: bool = False) -> typer.Exit:
+    """The command cannot start: one line on stderr (and a JSON object on stdout with --json), exit 2."""
+    print(f"beacon {command}: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"command": command, "ok": False, "exit_code": 2, "error": message}))
+    return typer.Exit(2)
+
+
+def team_or_fail(command: str, team: str, *, as_json: bool) -> TeamConfig:
+    try:
+        return load_team(team)
+    except ConfigError as error:
+        for line in error.lines[:-1]:
+            print(f"beacon {command}: {line}", file=sys.stderr)
+        raise fail(command, error.lines[-1], as_json=as_json) from None
+
+
+def session_or_fail(command: str, *, region: str | None, config: TeamConfig, as_json: bool) -> boto3.session.Session:
+    try:
+        return open_session(region_flag=region, team_region=config.region)
+    except AccessError as error:
+        raise fail(command, str(error), as_json=as_json) from None
+
+
+def show_version(value: bool) -> None:
+    if value:
+        try:
+            print(f"beacon {version('beacon')}")
+        except PackageNotFoundError:
+            print("beacon (not installed; run `make install`)")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main_options(
+    _version: Annotated[
+        bool, typer.Option("--version", callback=show_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Beacon: training that is never lost in the cloud."""
+
+
 console = Console(width=None if sys.stdout.isatty() else 160, log_path=False)
 STYLE = {OK: "green", WARN: "yellow", FAIL: "red"}
 
@@ -62,14 +115,15 @@ def doctor(
     run: Annotated[str, typer.Option(envvar="BEACON_RUN_ID", help="run id", callback=identifier("run"))],
     experiment: Annotated[str, typer.Option(envvar="BEACON_EXPERIMENT", callback=identifier("experiment"))] = "smoke",
     bucket: Annotated[str | None, typer.Option(envvar="BEACON_BUCKET", help="default: the stack output")] = None,
-    region: Annotated[str | None, typer.Option(envvar="AWS_REGION")] = None,
+    region: Annotated[str | None, typer.Option(help=REGION_HELP)] = None,
     reader_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")] = None,
     writer_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_WRITER_ROLE_ARN")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Why are my metrics missing? Verdicts with evidence and fixes, most likely first."""
-    session = boto3.session.Session(region_name=region)
-    region = session.region_name or "us-east-1"
+    config = team_or_fail("doctor", team, as_json=as_json)
+    session = session_or_fail("doctor", region=region, config=config, as_json=as_json)
+    region = str(session.region_name)
     try:
         if bucket is None or reader_role_arn is None:
             outputs = stack_outputs(session.client("cloudformation"), contract.stack_name(team, "artifacts"))
@@ -96,9 +150,12 @@ def doctor(
                 probe_s3=probe,
             )
         )
-    except (ClientError, BotoCoreError, KeyError) as error:
-        print(f"beacon doctor: cannot read team {team!r}: {error}", file=sys.stderr)
-        raise typer.Exit(2) from None
+    except (ClientError, BotoCoreError) as error:
+        why = describe_aws_error(error)
+        raise fail("doctor", f"cannot read team {team!r} in {region}: {why}", as_json=as_json) from None
+    except KeyError as error:
+        why = f"stack output {error} is missing"
+        raise fail("doctor", f"cannot read team {team!r} in {region}: {why}", as_json=as_json) from None
     if as_json:
         print(json.dumps(result.as_dict(), indent=2, default=str))
     else:
@@ -148,7 +205,7 @@ def print_smoke(report: SmokeReport, path: Path) -> None:
 def smoke(
     team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name (config/teams/<team>.toml)")],
     target: Annotated[Target, typer.Option(envvar="BEACON_SMOKE_TARGET", help="where the job runs")] = Target.EKS,
-    region: Annotated[str | None, typer.Option(envvar="AWS_REGION", help="default: the team's region")] = None,
+    region: Annotated[str | None, typer.Option(help=REGION_HELP)] = None,
     report_path: Annotated[Path, typer.Option("--report", envvar="BEACON_SMOKE_REPORT", help="JSON report")] = Path(
         ".beacon/smoke/report.json"
     ),
@@ -167,12 +224,8 @@ def smoke(
     """After `cdk deploy`: run a fresh smoke job on the team's stack and prove nothing was lost."""
     from beacon.smoke import Access, SmokeError, read_outputs
 
-    try:
-        config = load_team(team)
-    except ConfigError as error:
-        print(f"beacon smoke: {error}", file=sys.stderr)
-        raise typer.Exit(2) from None
-    session = boto3.session.Session(region_name=region or config.region)
+    config = team_or_fail("smoke", team, as_json=as_json)
+    session = session_or_fail("smoke", region=region, config=config, as_json=as_json)
     region = str(session.region_name)
 
     def show(line: str) -> None:
@@ -205,11 +258,9 @@ def smoke(
                     access, outputs, config, timeout_s=timeout, show=show, poll_interval_s=poll_interval
                 )
     except SmokeError as error:
-        print(f"beacon smoke: {error}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        raise fail("smoke", str(error), as_json=as_json) from None
     except (ClientError, BotoCoreError) as error:
-        print(f"beacon smoke: AWS refused a call: {error}", file=sys.stderr)
-        raise typer.Exit(2) from None
+        raise fail("smoke", f"{describe_aws_error(error)} (region {region})", as_json=as_json) from None
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report.as_dict(), indent=2, default=str))
     if as_json:

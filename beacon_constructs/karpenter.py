@@ -249,6 +249,7 @@ class Karpenter(Construct):
         cluster_name: str,
         team: str,
         pools: PoolSettings,
+        controller_replicas: int,
     ) -> None:
         """`cluster_name` is the plain name (IAM condition keys cannot hold a token)."""
         super().__init__(scope, construct_id)
@@ -314,7 +315,7 @@ class Karpenter(Construct):
             values={
                 "settings": {"clusterName": cluster_name, "interruptionQueue": self.queue.queue_name},
                 "serviceAccount": {"create": False, "name": SERVICE_ACCOUNT},
-                "replicas": 2,
+                "replicas": controller_replicas,
                 # On the system node group, never on a node Karpenter itself manages.
                 "affinity": {
                     "nodeAffinity": {

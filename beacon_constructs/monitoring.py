@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import ArnFormat, Duration, Stack, Token
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_iam as iam
@@ -52,7 +52,8 @@ class TrainingMonitoring(Construct):
         *,
         team: str,
         cluster_name: str,
-        alarm_email: str | None,
+        alarm_emails: list[str],
+        alarm_topic_arns: list[str],
     ) -> None:
         super().__init__(scope, construct_id)
         tag_component(self, "monitoring")
@@ -64,9 +65,14 @@ class TrainingMonitoring(Construct):
         self.topic = sns.Topic(
             self, "AlarmTopic", display_name=f"Beacon {team} alarms", master_key=self.topic_key, enforce_ssl=True
         )
-        if alarm_email:
-            self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
-        notify = cw_actions.SnsAction(self.topic)
+        for email in alarm_emails:
+            self.topic.add_subscription(subscriptions.EmailSubscription(email))
+        # Existing topics (a chat webhook, a pager) get every notification too: an SNS topic cannot
+        # subscribe to another, so each alarm action names them.
+        self.extra_topic_arns = list(alarm_topic_arns)
+        self.notify_topics = [self.topic] + [
+            sns.Topic.from_topic_arn(self, f"NotifyTopic{index}", arn) for index, arn in enumerate(alarm_topic_arns)
+        ]
 
         self.upload_failures_alarm = self._team_alarm(
             TeamAlarm.UPLOAD_FAILURES,
@@ -105,8 +111,9 @@ class TrainingMonitoring(Construct):
             evaluation_periods=1,
             treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
         )
-        self.restarts_alarm.add_alarm_action(notify)
-        self.restarts_alarm.add_ok_action(notify)
+        for topic in self.notify_topics:
+            self.restarts_alarm.add_alarm_action(cw_actions.SnsAction(topic))
+            self.restarts_alarm.add_ok_action(cw_actions.SnsAction(topic))
         self.team_alarms = (self.upload_failures_alarm, self.spool_backlog_alarm, self.restarts_alarm)
 
         self.run_alarm_template = self._run_alarm_template()
@@ -201,8 +208,8 @@ class TrainingMonitoring(Construct):
             ),
             "AlarmRule": " OR ".join(f'ALARM("{name}")' for name in members),
             "ActionsEnabled": True,
-            "AlarmActions": [self.topic.topic_arn],
-            "OKActions": [self.topic.topic_arn],
+            "AlarmActions": [self.topic.topic_arn, *self.extra_topic_arns],
+            "OKActions": [self.topic.topic_arn, *self.extra_topic_arns],
         }
         return {"metric_alarms": [silent, stalled], "composite_alarm": composite}
 
@@ -231,9 +238,19 @@ class TrainingMonitoring(Construct):
                 ),
             ],
         )
+        # cdk-nag names the resource as synthesized: pseudo parameters when env-agnostic, literals otherwise.
+        stack = Stack.of(self)
+        partition, region, account = (
+            f"<AWS::{pseudo}>" if Token.is_unresolved(value) else value
+            for pseudo, value in (
+                ("Partition", stack.partition),
+                ("Region", stack.region),
+                ("AccountId", stack.account),
+            )
+        )
         acknowledge(
             policy,
-            f"IAM5[Resource::arn:<AWS::Partition>:cloudwatch:<AWS::Region>:<AWS::AccountId>:alarm:"
+            f"IAM5[Resource::arn:{partition}:cloudwatch:{region}:{account}:alarm:"
             f"{contract.run_alarm_prefix(self.team)}*]",
             "Run ids are chosen at job start; the grant is limited to this team's run-alarm name prefix.",
         )

@@ -12,6 +12,9 @@ from beacon_constructs.tagging import tag_component
 
 KARPENTER_DISCOVERY_TAG = "karpenter.sh/discovery"
 NODE_SUBNETS = "Nodes"
+# config/model.py validates vpc_cidr against this layout (NAT_SUBNET_MASK, NODE_SUBNET_MASK).
+NAT_SUBNET_MASK = 24
+NODE_SUBNET_MASK = 19
 
 # What a training job and its node talk to: metrics, logs, credentials, images, the interruption
 # queue, Pod Identity, the volume, and the run-alarm template.
@@ -26,6 +29,9 @@ INTERFACE_ENDPOINTS = {
     "Efs": ec2.InterfaceVpcEndpointAwsService.ELASTIC_FILESYSTEM,
     "Ssm": ec2.InterfaceVpcEndpointAwsService.SSM,
 }
+# Endpoints a team may opt out of (`extra_endpoints = false`, the lean profile): without them those
+# calls ride the NAT gateway instead.
+EXTRA_INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {}
 
 
 class TrainingNetwork(Construct):
@@ -36,6 +42,8 @@ class TrainingNetwork(Construct):
         *,
         cidr: str,
         az_count: int,
+        availability_zones: list[str] | None,
+        extra_endpoints: bool,
         cluster_name: str,
         flow_log_retention_days: int,
     ) -> None:
@@ -45,12 +53,15 @@ class TrainingNetwork(Construct):
             self,
             "Vpc",
             ip_addresses=ec2.IpAddresses.cidr(cidr),
-            max_azs=az_count,
+            # Named for a stack with an account, so synth needs no AZ lookup; an env-agnostic stack
+            # resolves its first az_count at deploy time.
+            availability_zones=availability_zones,
+            max_azs=None if availability_zones else az_count,
             nat_gateways=1,  # image pulls from public registries only; AWS traffic uses endpoints
             subnet_configuration=[
-                ec2.SubnetConfiguration(name="Nat", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                ec2.SubnetConfiguration(name="Nat", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=NAT_SUBNET_MASK),
                 ec2.SubnetConfiguration(
-                    name=NODE_SUBNETS, subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19
+                    name=NODE_SUBNETS, subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=NODE_SUBNET_MASK
                 ),
             ],
         )
@@ -94,5 +105,8 @@ class TrainingNetwork(Construct):
                 open=False,
                 private_dns_enabled=True,
             )
-            for name, service in INTERFACE_ENDPOINTS.items()
+            for name, service in {
+                **INTERFACE_ENDPOINTS,
+                **(EXTRA_INTERFACE_ENDPOINTS if extra_endpoints else {}),
+            }.items()
         }

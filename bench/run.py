@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import statistics
 import subprocess
@@ -25,6 +26,7 @@ from beacon.embedded_aws import ACCOUNT, REGION, EmbeddedAws
 from beacon.processes import end_process_tree
 from beacon.templates import load_templates
 from beacon.verify import recorded_samples
+from bench.cost import bench_idle_cost
 from training import contract
 from training.checkpoint import AsyncCheckpointer, Uploader, save_file
 from training.model import SmallConvNet
@@ -355,14 +357,25 @@ GOALS = {
 }
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux), so a reader elsewhere knows which machine the figures come from."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or "unknown"
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count()},
+        "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "system": platform.platform()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     print("bench: synth (full app vs empty app, interleaved)", flush=True)
     report.update(bench_synth())
+    print("bench: idle cost of both profiles from their templates (rewrites the README's table)", flush=True)
+    with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
+        report.update(bench_idle_cost(Path(scratch)))
     with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
         bench = open_bench(Path(scratch))
         try:
@@ -387,7 +400,12 @@ def main() -> None:
     for name, (op, limit) in GOALS.items():
         met = "ok" if report["goals"][name]["met"] else "MISSED"
         print(f"{name:36} {report[name]:12.3f}  {op} {limit}  {met}")
-    for name in ("cloudwatch_requests_per_job_minute", "telemetry_cost_per_job_hour_usd"):
+    for name in (
+        "cloudwatch_requests_per_job_minute",
+        "telemetry_cost_per_job_hour_usd",
+        "idle_cost_per_month_usd",
+        "idle_cost_lean_per_month_usd",
+    ):
         print(f"{name:36} {report[name]:12.4f}")
     print(f"\nreport: {OUT / 'report.json'}")
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
+import botocore.loaders
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from training import contract
 from training.manifests import SmokeJobSpec
@@ -16,43 +19,17 @@ from training.manifests import SmokeJobSpec
 TEAMS_DIR = Path(__file__).parent / "teams"
 DEMO_TEAM = "demo"
 
-# Commercial regions with EKS, EFS and Karpenter support; a typo here must fail at synth, not deploy.
-KNOWN_REGIONS = frozenset(
-    {
-        "us-east-1",
-        "us-east-2",
-        "us-west-1",
-        "us-west-2",
-        "ca-central-1",
-        "ca-west-1",
-        "sa-east-1",
-        "mx-central-1",
-        "eu-west-1",
-        "eu-west-2",
-        "eu-west-3",
-        "eu-central-1",
-        "eu-central-2",
-        "eu-north-1",
-        "eu-south-1",
-        "eu-south-2",
-        "ap-south-1",
-        "ap-south-2",
-        "ap-southeast-1",
-        "ap-southeast-2",
-        "ap-southeast-3",
-        "ap-southeast-4",
-        "ap-southeast-5",
-        "ap-southeast-7",
-        "ap-northeast-1",
-        "ap-northeast-2",
-        "ap-northeast-3",
-        "ap-east-1",
-        "me-south-1",
-        "me-central-1",
-        "il-central-1",
-        "af-south-1",
-    }
-)
+
+def _commercial_regions() -> frozenset[str]:
+    """The aws partition's regions from botocore's bundled endpoint data: current, and offline."""
+    endpoints = botocore.loaders.create_loader().load_data("endpoints")
+    (partition,) = (p for p in endpoints["partitions"] if p["partition"] == "aws")
+    return frozenset(partition["regions"])
+
+
+KNOWN_REGIONS = _commercial_regions()
+# Regions whose AZ letters do not start a, b, c (for every account); the rest use a, b, c.
+AZ_LETTERS = {"us-west-1": "bc", "ap-northeast-1": "acd", "ca-central-1": "abd"}
 # A kubectl layer is pinned for each version listed here (requirements.txt).
 SUPPORTED_KUBERNETES_VERSIONS = ("1.35",)
 # The values CloudWatch Logs accepts for RetentionInDays.
@@ -92,17 +69,41 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 StrList = Annotated[tuple[str, ...], Field(strict=False)]
 
 
-class ConfigError(Exception):
-    """A team file is unusable; the message is one line naming the file and the field."""
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# The VPC's subnet layout (beacon_constructs/network.py): per AZ, one public /24 for the NAT gateway,
+# then one private /19 for nodes; CDK allocates them in that order, each aligned to its size.
+NAT_SUBNET_MASK = 24
+NODE_SUBNET_MASK = 19
+
+
+def _layout_fits(network: ipaddress.IPv4Network, az_count: int) -> bool:
+    next_free = int(network.network_address)
+    last = int(network.broadcast_address)
+    for mask in (NAT_SUBNET_MASK,) * az_count + (NODE_SUBNET_MASK,) * az_count:
+        size = 2 ** (32 - mask)
+        start = -(-next_free // size) * size  # round up to the subnet's alignment
+        if start + size - 1 > last:
+            return False
+        next_free = start + size
+    return True
+
+
+def smallest_vpc_prefix(az_count: int) -> int:
+    """The largest prefix length (smallest VPC) that holds the subnet layout for ``az_count`` AZs."""
+    return max(p for p in range(16, 29) if _layout_fits(ipaddress.IPv4Network(f"10.0.0.0/{p}"), az_count))
 
 
 class NetworkConfig(_Section):
     vpc_cidr: str = "10.40.0.0/16"
     az_count: Annotated[int, Field(ge=2, le=3)] = 2
+    # Empty: derived from the region (a, b, c; see AZ_LETTERS). Names only, so synth needs no lookup.
+    availability_zones: StrList = ()
+    # The interface endpoints beyond the baseline (ec2, eks, ssmmessages, ec2messages): without them
+    # those calls ride the NAT gateway. The lean profile turns them off.
+    extra_endpoints: bool = True
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -110,12 +111,25 @@ class NetworkConfig(_Section):
         try:
             network = ipaddress.IPv4Network(value, strict=True)
         except ValueError as exc:
-            raise ValueError(f"not an IPv4 CIDR: {value!r} ({exc})") from None
-        if not 16 <= network.prefixlen <= 20:
-            raise ValueError(f"prefix /{network.prefixlen} must be between /16 and /20")
+            raise ValueError(f'not an IPv4 CIDR: {value!r} ({exc}); write it like "10.40.0.0/16"') from None
+        if network.prefixlen < 16:
+            raise ValueError(f"/{network.prefixlen} is larger than AWS allows for a VPC (/16 at most)")
         if not network.is_private:
-            raise ValueError(f"{value} is not a private range")
+            raise ValueError(f"{value} is not a private range; use one in 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16")
         return value
+
+    @model_validator(mode="after")
+    def _fits_the_subnet_layout(self) -> NetworkConfig:
+        azs = len(self.availability_zones) or self.az_count
+        network = ipaddress.IPv4Network(self.vpc_cidr)
+        if not _layout_fits(network, azs):
+            needed = smallest_vpc_prefix(azs)
+            raise ValueError(
+                f"vpc_cidr: {self.vpc_cidr} is too small for the subnet layout: {azs} AZs x (a public "
+                f"/{NAT_SUBNET_MASK} for NAT + a private /{NODE_SUBNET_MASK} for nodes) need at least a /{needed}, "
+                f"e.g. {network.supernet(new_prefix=needed)}"
+            )
+        return self
 
 
 class ClusterConfig(_Section):
@@ -123,9 +137,13 @@ class ClusterConfig(_Section):
     endpoint_access: Literal["private", "public_and_private"] = "private"
     public_access_cidrs: StrList = ()
     system_node_instance_type: str = "m7i.large"
-    system_node_count: Annotated[int, Field(ge=2, le=5)] = 2
+    system_node_count: Annotated[int, Field(ge=1, le=5)] = 2
+    # The Karpenter controller's replicas on the system nodes; 1 saves a node but has no failover.
+    karpenter_replicas: Annotated[int, Field(ge=1, le=3)] = 2
     # IAM roles that may run `beacon smoke`: an access entry each, edit rights in `training` only.
     operator_role_arns: StrList = ()
+    # An SSM-managed bastion (no SSH, no public IP) to port-forward to the private API endpoint.
+    bastion: bool = False
 
     @field_validator("operator_role_arns")
     @classmethod
@@ -164,9 +182,14 @@ class ClusterConfig(_Section):
     @model_validator(mode="after")
     def _public_needs_allow_list(self) -> ClusterConfig:
         if self.endpoint_access == "public_and_private" and not self.public_access_cidrs:
-            raise ValueError("endpoint_access 'public_and_private' needs a non-empty public_access_cidrs allow-list")
+            raise ValueError(
+                "public_access_cidrs: endpoint_access 'public_and_private' needs a non-empty public_access_cidrs "
+                'allow-list, e.g. ["203.0.113.0/24"] (your office or VPN egress)'
+            )
         if self.endpoint_access == "private" and self.public_access_cidrs:
-            raise ValueError("public_access_cidrs is set but endpoint_access is 'private'")
+            raise ValueError(
+                "public_access_cidrs: set, but endpoint_access is 'private'; remove it or set endpoint_access"
+            )
         return self
 
 
@@ -174,7 +197,8 @@ class ComputeConfig(_Section):
     gpu_instance_families: StrList = ("g6", "g5")
     gpu_instance_types: StrList = ()
     capacity_types: Annotated[tuple[Literal["spot", "on-demand"], ...], Field(strict=False)] = ("spot", "on-demand")
-    gpu_limit: NonNegativeInt = 8
+    # The GPU pool's cap in GPUs; 0 would make a pool that can never start a node, so it is refused.
+    gpu_limit: PositiveInt = 8
     gpu_cpu_limit: PositiveInt = 256
     smoke_cpu_limit: PositiveInt = 32
 
@@ -207,16 +231,37 @@ class ComputeConfig(_Section):
 
 
 class MonitoringConfig(_Section):
-    alarm_email: str | None = None
+    # Where alarms go: e-mail addresses (each confirms a subscription mail), and/or existing SNS topics
+    # (a chat webhook, AWS Chatbot, a pager) that CloudWatch may publish to.
+    alarm_email: StrList = ()
+    alarm_topic_arns: StrList = ()
     log_retention_days: int = 30
     heartbeat_interval_seconds: Annotated[int, Field(ge=1, le=30)] = 15
 
+    @field_validator("alarm_email", mode="before")
+    @classmethod
+    def _one_email_is_a_list(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
     @field_validator("alarm_email")
     @classmethod
-    def _email(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(EMAIL, value):
-            raise ValueError(f"not an e-mail address: {value!r}")
+    def _email(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for email in value:
+            if not re.match(EMAIL, email):
+                raise ValueError(f"not an e-mail address: {email!r}")
         return value
+
+    @field_validator("alarm_topic_arns")
+    @classmethod
+    def _topic_arns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arn in value:
+            if not re.fullmatch(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[\w-]{1,256}", arn):
+                raise ValueError(f"not an SNS topic ARN: {arn!r} (arn:aws:sns:<region>:<account>:<name>)")
+        return value
+
+    @property
+    def notifies_someone(self) -> bool:
+        return bool(self.alarm_email or self.alarm_topic_arns)
 
     @field_validator("log_retention_days")
     @classmethod
@@ -238,15 +283,34 @@ class TrainingConfig(_Section):
     smoke_nodes: Annotated[int, Field(ge=1, le=16)] = 1
     smoke_processes_per_node: Annotated[int, Field(ge=1, le=8)] = 1
     image_platform: Literal["linux/amd64", "linux/arm64"] = "linux/amd64"
+
+    @field_validator("image_platform")
+    @classmethod
+    def _platform_the_pools_run(cls, value: str) -> str:
+        if value != "linux/amd64":
+            raise ValueError(
+                f"{value!r}: the Karpenter pools launch amd64 nodes only, so a {value} image would never start; "
+                'use "linux/amd64"'
+            )
+        return value
+
     # `beacon smoke --target sagemaker`: the same image and entry point as a SageMaker training job.
     sagemaker_instance_type: Annotated[str, Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")] = "ml.m5.xlarge"
     sagemaker_max_runtime_seconds: Annotated[int, Field(ge=600, le=86_400)] = 3600
+
+
+# What `profile = "lean"` changes, unless the team file sets the key itself (README: "What it costs").
+LEAN_PROFILE: dict[str, dict[str, object]] = {
+    "network": {"extra_endpoints": False},
+    "cluster": {"system_node_count": 1, "system_node_instance_type": "t3.medium", "karpenter_replicas": 1},
+}
 
 
 class TeamConfig(_Section):
     team: str
     account: str | None = None
     region: str
+    profile: Literal["standard", "lean"] = "standard"
     network: NetworkConfig = NetworkConfig()
     cluster: ClusterConfig = ClusterConfig()
     compute: ComputeConfig = ComputeConfig()
@@ -272,6 +336,25 @@ class TeamConfig(_Section):
             min_duration=contract.smoke_min_duration_s(self.monitoring.heartbeat_interval_seconds),
         )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_defaults(cls, raw: object) -> object:
+        if not isinstance(raw, dict) or raw.get("profile") != "lean":
+            return raw
+        merged = dict(raw)
+        for section, defaults in LEAN_PROFILE.items():
+            given = merged.get(section, {})
+            if isinstance(given, dict):
+                merged[section] = {**defaults, **given}
+        return merged
+
+    def availability_zones(self) -> tuple[str, ...]:
+        """The VPC's AZs by name: pinned in the team file, or the region's first ``az_count``."""
+        if self.network.availability_zones:
+            return self.network.availability_zones
+        letters = AZ_LETTERS.get(self.region, "abc")
+        return tuple(f"{self.region}{letter}" for letter in letters[: self.network.az_count])
+
     @field_validator("team")
     @classmethod
     def _slug(cls, value: str) -> str:
@@ -290,13 +373,48 @@ class TeamConfig(_Section):
     @classmethod
     def _region(cls, value: str) -> str:
         if value not in KNOWN_REGIONS:
-            raise ValueError(f"{value!r} is not a known AWS region")
+            close = difflib.get_close_matches(value, KNOWN_REGIONS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"{value!r} is not a known AWS region; {hint}known: {', '.join(sorted(KNOWN_REGIONS))}")
         return value
 
     @model_validator(mode="after")
     def _account_required(self) -> TeamConfig:
         if self.account is None and self.team != DEMO_TEAM:
-            raise ValueError("account is required for every team but 'demo'")
+            raise ValueError(
+                "account: required for every team but 'demo': the 12-digit account to deploy into "
+                "(aws sts get-caller-identity --query Account)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _alarms_notify_someone(self) -> TeamConfig:
+        if self.account is not None and not self.monitoring.notifies_someone:
+            raise ValueError(
+                "monitoring.alarm_email: alarms would notify nobody; set monitoring.alarm_email = "
+                '["oncall@example.com"] or monitoring.alarm_topic_arns = ["arn:aws:sns:<region>:<account>:<topic>"]'
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _zones_in_region(self) -> TeamConfig:
+        pinned = self.network.availability_zones
+        letters = AZ_LETTERS.get(self.region, "abc")
+        if not pinned and self.network.az_count > len(letters):
+            raise ValueError(
+                f"network.az_count: {self.region} offers {len(letters)} AZs to every account; set az_count = "
+                f"{len(letters)}, or pin network.availability_zones"
+            )
+        for zone in pinned:
+            if not re.fullmatch(rf"{re.escape(self.region)}[a-z]", zone):
+                raise ValueError(
+                    f"network.availability_zones: {zone!r} is not an AZ of {self.region}; "
+                    f'write names like "{self.region}a"'
+                )
+        if pinned and not 2 <= len(pinned) <= 3:
+            raise ValueError("network.availability_zones: pin 2 or 3 AZs")
+        if pinned and len(set(pinned)) != len(pinned):
+            raise ValueError("network.availability_zones: lists an AZ twice")
         return self
 
 
@@ -304,22 +422,79 @@ def team_file(team: str, teams_dir: Path = TEAMS_DIR) -> Path:
     return teams_dir / f"{team}.toml"
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(file)"
+class ConfigError(Exception):
+    """A team file is unusable: one line per problem, each naming the file and the field."""
+
+    def __init__(self, lines: list[str] | str) -> None:
+        self.lines = [lines] if isinstance(lines, str) else lines
+        super().__init__("\n".join(self.lines))
 
 
-def _describe(error: dict[str, object]) -> str:
+# Why a limit exists and what to write instead, for the fields whose bare bound says too little.
+WHY = {
+    "training.uid": "0 is root: the job and its volume run as a non-root user; use 1000 or your image's user id",
+    "training.gid": "0 is root's group: use 1000 or your image's group id",
+    "monitoring.heartbeat_interval_seconds": (
+        "the silent alarm counts beats in 30 s periods and fires after 120 s without one, so a slower "
+        "heartbeat leaves periods empty and raises false alarms; use 15 (the default)"
+    ),
+    "compute.gpu_limit": "a limit of 0 makes a GPU pool that can never start a node; set the most GPUs to run at once",
+}
+_FIELD_PREFIX = re.compile(r"^([a-z_]+(?:\.[a-z_]+)*): ")
+
+
+def _section_fields(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys allowed where ``loc`` points, for "did you mean"."""
+    model: type[BaseModel] = TeamConfig
+    for part in loc[:-1]:
+        annotation = model.model_fields[str(part)].annotation if str(part) in model.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+def _error_line(error: ErrorDetails) -> tuple[str, str]:
+    """(field, reason and fix) for one pydantic error."""
+    loc = tuple(error["loc"])
+    field = ".".join(str(part) for part in loc)
     kind = error["type"]
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if kind in ("value_error", "assertion_error") and (match := _FIELD_PREFIX.match(message)):
+        inner = match.group(1)
+        field = inner if "." in inner or not field else f"{field}.{inner}"
+        message = message[match.end() :]
     if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required field is missing"
-    message = str(error["msg"])
-    return message.removeprefix("Value error, ")
+        close = difflib.get_close_matches(str(loc[-1]), _section_fields(loc), n=1, cutoff=0.7)
+        known = ", ".join(_section_fields(loc))
+        message = f"unknown key; did you mean {close[0]!r}?" if close else f"unknown key; known here: {known}"
+    elif kind == "missing":
+        message = "required field is missing"
+    elif kind == "string_type" and isinstance(error.get("input"), int | float):
+        value = error["input"]
+        message = f'{message}: quote it, {loc[-1]} = "{value}" (unquoted, TOML reads {value} as a number)'
+    elif field in WHY and kind not in ("value_error",):
+        message = f"{message}: {WHY[field]}"
+    return field or "(file)", message
+
+
+def parse_team(raw: dict[str, object], path: Path) -> TeamConfig:
+    """Validate one team's settings; raise ConfigError listing every problem, one line each."""
+    lines: list[str] = []
+    config: TeamConfig | None = None
+    try:
+        config = TeamConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines.extend(f"{path}: {field}: {why}" for field, why in map(_error_line, exc.errors()))
+    if isinstance(raw.get("team"), str) and raw["team"] != path.stem:
+        lines.append(f"{path}: team: {raw['team']!r} does not match the file name {path.stem!r}")
+    if lines or config is None:
+        raise ConfigError(lines)
+    return config
 
 
 def load_team(team: str, teams_dir: Path = TEAMS_DIR) -> TeamConfig:
-    """Read and validate one team's file; raise ConfigError with a one-line message."""
+    """Read and validate one team's file; raise ConfigError, one line per problem."""
     path = team_file(team, teams_dir)
     if not path.is_file():
         known = sorted(p.stem for p in teams_dir.glob("*.toml"))
@@ -328,14 +503,4 @@ def load_team(team: str, teams_dir: Path = TEAMS_DIR) -> TeamConfig:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    try:
-        config = TeamConfig.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = _field_path(tuple(first["loc"]))
-        if first["type"] in ("value_error", "assertion_error") and not first["loc"]:
-            field = "(file)"
-        raise ConfigError(f"{path}: {field}: {_describe(dict(first))}") from None
-    if config.team != path.stem:
-        raise ConfigError(f"{path}: team: {config.team!r} does not match the file name {path.stem!r}")
-    return config
+    return parse_team(raw, path)

@@ -37,6 +37,11 @@ def build_app(app: App, config: TeamConfig) -> BeaconStacks:
     tag_team(app, config.team)
     # The demo team synthesizes env-agnostic: no account, no lookups, no credentials.
     env = Environment(account=config.account, region=config.region) if config.account else None
+    if config.account:
+        # The answer CDK's AZ lookup would fetch, from the team file: synth stays offline.
+        app.node.set_context(
+            f"availability-zones:account={config.account}:region={config.region}", list(config.availability_zones())
+        )
     name = cluster_name(config)
 
     def describe(what: str) -> str:

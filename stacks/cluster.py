@@ -7,6 +7,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from beacon_constructs.bastion import ClusterBastion
 from beacon_constructs.cluster import EFS_CSI_ADDON, TrainingCluster
 from beacon_constructs.karpenter import Karpenter, PoolSettings
 from beacon_constructs.smoke_job import SmokeJob
@@ -60,6 +61,7 @@ class ClusterStack(Stack):
                 gpu_cpu_limit=compute.gpu_cpu_limit,
                 smoke_cpu_limit=compute.smoke_cpu_limit,
             ),
+            controller_replicas=config.cluster.karpenter_replicas,
         )
         self.training = TrainingNamespace(
             self,
@@ -84,6 +86,13 @@ class ClusterStack(Stack):
                 self.karpenter.node_pool_manifest,
             ],
         )
+        if config.cluster.bastion:
+            self.bastion = ClusterBastion(self, "Bastion", vpc=vpc, subnets=node_subnets)
+            cluster.connections.allow_from(
+                self.bastion.connections, ec2.Port.tcp(443), "beacon smoke through the bastion's port forward"
+            )
+            CfnOutput(self, "BastionInstanceId", value=self.bastion.host.instance_id)
+            CfnOutput(self, "ClusterEndpoint", value=cluster.cluster_endpoint)
         CfnOutput(self, "ClusterName", value=cluster.cluster_name)
         CfnOutput(self, "TrainingNamespace", value=contract.TRAINING_NAMESPACE)
         CfnOutput(self, "SmokeJobName", value=self.smoke_job.spec.name)

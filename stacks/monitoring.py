@@ -25,7 +25,8 @@ class MonitoringStack(Stack):
             "Monitoring",
             team=config.team,
             cluster_name=cluster_name,
-            alarm_email=config.monitoring.alarm_email,
+            alarm_emails=list(config.monitoring.alarm_email),
+            alarm_topic_arns=list(config.monitoring.alarm_topic_arns),
         )
         self.monitoring.grant_run_alarms(writer_role)
         CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)

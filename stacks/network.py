@@ -17,6 +17,8 @@ class NetworkStack(Stack):
             "Network",
             cidr=config.network.vpc_cidr,
             az_count=config.network.az_count,
+            availability_zones=list(config.availability_zones()) if config.account else None,
+            extra_endpoints=config.network.extra_endpoints,
             cluster_name=cluster_name,
             flow_log_retention_days=config.monitoring.log_retention_days,
         )

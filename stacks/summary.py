@@ -7,6 +7,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+# CDK's cross-stack plumbing: outputs no one reads by hand.
+INTERNAL_OUTPUT_PREFIXES = ("ExportsOutput", "PublishOutput")
+
+
+def user_facing(outputs: list[str]) -> list[str]:
+    return [name for name in outputs if not name.startswith(INTERNAL_OUTPUT_PREFIXES)]
+
 
 def summarize(outdir: Path) -> str:
     lines = []
@@ -16,7 +23,7 @@ def summarize(outdir: Path) -> str:
         counts = Counter(r["Type"] for r in resources.values())
         lines.append(f"{template_path.name.removesuffix('.template.json')}: {len(resources)} resources")
         lines.extend(f"    {count:3d}  {kind}" for kind, count in sorted(counts.items()))
-        outputs = sorted(template.get("Outputs", {}))
+        outputs = user_facing(sorted(template.get("Outputs", {})))
         if outputs:
             lines.append(f"    outputs: {', '.join(outputs)}")
     report = outdir / "validation-report.json"

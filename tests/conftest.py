@@ -9,6 +9,7 @@ import pytest
 
 from beacon.embedded import Provisioned, provision_team
 from config import TeamConfig, load_team
+from config.model import TEAMS_DIR, parse_team
 from tests.moto_server import ACCOUNT, REGION, MotoServer
 from tests.synth import Synthesized, synthesize
 
@@ -24,6 +25,28 @@ def demo_config() -> TeamConfig:
 def demo(demo_config: TeamConfig, tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     """The demo team's whole app, synthesized once per test session."""
     return synthesize(demo_config, tmp_path_factory.mktemp("cdk.out"))
+
+
+# A real team's file: an account and a region (so CDK would look AZs up), the lean profile, and
+# two kinds of alarm destination. It is synthesized once, offline, with cdk-nag enforced.
+ACCOUNT_TEAM: dict[str, object] = {
+    "team": "vision",
+    "account": "123456789012",
+    "region": "eu-west-1",
+    "profile": "lean",
+    "cluster": {"bastion": True},
+    "monitoring": {
+        "alarm_email": ["ml-oncall@example.com", "ml-lead@example.com"],
+        "alarm_topic_arns": ["arn:aws:sns:eu-west-1:123456789012:ml-chat"],
+    },
+}
+
+
+@pytest.fixture(scope="session")
+def account_team(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """A team with an account and region (lean profile), synthesized once per test session."""
+    config = parse_team(ACCOUNT_TEAM, TEAMS_DIR / "vision.toml")
+    return synthesize(config, tmp_path_factory.mktemp("cdk.out.vision"))
 
 
 @pytest.fixture(scope="session")

@@ -190,4 +190,4 @@ def test_the_cli_names_the_team_it_cannot_read(as_writer: WriterSession) -> None
     )
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("beacon doctor: cannot read team 'nosuch'")
+    assert line.startswith("beacon doctor: ") and "unknown team 'nosuch'" in line

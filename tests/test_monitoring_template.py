@@ -175,7 +175,12 @@ def test_no_email_subscription_when_none_is_configured(template: Template) -> No
 def test_email_subscription_when_configured() -> None:
     stack = Stack(App(), "Probe")
     TrainingMonitoring(
-        stack, "Monitoring", team="ml-vision", cluster_name="beacon-ml-vision", alarm_email="ml@example.com"
+        stack,
+        "Monitoring",
+        team="ml-vision",
+        cluster_name="beacon-ml-vision",
+        alarm_emails=["ml@example.com"],
+        alarm_topic_arns=[],
     )
     Template.from_stack(stack).has_resource_properties(
         "AWS::SNS::Subscription", {"Protocol": "email", "Endpoint": "ml@example.com"}

@@ -80,3 +80,11 @@ def test_cli_synth_of_every_stack_works_with_no_network_at_all(tmp_path: Path, d
     stacks = sorted(name for name, a in manifest.items() if a["type"] == "aws:cloudformation:stack")
     assert stacks == sorted(demo.templates)
     assert all((tmp_path / f"{name}.template.json").is_file() for name in stacks)
+
+
+def test_the_synth_summary_lists_only_user_facing_outputs(account_team: Synthesized) -> None:
+    from stacks.summary import summarize
+
+    outputs = [line for line in summarize(account_team.outdir).splitlines() if "outputs:" in line]
+    assert outputs and not any("PublishOutput" in line or "ExportsOutput" in line for line in outputs)
+    assert any("BucketName" in line for line in outputs)

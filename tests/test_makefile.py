@@ -1,0 +1,84 @@
+"""What the Makefile promises offline: account-touching targets need TEAM, and destroy's plan (issue 12, item 4)."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+
+from beacon.teardown import Retained, destroy_order, prepare, remains_text, retained_resources
+from tests.synth import ROOT, Synthesized
+
+
+def make(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("goal", ["deploy", "destroy", "diff", "bootstrap"])
+def test_account_targets_refuse_to_run_without_team(goal: str) -> None:
+    done = make(goal)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert f"make {goal} needs TEAM=<team>" in line and "never defaults to demo" in line
+    assert "cdk" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("goal", "command"),
+    [
+        ("deploy", "cdk deploy --all -c team=vision"),
+        ("diff", "cdk diff --all -c team=vision"),
+        ("bootstrap", "cdk bootstrap -c team=vision"),
+    ],
+)
+def test_account_targets_run_the_cdk_for_the_named_team(goal: str, command: str) -> None:
+    done = make(goal, "TEAM=vision")
+    assert done.returncode == 0, done.stderr
+    assert command in done.stdout
+
+
+def test_synth_still_defaults_to_the_demo_team() -> None:
+    assert "synth --quiet -c team=demo" in make("synth").stdout
+
+
+def test_destroy_goes_stack_by_stack_in_the_order_the_app_needs(account_team: Synthesized) -> None:
+    recipe = make("destroy", "TEAM=vision").stdout
+    assert "beacon.teardown prepare --team vision cdk.out" in recipe
+    assert "beacon.teardown order cdk.out" in recipe
+    assert "destroy --force --exclusively -c team=vision" in recipe
+    assert "destroy --all" not in recipe  # it would stop at the termination-protected stack
+    order = destroy_order(account_team.outdir)
+    assert sorted(order) == sorted(account_team.templates)
+    assert order == [f"beacon-vision-{c}" for c in ("cluster", "monitoring", "artifacts", "network")]
+
+
+def test_destroy_names_what_remains_and_how_to_remove_it(account_team: Synthesized) -> None:
+    retained = retained_resources(account_team.outdir)
+    kinds = sorted({r.resource_type for r in retained})
+    assert kinds == ["AWS::EFS::FileSystem", "AWS::KMS::Key", "AWS::Logs::LogGroup", "AWS::S3::Bucket"]
+    bucket = Retained("beacon-vision-artifacts", "Bucket", "AWS::S3::Bucket", "beacon-vision-bucket-1")
+    text = remains_text("vision", [bucket])
+    assert "aws s3api delete-bucket --bucket beacon-vision-bucket-1" in text
+    assert "nothing was retained" in remains_text("vision", [])
+
+
+class FakeCloudFormation:
+    def __init__(self) -> None:
+        self.protection: list[tuple[str, bool]] = []
+
+    def describe_stack_resource(self, *, StackName: str, LogicalResourceId: str) -> dict[str, Any]:
+        return {"StackResourceDetail": {"PhysicalResourceId": f"{LogicalResourceId.lower()}-id"}}
+
+    def update_termination_protection(self, *, EnableTerminationProtection: bool, StackName: str) -> None:
+        self.protection.append((StackName, EnableTerminationProtection))
+
+
+def test_prepare_records_physical_ids_and_lifts_only_the_stateful_stacks_protection(
+    account_team: Synthesized,
+) -> None:
+    cloudformation = FakeCloudFormation()
+    retained = prepare(cloudformation, "vision", account_team.outdir)
+    assert cloudformation.protection == [("beacon-vision-artifacts", False)]
+    assert all(r.physical_id.endswith("-id") for r in retained)
+    assert len(retained) == len(retained_resources(account_team.outdir))
