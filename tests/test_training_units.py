@@ -87,7 +87,7 @@ def test_the_synthetic_dataset_is_deterministic_across_instances() -> None:
 
 def test_backend_follows_the_device() -> None:
     assert backend_for(torch.device("cpu")) == "gloo"
-    assert backend_for(torch.device("cuda", 0)) == "nccl"
+    assert backend_for(torch.device("cuda", 0)) == "cpu:gloo,cuda:nccl", "CPU values travel on gloo beside nccl"
 
 
 def test_a_checkpoint_returns_before_the_write_and_moves_latest_only_once_records_are_durable(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -176,12 +175,7 @@ class Job:
             self.stop.wait(behind)
 
     def _should_stop(self) -> bool:
-        stop = self.stop.is_set()
-        if self.world.distributed:  # every rank leaves at the same step, or a collective hangs
-            flag = torch.tensor([1 if stop else 0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop = bool(flag.item())
-        return stop
+        return self.world.any_rank(self.stop.is_set())
 
     def _resume(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         latest = latest_checkpoint(self.config.checkpoint_dir / self.config.experiment / self.config.run)
