@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from training import contract
-from training.checkpoint import AsyncCheckpointer, latest_checkpoint
+from training.checkpoint import AsyncCheckpointer, latest_checkpoint, load_resume_point
 from training.distributed import backend_for
 from training.model import StepSampler, SyntheticImages
 from training.progress import ProgressClock
@@ -130,3 +130,44 @@ def test_sagemakers_metric_definitions_parse_the_jobs_progress_line(loss: float)
     (step,) = re.findall(contract.PROGRESS_LOG_METRICS["step"], line)
     (parsed,) = re.findall(contract.PROGRESS_LOG_METRICS["loss"], line)
     assert int(step) == 170 and float(parsed) == pytest.approx(loss, abs=1e-6)
+
+
+def promoted_when(durable: dict[int, bool], directory: Path) -> AsyncCheckpointer:
+    """A checkpointer whose records through step N are durable in time only if durable[N]."""
+    return AsyncCheckpointer(
+        directory, upload=None, wait_durable=lambda step, timeout: durable[step], on_finished=lambda s: None
+    )
+
+
+def test_retention_never_deletes_the_checkpoint_latest_points_to(tmp_path: Path) -> None:
+    """The exact sequence: latest=100; 150, 200 and 250 written but not promoted (records not durable
+    in time); the job dies and resumes from 100; its next checkpoint, 150, is promoted. By step number
+    alone retention kept 200 and 250 and deleted 150, so every later resume failed."""
+    first = promoted_when({100: True, 150: False, 200: False, 250: False}, tmp_path)
+    for step in (100, 150, 200, 250):
+        assert first.save(step, {"w": torch.full((4,), float(step)), "step": step})
+        assert first.join(timeout=30)
+    assert latest_checkpoint(tmp_path) == (100, tmp_path / "step-00000100.pt")
+    restarted = promoted_when({150: True}, tmp_path)  # a new process on the same volume
+    assert restarted.save(150, {"w": torch.full((4,), 150.0), "step": 150})
+    assert restarted.join(timeout=30)
+    assert latest_checkpoint(tmp_path) == (150, tmp_path / "step-00000150.pt")
+    assert sorted(p.name for p in tmp_path.glob("step-*.pt")) == ["step-00000100.pt", "step-00000150.pt"]
+    resumed = load_resume_point(tmp_path)
+    assert resumed is not None and resumed[0] == 150 and resumed[1]["w"][0] == 150.0
+
+
+@pytest.mark.parametrize("damage", ["missing", "torn"])
+def test_resume_falls_back_to_the_newest_readable_checkpoint_not_after_latest(tmp_path: Path, damage: str) -> None:
+    checkpointer = promoted_when({50: True, 100: True, 150: False}, tmp_path)
+    for step in (50, 100, 150):
+        assert checkpointer.save(step, {"w": torch.full((4,), float(step)), "step": step})
+        assert checkpointer.join(timeout=30)
+    latest = tmp_path / "step-00000100.pt"
+    if damage == "torn":
+        latest.write_bytes(latest.read_bytes()[:100])  # killed mid-write on a volume without rename
+    else:
+        latest.unlink()
+    resumed = load_resume_point(tmp_path)
+    assert resumed is not None
+    assert resumed[0] == 50, "150 was never promoted: records after latest may not be durable"

@@ -61,12 +61,53 @@ def save_file(state: dict[str, Any], path: Path) -> None:
     fsync_directory(path.parent)
 
 
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}.pt"
+
+
+def step_of(path: Path) -> int | None:
+    """The step of a `step-NNNNNNNN.pt` file; None for any other name."""
+    digits = path.name.removeprefix("step-").removesuffix(".pt")
+    return int(digits) if path.name.startswith("step-") and path.suffix == ".pt" and digits.isdigit() else None
+
+
 def latest_checkpoint(directory: Path) -> tuple[int, Path] | None:
-    pointer = directory / LATEST
-    if not pointer.exists():
+    """What `latest.json` points to, or None when it is absent or unreadable."""
+    try:
+        latest = json.loads((directory / LATEST).read_text())
+        return int(latest["step"]), directory / str(latest["file"])
+    except FileNotFoundError:
         return None
-    latest = json.loads(pointer.read_text())
-    return int(latest["step"]), directory / str(latest["file"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.warning("%s is unreadable (%s); ignoring it", directory / LATEST, error)
+        return None
+
+
+def load_resume_point(directory: Path) -> tuple[int, dict[str, Any]] | None:
+    """(step, state) to resume from: the checkpoint `latest.json` points to, or, if that file is gone
+    or unreadable, the newest readable checkpoint at or before that step (a checkpoint after it was
+    never promoted: records past `latest` may not be durable)."""
+    pointer = latest_checkpoint(directory)
+    if pointer is None:
+        return None
+    latest_step, latest_path = pointer
+    older = sorted(
+        (p for p in directory.glob("step-*.pt") if (s := step_of(p)) is not None and s < latest_step),
+        key=lambda p: step_of(p) or 0,
+        reverse=True,
+    )
+    for path in [latest_path, *older]:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            log.warning("checkpoint %s is missing; trying an older one", path)
+            continue
+        except Exception as error:  # a torn or corrupt file: torch raises several kinds
+            log.warning("checkpoint %s is unreadable (%s); trying an older one", path, error)
+            continue
+        return int(state.get("step", step_of(path))), state
+    log.warning("no readable checkpoint in %s; starting from step 0", directory)
+    return None
 
 
 @dataclass
@@ -117,7 +158,7 @@ class AsyncCheckpointer:
 
     def _write(self, step: int, state: dict[str, Any]) -> None:
         started = time.monotonic()
-        name = f"step-{step:08d}.pt"
+        name = checkpoint_name(step)
         try:
             save_file(state, self.directory / name)
             # The latest pointer moves only once every record through this step is durable, so a
@@ -126,8 +167,7 @@ class AsyncCheckpointer:
                 log.warning("records through step %d are not durable yet; checkpoint kept but not latest", step)
                 return
             write_atomically(self.directory / LATEST, json.dumps({"step": step, "file": name}).encode())
-            for old in sorted(self.directory.glob("step-*.pt"))[:-2]:
-                old.unlink(missing_ok=True)  # keep the latest two on the volume; S3 versions keep all
+            self._retain(step)
             if self.upload is not None:
                 self.upload(step, self.directory / name)
             self.saved.append(step)
@@ -136,6 +176,18 @@ class AsyncCheckpointer:
             log.error("checkpoint of step %d failed: %s", step, error)
         finally:
             self.on_finished(time.monotonic() - started)
+
+    def _retain(self, latest: int) -> None:
+        """Keep `latest` and the newest checkpoint before it (a fallback); S3 versions keep all.
+
+        Files after `latest` come from an attempt that died before promoting them: they are not a
+        resume point, and by step number alone they would outrank (and delete) `latest`.
+        """
+        older = sorted(s for p in self.directory.glob("step-*.pt") if (s := step_of(p)) is not None and s < latest)
+        keep = {latest, *older[-1:]}
+        for path in self.directory.glob("step-*.pt"):
+            if step_of(path) not in keep:
+                path.unlink(missing_ok=True)
 
     def join(self, timeout: float) -> bool:
         """Wait for the in-flight checkpoint; False if it is still writing after `timeout`."""

@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from training import aws, contract
-from training.checkpoint import AsyncCheckpointer, Uploader, latest_checkpoint
+from training.checkpoint import AsyncCheckpointer, Uploader, checkpoint_name, load_resume_point
 from training.config import JobConfig
 from training.distributed import World
 from training.model import SmallConvNet, StepSampler, SyntheticImages
@@ -178,14 +178,14 @@ class Job:
         return self.world.any_rank(self.stop.is_set())
 
     def _resume(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-        latest = latest_checkpoint(self.config.checkpoint_dir / self.config.experiment / self.config.run)
-        if latest is None:
+        directory = self.config.checkpoint_dir / self.config.experiment / self.config.run
+        resume_point = load_resume_point(directory)
+        if resume_point is None:
             return 0
-        step, path = latest
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        step, state = resume_point
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        log.info("rank %d resumed from %s (step %d)", self.world.rank, path, step)
+        log.info("rank %d resumed from %s (step %d)", self.world.rank, directory / checkpoint_name(step), step)
         return step + 1
 
     def _checkpoint(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
