@@ -14,6 +14,7 @@ import torch
 
 from training import contract
 from training.checkpoint import AsyncCheckpointer, latest_checkpoint, load_resume_point
+from training.contract import Phase
 from training.distributed import backend_for
 from training.model import StepSampler, SyntheticImages
 from training.progress import ProgressClock
@@ -70,6 +71,39 @@ def test_progress_age_grows_when_steps_stop_but_not_during_a_checkpoint() -> Non
     assert clock.progress_age() == 15.0
     clock.step_finished()
     assert clock.progress_age() == 0.0
+
+
+def test_setup_is_a_phase_outside_the_stall_clock_and_visible_as_such() -> None:
+    now = [0.0]
+    clock = ProgressClock(now=lambda: now[0])
+    clock.enter(Phase.SETUP)
+    now[0] = 200.0  # a large checkpoint load, torch.compile, workers starting
+    assert clock.progress_age() == 0.0
+    assert clock.phase_name() == Phase.SETUP and clock.current_phase() == (Phase.SETUP, 200.0)
+    assert clock.leave(Phase.SETUP) == 200.0
+    assert clock.phase_name() == Phase.TRAINING and clock.current_phase() is None
+    now[0] = 205.0
+    assert clock.progress_age() == 5.0, "the stall clock starts when setup ends"
+
+
+def test_evaluation_between_steps_and_nested_phases_are_excluded_once() -> None:
+    now = [0.0]
+    clock = ProgressClock(now=lambda: now[0])
+    clock.step_finished()
+    now[0] = 3.0
+    with clock.phase(Phase.EVALUATION):
+        now[0] = 100.0
+        clock.enter(Phase.CHECKPOINT)  # a checkpoint inside the evaluation
+        now[0] = 130.0
+        assert clock.current_phase() == (Phase.CHECKPOINT, 30.0) and clock.checkpoint_seconds() == 30.0
+        assert clock.leave(Phase.CHECKPOINT) == 30.0
+        assert clock.phase_name() == Phase.EVALUATION
+        now[0] = 150.0
+        assert clock.progress_age() == 3.0
+    now[0] = 160.0
+    assert clock.progress_age() == 13.0
+    assert clock.leave(Phase.SETUP) == 0.0, "leaving a phase that is not open changes nothing"
+    assert clock.progress_age() == 13.0
 
 
 def test_the_sampler_resumes_at_any_step_and_ranks_never_share_a_sample() -> None:

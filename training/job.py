@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader
 from training import aws, contract
 from training.checkpoint import AsyncCheckpointer, Uploader, checkpoint_name, load_resume_point
 from training.config import JobConfig
+from training.contract import Phase
 from training.distributed import World
 from training.model import SmallConvNet, StepSampler, SyntheticImages
 from training.preflight import PreflightError, run_preflight
@@ -43,6 +45,7 @@ class Job:
     def build(cls, config: JobConfig, world: World, stop: threading.Event) -> Job:
         torch.set_num_threads(1)
         progress = ProgressClock()
+        progress.enter(Phase.SETUP)  # left once the first step can start (run)
         run_dir = f"{config.experiment}/{config.run}"
         checkpoint_dir = config.checkpoint_dir / run_dir
         telemetry: NullTelemetry = NullTelemetry()
@@ -104,27 +107,9 @@ class Job:
     # --- running ---------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         config, world = self.config, self.world
-        torch.manual_seed(config.seed)
-        model: nn.Module = SmallConvNet().to(world.device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=0.9)
-        start_step = self._resume(model, optimizer)
-        if world.distributed:
-            model = DistributedDataParallel(model)
-        loader = DataLoader(
-            SyntheticImages(config.seed),
-            batch_size=config.batch_size,
-            sampler=StepSampler(
-                start_step=start_step,
-                steps=config.steps,
-                batch_size=config.batch_size,
-                rank=world.rank,
-                world_size=world.size,
-            ),
-            num_workers=min(config.workers, MAX_WORKERS),
-            multiprocessing_context="spawn" if config.workers else None,  # fork deadlocks with threads
-            persistent_workers=config.workers > 0,
-        )
-        self.telemetry.start()
+        self.telemetry.start()  # heartbeats from the start of setup: a long setup is not silence
+        model, optimizer, start_step, batches = self._prepare()
+        self.progress.leave(Phase.SETUP)
         losses: list[float] = []
         step = start_step - 1
         telemetry_seconds = 0.0
@@ -132,7 +117,7 @@ class Job:
         exit_code = EXIT_OK
         loss_fn = nn.CrossEntropyLoss()
         try:
-            for step, (images, labels) in zip(range(start_step, config.steps), loader, strict=False):
+            for step, (images, labels) in zip(range(start_step, config.steps), batches, strict=False):
                 if self._should_stop():
                     step -= 1
                     break
@@ -168,6 +153,35 @@ class Job:
         summary["telemetry_seconds_on_loop"] = telemetry_seconds
         return summary
 
+    def _prepare(self) -> tuple[nn.Module, torch.optim.Optimizer, int, Iterator[tuple[torch.Tensor, torch.Tensor]]]:
+        """Model, optimizer, resume step and the batches, workers started: the setup phase's work."""
+        config, world = self.config, self.world
+        torch.manual_seed(config.seed)
+        model: nn.Module = SmallConvNet().to(world.device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=0.9)
+        start_step = self._resume(model, optimizer)
+        if world.distributed:
+            model = DistributedDataParallel(model)
+        loader = DataLoader(
+            SyntheticImages(config.seed),
+            batch_size=config.batch_size,
+            sampler=StepSampler(
+                start_step=start_step,
+                steps=config.steps,
+                batch_size=config.batch_size,
+                rank=world.rank,
+                world_size=world.size,
+            ),
+            num_workers=min(config.workers, MAX_WORKERS),
+            multiprocessing_context="spawn" if config.workers else None,  # fork deadlocks with threads
+            persistent_workers=config.workers > 0,
+        )
+        batches = iter(loader)  # starts the workers (spawn: seconds each)
+        if config.setup_sleep:
+            log.warning("setup takes %.1f s longer (--setup-sleep)", config.setup_sleep)
+            self.stop.wait(config.setup_sleep)
+        return model, optimizer, start_step, batches
+
     def _pace(self, loop_started: float, done: int, total: int) -> None:
         """Spread the steps over --min-duration; a stop request ends the wait at once."""
         behind = loop_started + self.config.min_duration * done / max(total, 1) - time.perf_counter()
@@ -192,13 +206,10 @@ class Job:
         if self.checkpointer is None:
             return
         inner = model.module if isinstance(model, DistributedDataParallel) else model
-        self.progress.checkpoint_started()
-        try:
+        with self.progress.phase(Phase.CHECKPOINT):
             self.checkpointer.save(
                 step, {"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
             )
-        finally:
-            self.progress.checkpoint_finished()
 
     def _shutdown(self, step: int, start_step: int, losses: list[float], exit_code: int) -> dict[str, Any]:
         deadline = time.monotonic() + self.config.shutdown_budget
