@@ -14,11 +14,14 @@ import torch
 
 from training import contract
 from training.checkpoint import AsyncCheckpointer, latest_checkpoint, load_resume_point
+from training.config import parse_args
 from training.contract import Phase
-from training.distributed import backend_for
+from training.distributed import World, backend_for
+from training.job import EXIT_CRASHED, Job
 from training.model import StepSampler, SyntheticImages
 from training.progress import ProgressClock
 from training.spool import OPEN, Spool, SpoolFullError
+from training.telemetry import DeliveryReport, NullTelemetry
 
 
 def records(steps: range) -> list[dict[str, object]]:
@@ -205,3 +208,34 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint_not_after_latest(tm
     resumed = load_resume_point(tmp_path)
     assert resumed is not None
     assert resumed[0] == 50, "150 was never promoted: records after latest may not be durable"
+
+
+class FailingTelemetry(NullTelemetry):
+    """Raises at one step, as a process-group timeout or a CUDA error would inside the loop."""
+
+    def __init__(self, failing_step: int) -> None:
+        self.failing_step = failing_step
+        self.recorded: list[int] = []
+        self.closed = False
+
+    def record(self, step: int, loss: float) -> None:
+        if step == self.failing_step:
+            raise RuntimeError("[Gloo] Timed out waiting 1800000ms for recv operation")
+        self.recorded.append(step)
+
+    def close(self, budget: float) -> DeliveryReport:
+        self.closed = True
+        return DeliveryReport()
+
+
+def test_any_error_in_the_loop_still_drains_telemetry_and_exits_non_zero(tmp_path: Path) -> None:
+    """6cb2f94 drained only after SpoolFullError: any other exception left run() with the spool
+    undrained."""
+    flags = ["--telemetry", "false", "--steps", "10", "--batch-size", "4", "--workers", "0"]
+    config = parse_args([*flags, "--checkpoint-dir", str(tmp_path), "--heartbeat-file", str(tmp_path / "hb")])
+    telemetry = FailingTelemetry(failing_step=3)
+    world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
+    job = Job(config, world, threading.Event(), ProgressClock(), telemetry, None, -1)
+    summary = job.run()
+    assert summary["exit_code"] == EXIT_CRASHED
+    assert telemetry.closed and telemetry.recorded == [0, 1, 2]

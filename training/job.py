@@ -27,7 +27,7 @@ from training.spool import Spool, SpoolFullError
 from training.telemetry import NullTelemetry, Telemetry
 
 log = logging.getLogger("beacon.job")
-EXIT_OK, EXIT_UNDELIVERED, EXIT_SPOOL_FULL = 0, 75, 74
+EXIT_OK, EXIT_UNDELIVERED, EXIT_SPOOL_FULL, EXIT_CRASHED = 0, 75, 74, 70
 MAX_WORKERS = 4
 
 
@@ -108,7 +108,11 @@ class Job:
     def run(self) -> dict[str, Any]:
         config, world = self.config, self.world
         self.telemetry.start()  # heartbeats from the start of setup: a long setup is not silence
-        model, optimizer, start_step, batches = self._prepare()
+        try:
+            model, optimizer, start_step, batches = self._prepare()
+        except Exception:
+            log.exception("setup failed; draining what was recorded before exiting")
+            return {**self._shutdown(-1, 0, [], EXIT_CRASHED), "loop_seconds": 0.0, "telemetry_seconds_on_loop": 0.0}
         self.progress.leave(Phase.SETUP)
         losses: list[float] = []
         step = start_step - 1
@@ -145,6 +149,9 @@ class Job:
         except SpoolFullError as error:
             log.error("%s; stopping: records already acknowledged are safe in S3", error)
             exit_code = EXIT_SPOOL_FULL
+        except Exception:  # a process-group timeout, a CUDA error, ...: what was recorded still goes out
+            log.exception("training failed at step %d; draining what was recorded before exiting", step + 1)
+            exit_code = EXIT_CRASHED
         loop_seconds = time.perf_counter() - loop_started
         if step >= start_step and exit_code == EXIT_OK:
             self._checkpoint(step, model, optimizer)
