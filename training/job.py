@@ -78,7 +78,7 @@ class Job:
         s3 = aws.client("s3", config.region)
         cloudwatch = aws.client("cloudwatch", config.region)
         ssm = aws.client("ssm", config.region) if config.alarms else None
-        fast = {"attempts": 2, "connect_timeout": 2, "read_timeout": 5}
+        fast = {"attempts": 1, "connect_timeout": 2, "read_timeout": 5}  # preflight retries within its budget
         started = time.monotonic()
         record = run_preflight(
             config,
