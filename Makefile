@@ -10,7 +10,7 @@ CDK := JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 npx --no-install cdk
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install demo test synth lint deploy destroy bench clean
+.PHONY: help install demo test synth lint deploy destroy bench gpu-check clean
 
 help:
 	@echo "make demo    install what is missing, then run Beacon end to end on an embedded AWS (no account)"
@@ -18,6 +18,7 @@ help:
 	@echo "make synth   synthesize all stacks of TEAM=$(TEAM) into cdk.out/ (cdk-nag enforced)"
 	@echo "make lint    ruff and mypy"
 	@echo "make bench   the measured figures -> .beacon/bench/report.json"
+	@echo "make gpu-check  the job on CUDA with nccl (one rank per GPU); needs a GPU"
 	@echo "make deploy TEAM=<name>   npx cdk deploy --all -c team=<name>"
 	@echo "make destroy TEAM=<name>  npx cdk destroy --all -c team=<name>"
 
@@ -66,6 +67,9 @@ destroy: install
 bench: install
 	@$(CDK) synth --quiet -c team=demo >/dev/null
 	@$(PY) -m bench.run
+
+gpu-check: $(STAMP_PY)
+	@$(PY) -m bench.gpu_check
 
 clean:
 	rm -rf cdk.out .beacon .pytest_cache .mypy_cache .ruff_cache

@@ -105,3 +105,12 @@ def test_a_two_rank_job_on_a_gpu_shaped_group_trains_checkpoints_and_exits_0(tmp
     assert sorted(summaries) == [0, 1]
     assert all(s["last_step"] == 5 and s["exit_code"] == 0 for s in summaries.values())
     assert summaries[0]["checkpoints"], "rank 0 checkpointed"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="proves the message of a machine without a GPU")
+def test_gpu_check_without_a_gpu_says_so_in_one_line_and_fails() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_check"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == "no CUDA device: gpu-check needs one"
