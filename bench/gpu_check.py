@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from beacon.embedded_aws import ADMIN, REGION, EmbeddedAws
+from training import contract
 from training.config import generated_run_id, parse_args
 from training.distributed import backend_for, world_from_environment
 from training.job import Job
@@ -129,8 +130,9 @@ def verdicts(ranks: list[dict[str, Any]], gpus: int, heartbeat: Path, started: f
             failed.append(f"{writer['metric_batches']} metric batches")
     if not heartbeat.exists() or heartbeat.stat().st_mtime < started:
         failed.append("heartbeat file never touched")
-    listed = aws.client("cloudwatch").list_metrics(Namespace="Beacon", MetricName="Heartbeat")["Metrics"]
-    if not any({"Name": "Run", "Value": run} in m["Dimensions"] for m in listed):
+    cloudwatch = aws.client("cloudwatch")
+    listed = cloudwatch.list_metrics(Namespace=contract.NAMESPACE, MetricName=contract.HEARTBEAT.name)["Metrics"]
+    if not any({"Name": contract.Dim.RUN.value, "Value": run} in m["Dimensions"] for m in listed):
         failed.append("no Heartbeat metric in CloudWatch")
     return failed
 
