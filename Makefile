@@ -18,7 +18,7 @@ CDK := JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 npx --no-install cdk
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install demo test synth lint bootstrap diff deploy destroy bench clean
+.PHONY: help install demo test synth lint bootstrap diff deploy destroy bench gpu-check clean
 
 help:
 	@echo "make demo    install what is missing, then run Beacon end to end on an embedded AWS (no account)"
@@ -30,6 +30,7 @@ help:
 	@echo "make diff TEAM=<name>       npx cdk diff --all: what a deploy would change"
 	@echo "make deploy TEAM=<name>     npx cdk deploy --all -c team=<name>"
 	@echo "make destroy TEAM=<name>    every stack but the retained data (bucket, file system, keys); says what remains"
+	@echo "make gpu-check  the job on CUDA with nccl (one rank per GPU); needs a GPU"
 
 # Reinstalls only when a pin changes; a second run touches no network.
 $(STAMP_PY): requirements.txt requirements-dev.txt training/requirements.txt constraints.txt pyproject.toml
@@ -89,6 +90,9 @@ destroy: install
 bench: install
 	@$(CDK) synth --quiet -c team=demo >/dev/null
 	@$(PY) -m bench.run
+
+gpu-check: $(STAMP_PY)
+	@$(PY) -m bench.gpu_check
 
 clean:
 	rm -rf cdk.out .beacon .pytest_cache .mypy_cache .ruff_cache

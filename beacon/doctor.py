@@ -1,4 +1,4 @@
-"""`beacon doctor`: why are my metrics missing? The seed's diagnosis, automated.
+"""`beacon doctor`: why are my metrics missing? The usual causes, checked in order.
 
 Each check is a verdict with its evidence and the fix, listed in order of likelihood. The
 diagnosis names the root cause: a refused write explains silence, not the other way round.

@@ -3,7 +3,7 @@
 1. synthesize the demo team (or reuse a fresh cdk.out), 2. start moto in its own process and
 provision from the templates what the job touches, then enforce IAM, 3. run the smoke job with
 torchrun (2 ranks, CPU) as the writer, 4. verify it like `beacon smoke` and run the alarm evaluator
-on its recorded metrics, then `beacon doctor`, 5. show the seed's failures and the doctor's verdicts,
+on its recorded metrics, then `beacon doctor`, 5. show three classic failures and the doctor's verdicts,
 6. write `.beacon/demo/report.json` and a PNG.
 """
 

@@ -1,5 +1,6 @@
 """The persistent artifact volume: EFS with an access point that owns every write as the training
-uid/gid. That, not a chown at start-up, is the durable fix for the seed's fsGroup mistake."""
+uid/gid. That, not a chown at start-up, keeps writes working when the pod's fsGroup is wrong
+or ignored (a volume its training uid cannot write)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,7 @@ class FaultPlan:
     kinds: tuple[str, ...] = FAULTS
     latency_s: float = 0.3
     spare_first: int = 0  # requests forwarded untouched first (the job's preflight)
+    fail_first: int = 0  # the first N requests of each service in `services` fail, kinds in turn
     seed: int = 7
     max_requests: int = 20_000
     max_lifetime_s: float = 600.0
@@ -72,6 +73,7 @@ class FaultProxy:
         self.eligible: Counter[str] = Counter()
         self.turns: Counter[str] = Counter()
         self.schedules: dict[str, FaultSchedule] = {}
+        self.failed_first: Counter[str] = Counter()
         self.down = threading.Event()
         self.down_services: tuple[str, ...] | None = None
         self.started = time.monotonic()
@@ -119,6 +121,9 @@ class FaultProxy:
             over = self.requests > self.plan.max_requests or time.monotonic() - self.started > self.plan.max_lifetime_s
             if over:
                 return "reset"
+            if service in self.plan.services and self.failed_first[service] < self.plan.fail_first:
+                self.failed_first[service] += 1
+                return self.plan.kinds[(self.failed_first[service] - 1) % len(self.plan.kinds)]
             if self.requests <= self.plan.spare_first or service not in self.plan.services:
                 return None
             if self.plan.fraction <= 0:

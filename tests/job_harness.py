@@ -48,7 +48,8 @@ class JobHarness:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
+        # Not KUBERNETES_*: run from a CI pod, preflight would (rightly) refuse a spool on its emptyDir.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_", "KUBERNETES_"))}
         env.update(
             AWS_ENDPOINT_URL=self.endpoint,
             AWS_REGION=self.region,

@@ -13,11 +13,15 @@ import pytest
 import torch
 
 from training import contract
-from training.checkpoint import AsyncCheckpointer, latest_checkpoint
-from training.distributed import backend_for
+from training.checkpoint import AsyncCheckpointer, latest_checkpoint, load_resume_point
+from training.config import parse_args
+from training.contract import Phase
+from training.distributed import World, backend_for
+from training.job import EXIT_CRASHED, Job
 from training.model import StepSampler, SyntheticImages
 from training.progress import ProgressClock
 from training.spool import OPEN, Spool, SpoolFullError
+from training.telemetry import DeliveryReport, NullTelemetry
 
 
 def records(steps: range) -> list[dict[str, object]]:
@@ -72,6 +76,39 @@ def test_progress_age_grows_when_steps_stop_but_not_during_a_checkpoint() -> Non
     assert clock.progress_age() == 0.0
 
 
+def test_setup_is_a_phase_outside_the_stall_clock_and_visible_as_such() -> None:
+    now = [0.0]
+    clock = ProgressClock(now=lambda: now[0])
+    clock.enter(Phase.SETUP)
+    now[0] = 200.0  # a large checkpoint load, torch.compile, workers starting
+    assert clock.progress_age() == 0.0
+    assert clock.phase_name() == Phase.SETUP and clock.current_phase() == (Phase.SETUP, 200.0)
+    assert clock.leave(Phase.SETUP) == 200.0
+    assert clock.phase_name() == Phase.TRAINING and clock.current_phase() is None
+    now[0] = 205.0
+    assert clock.progress_age() == 5.0, "the stall clock starts when setup ends"
+
+
+def test_evaluation_between_steps_and_nested_phases_are_excluded_once() -> None:
+    now = [0.0]
+    clock = ProgressClock(now=lambda: now[0])
+    clock.step_finished()
+    now[0] = 3.0
+    with clock.phase(Phase.EVALUATION):
+        now[0] = 100.0
+        clock.enter(Phase.CHECKPOINT)  # a checkpoint inside the evaluation
+        now[0] = 130.0
+        assert clock.current_phase() == (Phase.CHECKPOINT, 30.0) and clock.checkpoint_seconds() == 30.0
+        assert clock.leave(Phase.CHECKPOINT) == 30.0
+        assert clock.phase_name() == Phase.EVALUATION
+        now[0] = 150.0
+        assert clock.progress_age() == 3.0
+    now[0] = 160.0
+    assert clock.progress_age() == 13.0
+    assert clock.leave(Phase.SETUP) == 0.0, "leaving a phase that is not open changes nothing"
+    assert clock.progress_age() == 13.0
+
+
 def test_the_sampler_resumes_at_any_step_and_ranks_never_share_a_sample() -> None:
     full = list(StepSampler(start_step=0, steps=10, batch_size=4, rank=0, world_size=2))
     resumed = list(StepSampler(start_step=6, steps=10, batch_size=4, rank=0, world_size=2))
@@ -87,7 +124,7 @@ def test_the_synthetic_dataset_is_deterministic_across_instances() -> None:
 
 def test_backend_follows_the_device() -> None:
     assert backend_for(torch.device("cpu")) == "gloo"
-    assert backend_for(torch.device("cuda", 0)) == "nccl"
+    assert backend_for(torch.device("cuda", 0)) == "cpu:gloo,cuda:nccl", "CPU values travel on gloo beside nccl"
 
 
 def test_a_checkpoint_returns_before_the_write_and_moves_latest_only_once_records_are_durable(tmp_path: Path) -> None:
@@ -130,3 +167,75 @@ def test_sagemakers_metric_definitions_parse_the_jobs_progress_line(loss: float)
     (step,) = re.findall(contract.PROGRESS_LOG_METRICS["step"], line)
     (parsed,) = re.findall(contract.PROGRESS_LOG_METRICS["loss"], line)
     assert int(step) == 170 and float(parsed) == pytest.approx(loss, abs=1e-6)
+
+
+def promoted_when(durable: dict[int, bool], directory: Path) -> AsyncCheckpointer:
+    """A checkpointer whose records through step N are durable in time only if durable[N]."""
+    return AsyncCheckpointer(
+        directory, upload=None, wait_durable=lambda step, timeout: durable[step], on_finished=lambda s: None
+    )
+
+
+def test_retention_never_deletes_the_checkpoint_latest_points_to(tmp_path: Path) -> None:
+    """The exact sequence: latest=100; 150, 200 and 250 written but not promoted (records not durable
+    in time); the job dies and resumes from 100; its next checkpoint, 150, is promoted. By step number
+    alone retention kept 200 and 250 and deleted 150, so every later resume failed."""
+    first = promoted_when({100: True, 150: False, 200: False, 250: False}, tmp_path)
+    for step in (100, 150, 200, 250):
+        assert first.save(step, {"w": torch.full((4,), float(step)), "step": step})
+        assert first.join(timeout=30)
+    assert latest_checkpoint(tmp_path) == (100, tmp_path / "step-00000100.pt")
+    restarted = promoted_when({150: True}, tmp_path)  # a new process on the same volume
+    assert restarted.save(150, {"w": torch.full((4,), 150.0), "step": 150})
+    assert restarted.join(timeout=30)
+    assert latest_checkpoint(tmp_path) == (150, tmp_path / "step-00000150.pt")
+    assert sorted(p.name for p in tmp_path.glob("step-*.pt")) == ["step-00000100.pt", "step-00000150.pt"]
+    resumed = load_resume_point(tmp_path)
+    assert resumed is not None and resumed[0] == 150 and resumed[1]["w"][0] == 150.0
+
+
+@pytest.mark.parametrize("damage", ["missing", "torn"])
+def test_resume_falls_back_to_the_newest_readable_checkpoint_not_after_latest(tmp_path: Path, damage: str) -> None:
+    checkpointer = promoted_when({50: True, 100: True, 150: False}, tmp_path)
+    for step in (50, 100, 150):
+        assert checkpointer.save(step, {"w": torch.full((4,), float(step)), "step": step})
+        assert checkpointer.join(timeout=30)
+    latest = tmp_path / "step-00000100.pt"
+    if damage == "torn":
+        latest.write_bytes(latest.read_bytes()[:100])  # killed mid-write on a volume without rename
+    else:
+        latest.unlink()
+    resumed = load_resume_point(tmp_path)
+    assert resumed is not None
+    assert resumed[0] == 50, "150 was never promoted: records after latest may not be durable"
+
+
+class FailingTelemetry(NullTelemetry):
+    """Raises at one step, as a process-group timeout or a CUDA error would inside the loop."""
+
+    def __init__(self, failing_step: int) -> None:
+        self.failing_step = failing_step
+        self.recorded: list[int] = []
+        self.closed = False
+
+    def record(self, step: int, loss: float) -> None:
+        if step == self.failing_step:
+            raise RuntimeError("[Gloo] Timed out waiting 1800000ms for recv operation")
+        self.recorded.append(step)
+
+    def close(self, budget: float) -> DeliveryReport:
+        self.closed = True
+        return DeliveryReport()
+
+
+def test_any_error_in_the_loop_still_drains_telemetry_and_exits_non_zero(tmp_path: Path) -> None:
+    """6cb2f94 drained only after SpoolFullError: any other exception left run() with the spool
+    undrained."""
+    flags = ["--telemetry", "false", "--steps", "10", "--batch-size", "4", "--workers", "0"]
+    config = parse_args([*flags, "--checkpoint-dir", str(tmp_path), "--heartbeat-file", str(tmp_path / "hb")])
+    telemetry = FailingTelemetry(failing_step=3)
+    world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
+    job = Job(config, world, threading.Event(), ProgressClock(), telemetry, None, -1)
+    summary = job.run()
+    assert summary["exit_code"] == EXIT_CRASHED
+    assert telemetry.closed and telemetry.recorded == [0, 1, 2]

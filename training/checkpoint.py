@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,24 +22,32 @@ from training.spool import fsync_directory, write_atomically
 
 log = logging.getLogger("beacon.checkpoint")
 LATEST = "latest.json"
+COPY_POLL_S = 0.001
 
 
 def snapshot(state: Any, staging: Any = None) -> Any:
     """A copy of `state` with its tensors on the CPU, so training can change the originals at once.
 
     Tensors are copied into `staging` (the previous snapshot) where shapes match: reusing its memory
-    makes the copy a plain memcpy instead of fresh allocations and page faults on the loop.
+    makes the copy a plain memcpy instead of fresh allocations and page faults on the loop. From a
+    GPU, staging is pinned memory and the copies are non-blocking: the loop queues them behind the
+    step and goes on; `copies_done` tells the writer when the bytes have landed.
     """
     if isinstance(state, torch.Tensor):
         source = state.detach()
+        from_gpu = source.is_cuda
         reusable = (
             isinstance(staging, torch.Tensor)
             and staging.shape == source.shape
             and staging.dtype == source.dtype
             and staging.device.type == "cpu"
+            and (not from_gpu or staging.is_pinned())
         )
         if reusable:
-            return staging.copy_(source)
+            return staging.copy_(source, non_blocking=from_gpu)
+        if from_gpu:
+            pinned = torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=True)
+            return pinned.copy_(source, non_blocking=True)
         return source.to("cpu", copy=True)
     if isinstance(state, dict):
         mapping = staging if isinstance(staging, dict) else {}
@@ -49,6 +57,30 @@ def snapshot(state: Any, staging: Any = None) -> Any:
         items = staging if same else [None] * len(state)
         return type(state)(snapshot(v, p) for v, p in zip(state, items, strict=True))
     return state
+
+
+def tensors_in(state: Any) -> Iterator[torch.Tensor]:
+    if isinstance(state, torch.Tensor):
+        yield state
+    elif isinstance(state, dict):
+        for value in state.values():
+            yield from tensors_in(value)
+    elif isinstance(state, list | tuple):
+        for value in state:
+            yield from tensors_in(value)
+
+
+def copies_done(state: Any) -> Callable[[], bool]:
+    """Whether the non-blocking copies just queued from `state`'s GPU tensors have finished.
+
+    An event queried without blocking: the writer thread polls it, so no host-device
+    synchronisation happens anywhere (`make gpu-check` runs the loop in sync-debug mode).
+    """
+    if not any(tensor.is_cuda for tensor in tensors_in(state)):
+        return lambda: True
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    event.record()
+    return event.query
 
 
 def save_file(state: dict[str, Any], path: Path) -> None:
@@ -61,12 +93,53 @@ def save_file(state: dict[str, Any], path: Path) -> None:
     fsync_directory(path.parent)
 
 
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}.pt"
+
+
+def step_of(path: Path) -> int | None:
+    """The step of a `step-NNNNNNNN.pt` file; None for any other name."""
+    digits = path.name.removeprefix("step-").removesuffix(".pt")
+    return int(digits) if path.name.startswith("step-") and path.suffix == ".pt" and digits.isdigit() else None
+
+
 def latest_checkpoint(directory: Path) -> tuple[int, Path] | None:
-    pointer = directory / LATEST
-    if not pointer.exists():
+    """What `latest.json` points to, or None when it is absent or unreadable."""
+    try:
+        latest = json.loads((directory / LATEST).read_text())
+        return int(latest["step"]), directory / str(latest["file"])
+    except FileNotFoundError:
         return None
-    latest = json.loads(pointer.read_text())
-    return int(latest["step"]), directory / str(latest["file"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.warning("%s is unreadable (%s); ignoring it", directory / LATEST, error)
+        return None
+
+
+def load_resume_point(directory: Path) -> tuple[int, dict[str, Any]] | None:
+    """(step, state) to resume from: the checkpoint `latest.json` points to, or, if that file is gone
+    or unreadable, the newest readable checkpoint at or before that step (a checkpoint after it was
+    never promoted: records past `latest` may not be durable)."""
+    pointer = latest_checkpoint(directory)
+    if pointer is None:
+        return None
+    latest_step, latest_path = pointer
+    older = sorted(
+        (p for p in directory.glob("step-*.pt") if (s := step_of(p)) is not None and s < latest_step),
+        key=lambda p: step_of(p) or 0,
+        reverse=True,
+    )
+    for path in [latest_path, *older]:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            log.warning("checkpoint %s is missing; trying an older one", path)
+            continue
+        except Exception as error:  # a torn or corrupt file: torch raises several kinds
+            log.warning("checkpoint %s is unreadable (%s); trying an older one", path, error)
+            continue
+        return int(state.get("step", step_of(path))), state
+    log.warning("no readable checkpoint in %s; starting from step 0", directory)
+    return None
 
 
 @dataclass
@@ -101,6 +174,10 @@ class AsyncCheckpointer:
         self.skipped: list[int] = []
         self.failures = 0
 
+    def staged_tensors(self) -> list[torch.Tensor]:
+        """The staging memory the next snapshot reuses (pinned when copied from a GPU)."""
+        return list(tensors_in(self._staging))
+
     @property
     def in_flight(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -111,14 +188,19 @@ class AsyncCheckpointer:
             self.skipped.append(step)
             return False
         copy = self._staging = snapshot(state, self._staging)  # no write is in flight: safe to reuse
-        self._thread = threading.Thread(target=self._write, args=(step, copy), name=f"beacon-ckpt-{step}", daemon=True)
+        landed = copies_done(state)
+        self._thread = threading.Thread(
+            target=self._write, args=(step, copy, landed), name=f"beacon-ckpt-{step}", daemon=True
+        )
         self._thread.start()
         return True
 
-    def _write(self, step: int, state: dict[str, Any]) -> None:
+    def _write(self, step: int, state: dict[str, Any], landed: Callable[[], bool]) -> None:
         started = time.monotonic()
-        name = f"step-{step:08d}.pt"
+        name = checkpoint_name(step)
         try:
+            while not landed():
+                time.sleep(COPY_POLL_S)
             save_file(state, self.directory / name)
             # The latest pointer moves only once every record through this step is durable, so a
             # resume never skips a step whose record was not yet on disk.
@@ -126,8 +208,7 @@ class AsyncCheckpointer:
                 log.warning("records through step %d are not durable yet; checkpoint kept but not latest", step)
                 return
             write_atomically(self.directory / LATEST, json.dumps({"step": step, "file": name}).encode())
-            for old in sorted(self.directory.glob("step-*.pt"))[:-2]:
-                old.unlink(missing_ok=True)  # keep the latest two on the volume; S3 versions keep all
+            self._retain(step)
             if self.upload is not None:
                 self.upload(step, self.directory / name)
             self.saved.append(step)
@@ -136,6 +217,18 @@ class AsyncCheckpointer:
             log.error("checkpoint of step %d failed: %s", step, error)
         finally:
             self.on_finished(time.monotonic() - started)
+
+    def _retain(self, latest: int) -> None:
+        """Keep `latest` and the newest checkpoint before it (a fallback); S3 versions keep all.
+
+        Files after `latest` come from an attempt that died before promoting them: they are not a
+        resume point, and by step number alone they would outrank (and delete) `latest`.
+        """
+        older = sorted(s for p in self.directory.glob("step-*.pt") if (s := step_of(p)) is not None and s < latest)
+        keep = {latest, *older[-1:]}
+        for path in self.directory.glob("step-*.pt"):
+            if step_of(path) not in keep:
+                path.unlink(missing_ok=True)
 
     def join(self, timeout: float) -> bool:
         """Wait for the in-flight checkpoint; False if it is still writing after `timeout`."""

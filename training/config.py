@@ -41,6 +41,7 @@ class JobConfig:
     allow_ephemeral_spool: bool
     telemetry: bool
     step_sleep: float
+    setup_sleep: float
     hang_after_step: int
     min_duration: float
 
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allow-ephemeral-spool", _bool, False, "accept a spool on tmpfs/overlay (local development only)")
     add("--telemetry", _bool, True, "all sinks on; off only to measure overhead")
     add("--step-sleep", float, 0.0, "extra seconds per step (fault tests slow the loop with it)")
+    add("--setup-sleep", _non_negative_float, 0.0, "extra seconds of setup before the first step (tests)")
     add("--hang-after-step", int, -1, "hang the loop after this step, heartbeat alive (fault tests and benchmarks)")
     add(
         "--min-duration",

@@ -105,6 +105,17 @@ class Dim(StrEnum):
     TEAM = "Team"
     EXPERIMENT = "Experiment"
     RUN = "Run"
+    PHASE = "Phase"  # PhaseSeconds only
+
+
+class Phase(StrEnum):
+    """What the loop is doing. Time in any phase but TRAINING is work, not a stall: ProgressAge
+    leaves it out, and PhaseSeconds shows it."""
+
+    TRAINING = "training"
+    SETUP = "setup"  # preflight, resume (checkpoint load), model and data loader start, compile
+    EVALUATION = "evaluation"
+    CHECKPOINT = "checkpoint"  # the loop's hand-over of a checkpoint
 
 
 class Unit(StrEnum):
@@ -131,7 +142,7 @@ STEP = Metric("Step", Unit.COUNT)
 STEPS_PER_SECOND = Metric("StepsPerSecond", Unit.COUNT_PER_SECOND)
 # Sent by a thread independent of the loop; high resolution so the alarm can use 30 s periods.
 HEARTBEAT = Metric("Heartbeat", Unit.COUNT, high_resolution=True)
-# Seconds since the loop last finished a step, minus time spent inside a checkpoint.
+# Seconds since the loop last finished a step, minus time spent in a phase (setup, evaluation, checkpoint).
 PROGRESS_AGE = Metric("ProgressAge", Unit.SECONDS, high_resolution=True)
 UPLOAD_LATENCY = Metric("UploadLatency", Unit.MILLISECONDS)
 UPLOAD_FAILURES = Metric("UploadFailures", Unit.COUNT)
@@ -142,6 +153,9 @@ CHECKPOINT_SECONDS = Metric("CheckpointSeconds", Unit.SECONDS)
 NON_FINITE_LOSS = Metric("NonFiniteLoss", Unit.COUNT)
 # CloudWatch's accepted range for a value: beyond it, or not finite, a datum fails the request.
 CLOUDWATCH_VALUE_LIMIT = 2.0**360
+# Seconds the loop has been in its current phase other than training, with a Phase dimension; sent
+# with each heartbeat while such a phase lasts, so it is not among the metrics every run has.
+PHASE_SECONDS = Metric("PhaseSeconds", Unit.SECONDS, high_resolution=True)
 
 JOB_METRICS = (
     LOSS,
@@ -155,7 +169,7 @@ JOB_METRICS = (
     CHECKPOINT_SECONDS,
 )
 # Sent only when something happened: verification does not expect them in every run.
-EVENT_METRICS = (NON_FINITE_LOSS,)
+EVENT_METRICS = (NON_FINITE_LOSS, PHASE_SECONDS)
 # Per-run metrics carry all three; team roll-ups (for team alarms) carry Team only.
 RUN_DIMENSIONS = (Dim.TEAM, Dim.EXPERIMENT, Dim.RUN)
 TEAM_DIMENSIONS = (Dim.TEAM,)
@@ -169,6 +183,10 @@ def run_dimensions(team: str, experiment: str, run: str) -> dict[str, str]:
 
 def team_dimensions(team: str) -> dict[str, str]:
     return {Dim.TEAM.value: team}
+
+
+def phase_dimensions(team: str, experiment: str, run: str, phase: Phase) -> dict[str, str]:
+    return {**run_dimensions(team, experiment, run), Dim.PHASE.value: phase.value}
 
 
 # Container Insights (the CloudWatch Observability add-on) publishes these.

@@ -1,4 +1,9 @@
-"""Ranks from torchrun's environment; the backend from the device."""
+"""Ranks from torchrun's environment; the backend from the device; every collective the job makes.
+
+A group made with `backend="nccl"` serves CUDA tensors only, and the job also exchanges small CPU
+values (the stop flag, rank 0's run id and preflight verdict). So on GPUs the group gets gloo for
+the CPU and nccl for CUDA, and every collective goes through `World`, where that is checked once.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+# "1" makes a process group (and takes every collective path) even for one rank, so a one-GPU
+# machine still proves the collectives (`make gpu-check`).
+FORCE_PROCESS_GROUP_ENV = "BEACON_FORCE_PROCESS_GROUP"
+
 
 @dataclass(frozen=True)
 class World:
@@ -19,6 +28,7 @@ class World:
     local_rank: int
     size: int
     device: torch.device
+    grouped: bool = False  # a process group exists (always when size > 1)
 
     @property
     def is_writer(self) -> bool:
@@ -27,32 +37,44 @@ class World:
 
     @property
     def distributed(self) -> bool:
-        return self.size > 1
+        return self.size > 1 or self.grouped
 
     def finish_together(self, timeout_s: float) -> None:
         """Wait, bounded, until every rank is done before any tears the process group down.
 
         Rank 0 drains for up to its shutdown budget after the others have nothing left to do; a rank
         that destroyed its group and exited meanwhile left rank 0 holding a dead peer inside the
-        group. gloo's monitored barrier also names a rank that never arrives."""
+        group. A CPU tensor, so gloo carries it beside nccl (monitored_barrier refuses a mixed group)."""
         if not self.distributed:
             return
+        arrived = torch.ones(1, dtype=torch.int32)
         try:
-            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s), wait_all_ranks=True)
-        except RuntimeError as error:
+            dist.all_reduce(arrived, async_op=True).wait(timeout=timedelta(seconds=timeout_s))
+        except RuntimeError as error:  # DistBackendError too: a peer gone or late
             logging.getLogger("beacon.distributed").error("ranks did not finish together: %s", error)
 
     def broadcast(self, value: str) -> str:
         """Rank 0's value, on every rank."""
         if not self.distributed:
             return value
-        holder = [value]
-        dist.broadcast_object_list(holder, src=0)
+        holder: list[object] = [value]
+        # Pickled objects travel as CPU bytes: the group's CPU backend carries them.
+        dist.broadcast_object_list(holder, src=0, device=torch.device("cpu"))
         return str(holder[0])
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank if it is true on any: ranks leave the loop at the same step, or a
+        collective hangs."""
+        if not self.distributed:
+            return flag
+        tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)  # CPU: no device sync per step
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return bool(tensor.item())
 
 
 def backend_for(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+    """gloo for CPU tensors always; nccl for CUDA tensors on GPUs."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
 @contextmanager
@@ -65,10 +87,11 @@ def world_from_environment() -> Iterator[World]:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    if size > 1:
+    grouped = size > 1 or os.environ.get(FORCE_PROCESS_GROUP_ENV) == "1"
+    if grouped:
         dist.init_process_group(backend=backend_for(device))
     try:
-        yield World(rank=rank, local_rank=local_rank, size=size, device=device)
+        yield World(rank=rank, local_rank=local_rank, size=size, device=device, grouped=grouped)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -5,29 +5,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
+from botocore.exceptions import BotoCoreError, ClientError
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from training import aws, contract
-from training.checkpoint import AsyncCheckpointer, Uploader, latest_checkpoint
+from training.checkpoint import AsyncCheckpointer, Uploader, checkpoint_name, load_resume_point
 from training.config import JobConfig
+from training.contract import Phase
 from training.distributed import World
 from training.lifeline import dataloader_worker_dies_with_its_rank
 from training.model import SmallConvNet, StepSampler, SyntheticImages
 from training.preflight import PreflightError, run_preflight
 from training.progress import ProgressClock
+from training.reconcile import RunConflictError, reconcile
 from training.run_alarms import RunAlarms
 from training.spool import Spool, SpoolFullError
 from training.telemetry import NullTelemetry, Telemetry
 
 log = logging.getLogger("beacon.job")
-EXIT_OK, EXIT_UNDELIVERED, EXIT_SPOOL_FULL = 0, 75, 74
+EXIT_OK, EXIT_UNDELIVERED, EXIT_SPOOL_FULL, EXIT_CRASHED = 0, 75, 74, 70
 MAX_WORKERS = 4
 
 
@@ -45,6 +48,7 @@ class Job:
     def build(cls, config: JobConfig, world: World, stop: threading.Event) -> Job:
         torch.set_num_threads(1)
         progress = ProgressClock()
+        progress.enter(Phase.SETUP)  # left once the first step can start (run)
         run_dir = f"{config.experiment}/{config.run}"
         checkpoint_dir = config.checkpoint_dir / run_dir
         telemetry: NullTelemetry = NullTelemetry()
@@ -77,7 +81,7 @@ class Job:
         s3 = aws.client("s3", config.region)
         cloudwatch = aws.client("cloudwatch", config.region)
         ssm = aws.client("ssm", config.region) if config.alarms else None
-        fast = {"attempts": 2, "connect_timeout": 2, "read_timeout": 5}
+        fast = {"attempts": 1, "connect_timeout": 2, "read_timeout": 5}  # preflight retries within its budget
         started = time.monotonic()
         record = run_preflight(
             config,
@@ -91,6 +95,22 @@ class Job:
         spool = Spool(spool_dir)
         if spool.recovered_records:
             log.info("recovered %d records from an interrupted chunk", spool.recovered_records)
+        try:
+            reconciled = reconcile(s3, bucket=config.bucket, experiment=config.experiment, run=config.run, spool=spool)
+        except RunConflictError as error:
+            raise PreflightError(str(error)) from None
+        except (ClientError, BotoCoreError) as error:
+            raise PreflightError(
+                f"run {config.run!r}: cannot read what s3://{config.bucket}/"
+                f"{contract.run_prefix(config.experiment, config.run)} already holds ({error})"
+            ) from None
+        if reconciled.continued_after_chunk >= 0:
+            log.info(
+                "S3 holds %d chunks of this run: continuing after chunk %d (step %d)",
+                reconciled.chunks_in_s3,
+                reconciled.continued_after_chunk,
+                spool.last_step,
+            )
         alarms = RunAlarms(cloudwatch, ssm, config.team, config.experiment, config.run) if ssm is not None else None
         telemetry = Telemetry(
             config,
@@ -106,28 +126,13 @@ class Job:
     # --- running ---------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         config, world = self.config, self.world
-        torch.manual_seed(config.seed)
-        model: nn.Module = SmallConvNet().to(world.device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=0.9)
-        start_step = self._resume(model, optimizer)
-        if world.distributed:
-            model = DistributedDataParallel(model)
-        loader = DataLoader(
-            SyntheticImages(config.seed),
-            batch_size=config.batch_size,
-            sampler=StepSampler(
-                start_step=start_step,
-                steps=config.steps,
-                batch_size=config.batch_size,
-                rank=world.rank,
-                world_size=world.size,
-            ),
-            num_workers=min(config.workers, MAX_WORKERS),
-            multiprocessing_context="spawn" if config.workers else None,  # fork deadlocks with threads
-            persistent_workers=config.workers > 0,
-            worker_init_fn=dataloader_worker_dies_with_its_rank if config.workers else None,
-        )
-        self.telemetry.start()
+        self.telemetry.start()  # heartbeats from the start of setup: a long setup is not silence
+        try:
+            model, optimizer, start_step, batches = self._prepare()
+        except Exception:
+            log.exception("setup failed; draining what was recorded before exiting")
+            return {**self._shutdown(-1, 0, [], EXIT_CRASHED), "loop_seconds": 0.0, "telemetry_seconds_on_loop": 0.0}
+        self.progress.leave(Phase.SETUP)
         losses: list[float] = []
         step = start_step - 1
         telemetry_seconds = 0.0
@@ -135,7 +140,7 @@ class Job:
         exit_code = EXIT_OK
         loss_fn = nn.CrossEntropyLoss()
         try:
-            for step, (images, labels) in zip(range(start_step, config.steps), loader, strict=False):
+            for step, (images, labels) in zip(range(start_step, config.steps), batches, strict=False):
                 if self._should_stop():
                     step -= 1
                     break
@@ -163,6 +168,9 @@ class Job:
         except SpoolFullError as error:
             log.error("%s; stopping: records already acknowledged are safe in S3", error)
             exit_code = EXIT_SPOOL_FULL
+        except Exception:  # a process-group timeout, a CUDA error, ...: what was recorded still goes out
+            log.exception("training failed at step %d; draining what was recorded before exiting", step + 1)
+            exit_code = EXIT_CRASHED
         loop_seconds = time.perf_counter() - loop_started
         if step >= start_step and exit_code == EXIT_OK:
             self._checkpoint(step, model, optimizer)
@@ -171,6 +179,36 @@ class Job:
         summary["telemetry_seconds_on_loop"] = telemetry_seconds
         return summary
 
+    def _prepare(self) -> tuple[nn.Module, torch.optim.Optimizer, int, Iterator[tuple[torch.Tensor, torch.Tensor]]]:
+        """Model, optimizer, resume step and the batches, workers started: the setup phase's work."""
+        config, world = self.config, self.world
+        torch.manual_seed(config.seed)
+        model: nn.Module = SmallConvNet().to(world.device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=0.9)
+        start_step = self._resume(model, optimizer)
+        if world.distributed:
+            model = DistributedDataParallel(model)
+        loader = DataLoader(
+            SyntheticImages(config.seed),
+            batch_size=config.batch_size,
+            sampler=StepSampler(
+                start_step=start_step,
+                steps=config.steps,
+                batch_size=config.batch_size,
+                rank=world.rank,
+                world_size=world.size,
+            ),
+            num_workers=min(config.workers, MAX_WORKERS),
+            multiprocessing_context="spawn" if config.workers else None,  # fork deadlocks with threads
+            persistent_workers=config.workers > 0,
+            worker_init_fn=dataloader_worker_dies_with_its_rank if config.workers else None,
+        )
+        batches = iter(loader)  # starts the workers (spawn: seconds each)
+        if config.setup_sleep:
+            log.warning("setup takes %.1f s longer (--setup-sleep)", config.setup_sleep)
+            self.stop.wait(config.setup_sleep)
+        return model, optimizer, start_step, batches
+
     def _pace(self, loop_started: float, done: int, total: int) -> None:
         """Spread the steps over --min-duration; a stop request ends the wait at once."""
         behind = loop_started + self.config.min_duration * done / max(total, 1) - time.perf_counter()
@@ -178,35 +216,27 @@ class Job:
             self.stop.wait(behind)
 
     def _should_stop(self) -> bool:
-        stop = self.stop.is_set()
-        if self.world.distributed:  # every rank leaves at the same step, or a collective hangs
-            flag = torch.tensor([1 if stop else 0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop = bool(flag.item())
-        return stop
+        return self.world.any_rank(self.stop.is_set())
 
     def _resume(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-        latest = latest_checkpoint(self.config.checkpoint_dir / self.config.experiment / self.config.run)
-        if latest is None:
+        directory = self.config.checkpoint_dir / self.config.experiment / self.config.run
+        resume_point = load_resume_point(directory)
+        if resume_point is None:
             return 0
-        step, path = latest
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        step, state = resume_point
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        log.info("rank %d resumed from %s (step %d)", self.world.rank, path, step)
+        log.info("rank %d resumed from %s (step %d)", self.world.rank, directory / checkpoint_name(step), step)
         return step + 1
 
     def _checkpoint(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         if self.checkpointer is None:
             return
         inner = model.module if isinstance(model, DistributedDataParallel) else model
-        self.progress.checkpoint_started()
-        try:
+        with self.progress.phase(Phase.CHECKPOINT):
             self.checkpointer.save(
                 step, {"model": inner.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
             )
-        finally:
-            self.progress.checkpoint_finished()
 
     def _shutdown(self, step: int, start_step: int, losses: list[float], exit_code: int) -> dict[str, Any]:
         deadline = time.monotonic() + self.config.shutdown_budget

@@ -428,6 +428,10 @@ class Telemetry(NullTelemetry):
             datum(contract.PROGRESS_AGE, run_dims, Value=self.progress.progress_age()),
             datum(contract.STEPS_PER_SECOND, run_dims, Value=(steps - last_steps) / max(mono - last_mono, 1e-6)),
         ]
+        phase = self.progress.current_phase()  # setup, evaluation, checkpoint: work, not a stall
+        if phase is not None:
+            phase_dims = contract.phase_dimensions(self.config.team, self.config.experiment, self.config.run, phase[0])
+            data.append(datum(contract.PHASE_SECONDS, phase_dims, Value=phase[1]))
         for dims in (run_dims, team_dims):
             data.append(datum(contract.SPOOL_BACKLOG, dims, Value=backlog))
             data.append(datum(contract.UPLOAD_FAILURES, dims, Value=float(window.upload_failures)))

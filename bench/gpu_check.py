@@ -1,0 +1,195 @@
+"""`make gpu-check`: the job on CUDA with nccl, as a GPU node runs it, against an embedded AWS.
+
+torchrun starts one rank per GPU (at least one). BEACON_FORCE_PROCESS_GROUP=1 makes a process group
+even for one rank, so a one-GPU machine still takes every collective path (the stop flag, the
+broadcasts, DDP) on a "cpu:gloo,cuda:nccl" group. Each rank runs the real job with
+`Telemetry.record` under `torch.cuda.set_sync_debug_mode("error")`, so a host-device
+synchronisation added to it fails the check. The script then checks the loop finished and delivered,
+the checkpoint staging is pinned memory, and the heartbeat ran; it prints one JSON line and exits 0
+only when all of that holds. Without a GPU it exits 1 with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from beacon.embedded_aws import ADMIN, REGION, EmbeddedAws
+from training import contract
+from training.config import generated_run_id, parse_args
+from training.distributed import backend_for, world_from_environment
+from training.job import Job
+from training.train import install_stop_handlers
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_GPU = "no CUDA device: gpu-check needs one"
+RANK_RESULT = "gpu-check-rank "
+WORKER = "--rank-worker"
+BUCKET = "beacon-gpu-check"
+STEPS = 60
+CHECKPOINT_INTERVAL = 20
+RUN_TIMEOUT_S = 420
+
+
+def guard_record(telemetry: Any) -> dict[str, Any]:
+    """Run every `record` call in sync-debug mode "error"; count the calls and the synchronisations."""
+    original = telemetry.record
+    counts: dict[str, Any] = {"calls": 0, "syncs": []}
+
+    def record(step: int, loss: float) -> None:
+        counts["calls"] += 1
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            original(step, loss)
+        except RuntimeError as error:  # the check reports it; the run goes on to report the rest
+            counts["syncs"].append(str(error).splitlines()[0])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    setattr(telemetry, "record", record)  # noqa: B010  (replacing a bound method)
+    return counts
+
+
+def sync_detector_works() -> bool:
+    """The guard would see a synchronisation: `.item()` on a CUDA tensor raises in "error" mode."""
+    probe = torch.ones(1, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        probe.item()
+    except RuntimeError:
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return False
+
+
+def rank_worker(argv: list[str]) -> int:
+    """One rank: training.train's main, with the record guard and a result line."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+    config = parse_args(argv)
+    stop = install_stop_handlers()
+    with world_from_environment() as world:
+        config = config.with_run(world.broadcast(config.run or generated_run_id()))
+        job = Job.build(config, world, stop)
+        counts = guard_record(job.telemetry)
+        summary = job.run()
+        staged = job.checkpointer.staged_tensors() if job.checkpointer is not None else []
+        result = {
+            "rank": world.rank,
+            "device": str(world.device),
+            "process_group": dist.get_backend_config() if dist.is_initialized() else None,
+            "expected_process_group": backend_for(world.device),
+            "exit_code": summary["exit_code"],
+            "last_step": summary["last_step"],
+            "checkpoints": summary["checkpoints"],
+            "staged_tensors": len(staged),
+            "staging_pinned": bool(staged) and all(t.is_pinned() for t in staged),
+            "record_calls": counts["calls"],
+            "record_syncs": counts["syncs"][:3],
+            "sync_detector_works": sync_detector_works(),
+            "unacknowledged_records": summary["delivery"]["unacknowledged_records"],
+            "metric_batches": summary["delivery"]["metric_batches"],
+        }
+    print(RANK_RESULT + json.dumps(result), flush=True)
+    return int(summary["exit_code"])
+
+
+def verdicts(ranks: list[dict[str, Any]], gpus: int, heartbeat: Path, started: float, aws: Any, run: str) -> list[str]:
+    """What failed, one short phrase each; empty when the check passed."""
+    failed = []
+    if sorted(r["rank"] for r in ranks) != list(range(gpus)):
+        failed.append(f"ranks reporting {sorted(r['rank'] for r in ranks)}, expected {gpus}")
+    for r in ranks:
+        tag = f"rank {r['rank']}"
+        same_group = set(str(r["process_group"]).split(",")) == set(r["expected_process_group"].split(","))
+        if not r["device"].startswith("cuda") or not same_group:
+            failed.append(f"{tag}: device {r['device']}, process group {r['process_group']}")
+        if r["exit_code"] != 0 or r["last_step"] != STEPS - 1:
+            failed.append(f"{tag}: exit {r['exit_code']} at step {r['last_step']}")
+        if r["record_syncs"] or not r["sync_detector_works"]:
+            failed.append(f"{tag}: Telemetry.record synchronised: {r['record_syncs'] or 'detector inactive'}")
+    writer = next((r for r in ranks if r["rank"] == 0), None)
+    if writer is not None:
+        if not writer["checkpoints"] or not writer["staging_pinned"]:
+            failed.append(f"checkpoints {writer['checkpoints']}, staging pinned {writer['staging_pinned']}")
+        if writer["unacknowledged_records"] or writer["record_calls"] < STEPS:
+            failed.append(f"records: {writer['record_calls']} recorded, {writer['unacknowledged_records']} unsent")
+        if writer["metric_batches"] < 2:
+            failed.append(f"{writer['metric_batches']} metric batches")
+    if not heartbeat.exists() or heartbeat.stat().st_mtime < started:
+        failed.append("heartbeat file never touched")
+    cloudwatch = aws.client("cloudwatch")
+    listed = cloudwatch.list_metrics(Namespace=contract.NAMESPACE, MetricName=contract.HEARTBEAT.name)["Metrics"]
+    if not any({"Name": contract.Dim.RUN.value, "Value": run} in m["Dimensions"] for m in listed):
+        failed.append("no Heartbeat metric in CloudWatch")
+    return failed
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == [WORKER]:
+        return rank_worker(argv[1:])
+    if not torch.cuda.is_available():
+        print(NO_GPU, file=sys.stderr)
+        return 1
+    gpus = max(1, torch.cuda.device_count())
+    run = f"gpu-check-{secrets.token_hex(3)}"
+    aws = EmbeddedAws.start_process()
+    try:
+        aws.client("s3").create_bucket(Bucket=BUCKET)
+        with tempfile.TemporaryDirectory(prefix="beacon-gpu-check-") as scratch:
+            work = Path(scratch)
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
+            env.update(
+                AWS_ENDPOINT_URL=aws.url,
+                AWS_REGION=REGION,
+                AWS_ACCESS_KEY_ID=ADMIN["aws_access_key_id"],
+                AWS_SECRET_ACCESS_KEY=ADMIN["aws_secret_access_key"],
+                BEACON_FORCE_PROCESS_GROUP="1",
+                PYTHONUNBUFFERED="1",
+            )
+            job = [
+                *("--bucket", BUCKET, "--run-id", run, "--steps", str(STEPS), "--batch-size", "64"),
+                *("--checkpoint-interval", str(CHECKPOINT_INTERVAL), "--workers", "0", "--alarms", "false"),
+                *("--heartbeat-interval", "1", "--flush-interval", "1", "--min-duration", "4"),
+                *("--spool-dir", str(work / "spool"), "--checkpoint-dir", str(work / "checkpoints")),
+                *("--heartbeat-file", str(work / "heartbeat")),
+            ]
+            torchrun = str(Path(sys.executable).with_name("torchrun"))
+            command = [torchrun, "--standalone", f"--nproc-per-node={gpus}", "-m", "bench.gpu_check", WORKER, *job]
+            started = time.time()
+            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+            lines = done.stdout.splitlines()
+            ranks = [json.loads(line.removeprefix(RANK_RESULT)) for line in lines if line.startswith(RANK_RESULT)]
+            failed = verdicts(ranks, gpus, work / "heartbeat", started, aws, run)
+            if done.returncode != 0:
+                failed.insert(0, f"torchrun exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+    finally:
+        aws.stop()
+    result = {
+        "gpu_check": "passed" if not failed else "failed",
+        "gpus": gpus,
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "failed": failed,
+        "ranks": ranks,
+    }
+    print(json.dumps(result))
+    if failed:
+        sys.stderr.write(done.stderr[-4000:])
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
