@@ -271,3 +271,36 @@ def test_every_pod_of_a_two_node_job_passes_its_own_probes_while_it_trains(
             pod.send_signal(signal.SIGTERM)  # the container's first process, as the kubelet does
         results = [finish(pod, timeout=120) for pod in pods]
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
+
+
+def test_a_run_continued_on_a_new_volume_delivers_after_what_s3_holds_and_never_wedges(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """A reused run id on an empty volume (a new PVC, an emptyDir, a partial SageMaker restore):
+    before, its first chunk met S3's chunk-00000000 with other bytes, and every retry failed."""
+    first = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path / "old-volume", as_writer.credentials)
+    assert first.run("--run-id", "moved", "--steps", "100").returncode == 0
+    second = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path / "new-volume", as_writer.credentials)
+    result = second.run("--run-id", "moved", "--steps", "200", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.summary["delivery"]["upload_failures"] == 0
+    assert_exactly_once(delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "moved"), 200)
+
+
+def test_a_spool_whose_pending_chunk_conflicts_with_s3_is_refused_at_once_naming_the_run(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    first = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path / "one", as_writer.credentials)
+    assert first.run("--run-id", "twice", "--steps", "30").returncode == 0
+    other = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path / "two", as_writer.credentials)
+    sealed = tmp_path / "two" / "spool" / "smoke" / "twice" / "sealed"
+    sealed.mkdir(parents=True)
+    (sealed / "chunk-00000000.jsonl").write_text(
+        '{"run":"twice","experiment":"smoke","rank":0,"step":0,"loss":9.0,"wall_time":0.0,"seq":0}\n'
+    )
+    result = other.run("--run-id", "twice", "--steps", "30", timeout=60)
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert result.seconds < 20
+    (line,) = result.error_lines
+    assert "run 'twice': chunk 0 in the spool" in line and "differs from s3://" in line
+    assert (sealed / "chunk-00000000.jsonl").exists(), "the spool keeps its records"
