@@ -5,6 +5,8 @@ Every test runs `python -m training.train` (or torchrun) as a subprocess acting 
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +19,7 @@ import pytest
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from tests.conftest import WriterSession
+from tests.fault_proxy import FaultPlan, FaultProxy
 from tests.job_harness import JobHarness, delivered_records, finish, keys_under, signal_group, wait_for
 from tests.synth import ROOT
 from training import contract, kill_points, manifests
@@ -304,3 +307,35 @@ def test_a_spool_whose_pending_chunk_conflicts_with_s3_is_refused_at_once_naming
     (line,) = result.error_lines
     assert "run 'twice': chunk 0 in the spool" in line and "differs from s3://" in line
     assert (sealed / "chunk-00000000.jsonl").exists(), "the spool keeps its records"
+
+
+def test_a_restore_that_brings_back_checkpoints_but_not_the_spool_replays_the_steps_in_between(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """SageMaker restores /opt/ml/checkpoints file by file, in no order: `latest` can come back newer
+    than the spool. Here S3 becomes unreachable, checkpoints go on advancing past what S3 holds, the
+    job is killed, and only the checkpoints come back. Resuming at `latest` would lose every step
+    between S3's last record and it; the job resumes earlier and replays them."""
+    proxy = FaultProxy(as_writer.aws.url, FaultPlan()).start()
+    try:
+        harness = JobHarness(proxy.url, as_writer.bucket, tmp_path, as_writer.credentials)
+        common = ("--run-id", "restored", "--steps", "400", "--checkpoint-interval", "40", "--chunk-records", "20")
+        process = harness.start(*common, "--step-sleep", "0.02")
+        prefix = contract.run_prefix("smoke", "restored") + "events/"
+        s3 = as_writer.client("s3")
+        assert wait_for(lambda: len(keys_under(s3, as_writer.bucket, prefix)) >= 2, timeout=90)
+        proxy.unreachable(600, services=("s3",))
+        delivered = max((r["step"] for r in delivered_records(s3, as_writer.bucket, "smoke", "restored")), default=-1)
+        latest = tmp_path / "checkpoints" / "smoke" / "restored" / "latest.json"
+        ahead = lambda: latest.exists() and json.loads(latest.read_text())["step"] > delivered + 40  # noqa: E731
+        assert wait_for(ahead, timeout=90), "checkpoints advanced past what S3 holds"
+        signal_group(process, signal.SIGKILL)
+        process.communicate(timeout=30)
+    finally:
+        proxy.stop()
+    shutil.rmtree(tmp_path / "spool")  # the restore brought back the checkpoints only
+    direct = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, as_writer.credentials)
+    resumed = direct.run(*common)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.summary["start_step"] <= delivered + 1
+    assert_exactly_once(delivered_records(s3, as_writer.bucket, "smoke", "restored"), 400)

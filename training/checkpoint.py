@@ -115,10 +115,14 @@ def latest_checkpoint(directory: Path) -> tuple[int, Path] | None:
         return None
 
 
-def load_resume_point(directory: Path) -> tuple[int, dict[str, Any]] | None:
+def load_resume_point(directory: Path, *, at_most: int | None = None) -> tuple[int, dict[str, Any]] | None:
     """(step, state) to resume from: the checkpoint `latest.json` points to, or, if that file is gone
     or unreadable, the newest readable checkpoint at or before that step (a checkpoint after it was
-    never promoted: records past `latest` may not be durable)."""
+    never promoted: records past `latest` may not be durable).
+
+    `at_most` is the last step whose record is durable (in the spool or in S3). A restore that brings
+    files back one by one (SageMaker) can return a `latest` newer than the spool: resuming there
+    would skip the steps in between for good, so an older checkpoint is taken and they are replayed."""
     pointer = latest_checkpoint(directory)
     if pointer is None:
         return None
@@ -128,7 +132,16 @@ def load_resume_point(directory: Path) -> tuple[int, dict[str, Any]] | None:
         key=lambda p: step_of(p) or 0,
         reverse=True,
     )
-    for path in [latest_path, *older]:
+    candidates = [latest_path, *older]
+    if at_most is not None:
+        candidates = [p for p in candidates if (latest_step if p == latest_path else step_of(p) or 0) <= at_most]
+        if latest_step > at_most:
+            log.warning(
+                "latest checkpoint (step %d) is ahead of the durable records (step %d): resuming earlier to replay",
+                latest_step,
+                at_most,
+            )
+    for path in candidates:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError:

@@ -43,6 +43,8 @@ class Job:
     telemetry: NullTelemetry
     checkpointer: AsyncCheckpointer | None
     resumed_after_step: int
+    # The last step whose record is durable (spool or S3), on every rank: no rank resumes past it.
+    resume_limit: int | None = None
 
     @classmethod
     def build(cls, config: JobConfig, world: World, stop: threading.Event) -> Job:
@@ -71,7 +73,9 @@ class Job:
         failure = world.broadcast(failure)  # every rank stops if rank 0's preflight failed
         if failure:
             raise PreflightError(failure)
-        return cls(config, world, stop, progress, telemetry, checkpointer, resumed_after_step)
+        limit = world.broadcast(str(resumed_after_step) if config.telemetry else "")
+        resume_limit = int(limit) if limit else None
+        return cls(config, world, stop, progress, telemetry, checkpointer, resumed_after_step, resume_limit)
 
     @staticmethod
     def _writer_telemetry(config: JobConfig, world: World, progress: ProgressClock) -> tuple[NullTelemetry, int]:
@@ -220,7 +224,7 @@ class Job:
 
     def _resume(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         directory = self.config.checkpoint_dir / self.config.experiment / self.config.run
-        resume_point = load_resume_point(directory)
+        resume_point = load_resume_point(directory, at_most=self.resume_limit)
         if resume_point is None:
             return 0
         step, state = resume_point
