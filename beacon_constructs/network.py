@@ -15,7 +15,7 @@ NODE_SUBNETS = "Nodes"
 
 # What a training job and its node talk to: metrics, logs, credentials, images, the interruption
 # queue, Pod Identity, the volume, and the run-alarm template.
-INTERFACE_ENDPOINTS = {
+TRAINING_ENDPOINTS = {
     "CloudWatchMonitoring": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
     "CloudWatchLogs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
     "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
@@ -26,6 +26,16 @@ INTERFACE_ENDPOINTS = {
     "Efs": ec2.InterfaceVpcEndpointAwsService.ELASTIC_FILESYSTEM,
     "Ssm": ec2.InterfaceVpcEndpointAwsService.SSM,
 }
+# What Karpenter and node management call (Karpenter's private-cluster list adds ec2 and eks;
+# Session Manager needs ssmmessages and ec2messages): without them scale-up rides one NAT gateway.
+PLATFORM_ENDPOINTS = {
+    "Ec2": ec2.InterfaceVpcEndpointAwsService.EC2,
+    "Eks": ec2.InterfaceVpcEndpointAwsService.EKS,
+    "SsmMessages": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
+    "Ec2Messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
+}
+# The one list of interface endpoints the network creates.
+INTERFACE_ENDPOINTS = {**TRAINING_ENDPOINTS, **PLATFORM_ENDPOINTS}
 
 
 class TrainingNetwork(Construct):
