@@ -61,6 +61,7 @@ def controller_statements(*, cluster_name: str, node_role_arn: str, queue_arn: s
 
     owned = f"kubernetes.io/cluster/{cluster_name}"
     instance_profile = f"arn:{partition}:iam::{account}:instance-profile/*"
+    cluster_arn = f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}"
     created = [
         "fleet/*",
         "instance/*",
@@ -80,6 +81,7 @@ def controller_statements(*, cluster_name: str, node_role_arn: str, queue_arn: s
                 ec2("security-group/*"),
                 ec2("subnet/*"),
                 ec2("capacity-reservation/*"),
+                ec2("placement-group/*"),
             ],
         ),
         iam.PolicyStatement(
@@ -190,14 +192,20 @@ def controller_statements(*, cluster_name: str, node_role_arn: str, queue_arn: s
         ),
         iam.PolicyStatement(
             sid="AllowInstanceProfileReadActions",
-            actions=["iam:GetInstanceProfile", "iam:ListInstanceProfiles"],
+            actions=["iam:GetInstanceProfile"],
             resources=[instance_profile],
+        ),
+        # ListInstanceProfiles has no resource type: scoped to instance-profile/* it never matches.
+        iam.PolicyStatement(
+            sid="AllowUnscopedInstanceProfileListAction",
+            actions=["iam:ListInstanceProfiles"],
+            resources=["*"],
         ),
         # --- EKS integration
         iam.PolicyStatement(
             sid="AllowAPIServerEndpointDiscovery",
             actions=["eks:DescribeCluster"],
-            resources=[f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}"],
+            resources=[cluster_arn],
         ),
         # --- interruption
         iam.PolicyStatement(
@@ -206,10 +214,12 @@ def controller_statements(*, cluster_name: str, node_role_arn: str, queue_arn: s
             resources=[queue_arn],
         ),
         # --- zonal shift
+        # The managed resource is named by a condition key, not by the statement's Resource.
         iam.PolicyStatement(
-            sid="AllowZonalShiftReadActions",
+            sid="AllowZonalShiftStatusReadOnly",
             actions=["arc-zonal-shift:GetManagedResource"],
-            resources=[f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}"],
+            resources=["*"],
+            conditions={"StringEquals": {"arc-zonal-shift:ResourceIdentifier": cluster_arn}},
         ),
         # --- resource discovery
         iam.PolicyStatement(
@@ -369,7 +379,8 @@ class Karpenter(Construct):
         acknowledge(
             self.controller_policy,
             "IAM5[Resource::*]",
-            "Karpenter's discovery (ec2:Describe*, region-conditioned) and pricing:GetProducts have no resource type.",
+            "Karpenter's discovery (ec2:Describe*, region-conditioned), pricing:GetProducts and "
+            "iam:ListInstanceProfiles have no resource type; the zonal-shift read is conditioned on the cluster.",
         )
         for resource in self._wildcard_resources():
             acknowledge(
@@ -394,6 +405,7 @@ class Karpenter(Construct):
                 "security-group/*",
                 "subnet/*",
                 "capacity-reservation/*",
+                "placement-group/*",
                 "launch-template/*",
                 "fleet/*",
                 "instance/*",

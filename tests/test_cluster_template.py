@@ -231,12 +231,17 @@ UPSTREAM_GROUPS = {
         "AllowScopedInstanceProfileCreationActions",
         "AllowScopedInstanceProfileTagActions",
         "AllowScopedInstanceProfileActions",
-        "AllowInstanceProfileReadActions",
     ],
     "eks integration": ["AllowAPIServerEndpointDiscovery"],
     "interruption": ["AllowInterruptionQueueActions"],
-    "zonal shift": ["AllowZonalShiftReadActions"],
-    "resource discovery": ["AllowRegionalReadActions", "AllowSSMReadActions", "AllowPricingReadActions"],
+    "zonal shift": ["AllowZonalShiftStatusReadOnly"],
+    "resource discovery": [
+        "AllowRegionalReadActions",
+        "AllowSSMReadActions",
+        "AllowPricingReadActions",
+        "AllowUnscopedInstanceProfileListAction",
+        "AllowInstanceProfileReadActions",
+    ],
 }
 
 
@@ -270,7 +275,19 @@ def test_controller_policy_scopes_creation_and_deletion_by_the_clusters_tags(clu
     assert discovery["Condition"] == {"StringEquals": {"aws:RequestedRegion": {"Ref": "AWS::Region"}}}
 
 
-MUTATING_PREFIXES = ("ec2:Run", "ec2:Create", "ec2:Terminate", "ec2:Delete", "iam:", "sqs:Delete")
+MUTATING_PREFIXES = (
+    "ec2:Run",
+    "ec2:Create",
+    "ec2:Terminate",
+    "ec2:Delete",
+    "iam:Create",
+    "iam:Delete",
+    "iam:Add",
+    "iam:Remove",
+    "iam:Tag",
+    "iam:PassRole",
+    "sqs:Delete",
+)
 
 
 def test_controller_policy_has_no_ec2_star_and_no_unconditioned_star_on_mutating_actions(
