@@ -4,6 +4,7 @@ Karpenter, the training namespace and volume objects, and the smoke Job."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -189,10 +190,17 @@ def test_kubectl_provider_uses_the_layer_matching_the_cluster_version(cluster: S
 
 
 # --- Karpenter ---------------------------------------------------------------------------------
+def helm_chart(cluster: SynthesizedTemplate, name: str) -> tuple[str, dict[str, Any]]:
+    (found,) = [
+        (k, c) for k, c in cluster.of_type("Custom::AWSCDK-EKS-HelmChart").items() if c["Properties"]["Chart"] == name
+    ]
+    return found
+
+
 def test_karpenter_chart_is_pinned_from_the_oci_registry_with_cluster_and_queue_names(
     cluster: SynthesizedTemplate,
 ) -> None:
-    (chart,) = cluster.of_type("Custom::AWSCDK-EKS-HelmChart").values()
+    _, chart = helm_chart(cluster, "karpenter")
     properties = chart["Properties"]
     assert properties["Repository"] == "oci://public.ecr.aws/karpenter/karpenter"
     assert (properties["Chart"], properties["Version"], properties["Namespace"]) == (
@@ -341,10 +349,24 @@ def test_the_five_upstream_event_patterns_target_the_queue(cluster: SynthesizedT
         assert target["Arn"] == {"Fn::GetAtt": [queue_id, "Arn"]}
 
 
-def test_node_classes_use_al2023_discovery_imdsv2_and_encrypted_roots(objects: dict[str, list[dict[str, Any]]]) -> None:
+def test_crds_come_from_the_karpenter_crd_chart_installed_before_the_controller(cluster: SynthesizedTemplate) -> None:
+    """Helm never upgrades a chart's crds/: the CRDs ride their own chart, and the controller skips them."""
+    crd_id, crds = helm_chart(cluster, "karpenter-crd")
+    controller_id, controller = helm_chart(cluster, "karpenter")
+    assert crds["Properties"]["Repository"] == "oci://public.ecr.aws/karpenter/karpenter-crd"
+    assert crds["Properties"]["Version"] == controller["Properties"]["Version"] == "1.14.1"
+    assert controller["Properties"].get("SkipCrds") is True
+    assert crd_id in depends_on(cluster, controller_id)
+
+
+def test_node_classes_use_al2023_discovery_imdsv2_and_encrypted_roots(
+    objects: dict[str, list[dict[str, Any]]], demo: Synthesized
+) -> None:
+    alias = demo.config.compute.node_ami_alias
+    assert re.fullmatch(r"al2023@v\d{8}", alias), "a dated alias: @latest replaces nodes on every AMI release"
     for name, size in (("gpu", "200Gi"), ("cpu", "50Gi")):
         spec = one(objects, "EC2NodeClass", name)["spec"]
-        assert spec["amiSelectorTerms"] == [{"alias": "al2023@latest"}]
+        assert spec["amiSelectorTerms"] == [{"alias": alias}]
         assert spec["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": "beacon-demo"}}]
         assert {"tags": {"karpenter.sh/discovery": "beacon-demo"}} in spec["securityGroupSelectorTerms"]
         assert spec["metadataOptions"]["httpTokens"] == "required"
@@ -422,7 +444,7 @@ def test_destroy_removes_node_pools_before_node_classes_chart_and_cluster(
     cluster: SynthesizedTemplate, objects: dict[str, list[dict[str, Any]]]
 ) -> None:
     pools, classes = manifest_id(objects, "NodePool"), manifest_id(objects, "EC2NodeClass")
-    (chart,) = cluster.of_type("Custom::AWSCDK-EKS-HelmChart")
+    chart, _ = helm_chart(cluster, "karpenter")
     assert classes in depends_on(cluster, pools)
     assert chart in depends_on(cluster, classes)
     job = manifest_id(objects, "Job")
