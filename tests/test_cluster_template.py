@@ -144,14 +144,31 @@ def test_pod_identity_binds_karpenter_efs_csi_observability_and_training(cluster
         (a["Properties"]["Namespace"], a["Properties"]["ServiceAccount"]): a["Properties"]["RoleArn"]
         for a in cluster.of_type("AWS::EKS::PodIdentityAssociation").values()
     }
-    assert set(bound) == {
-        ("kube-system", "karpenter"),
-        ("kube-system", "efs-csi-controller-sa"),
-        ("amazon-cloudwatch", "cloudwatch-agent"),
-        ("training", "training"),
-    }
+    assert set(bound) == {("kube-system", "karpenter"), ("training", "training")}
     assert "WriterRole" in json.dumps(bound[("training", "training")])  # the artifact store's writer
     assert cluster.of_type("AWS::IAM::OIDCProvider") == {}, "Pod Identity, not IRSA"
+
+
+def test_add_ons_carry_their_own_pod_identity_association(cluster: SynthesizedTemplate) -> None:
+    """On the add-on itself, the association exists before the add-on's pods start (no ordering race)."""
+    addons = {a["Properties"]["AddonName"]: a["Properties"] for a in cluster.of_type("AWS::EKS::Addon").values()}
+    expected = {
+        "aws-efs-csi-driver": ("efs-csi-controller-sa", "EfsCsiRole"),
+        "amazon-cloudwatch-observability": ("cloudwatch-agent", "ObservabilityRole"),
+    }
+    for name, (service_account, role) in expected.items():
+        (association,) = addons[name]["PodIdentityAssociations"]
+        assert association["ServiceAccount"] == service_account
+        assert role in json.dumps(association["RoleArn"])
+
+
+def test_the_system_node_group_waits_for_the_node_networking_add_ons(cluster: SynthesizedTemplate) -> None:
+    """BootstrapSelfManagedAddons is false: without vpc-cni (and kube-proxy) no node becomes Ready."""
+    addon_ids = {a["Properties"]["AddonName"]: k for k, a in cluster.of_type("AWS::EKS::Addon").items()}
+    (nodegroup_id,) = cluster.of_type("AWS::EKS::Nodegroup")
+    waits_for = depends_on(cluster, nodegroup_id)
+    assert addon_ids["vpc-cni"] in waits_for
+    assert addon_ids["kube-proxy"] in waits_for
 
 
 def test_access_is_through_access_entries_only_and_karpenter_nodes_join_as_ec2_linux(
