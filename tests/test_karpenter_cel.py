@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from beacon.templates import kubernetes_objects
+from beacon_constructs import karpenter_manifests as km
 from tests.karpenter_crds import compile_all, validate
 from tests.synth import Synthesized
 
@@ -95,3 +96,18 @@ def test_an_unknown_field_is_rejected_as_strict_field_validation_would(
     pool = one(karpenter_objects, "NodePool", "gpu-training")
     pool["spec"]["template"]["spec"]["taint"] = pool["spec"]["template"]["spec"].pop("taints")  # a typo
     assert [str(f) for f in validate(pool)] == [".spec.template.spec.taint: unknown field"]
+
+
+def test_pools_built_from_other_team_settings_are_admitted_too() -> None:
+    """The builders' other branches (explicit instance types, one capacity type, no GPU quota)."""
+    gpu = km.gpu_training_pool(
+        instance_families=["p5"],
+        instance_types=["p5.48xlarge"],
+        capacity_types=["on-demand"],
+        gpu_limit=0,
+        cpu_limit=192,
+    )
+    cpu = km.cpu_smoke_pool(capacity_types=["spot"], cpu_limit=8)
+    node_class = km.node_class(km.NodeClassSpec("gpu", "beacon-ml", "beacon-ml-node", 500, "ml", "al2023@v20260818"))
+    for obj in (gpu, cpu, node_class):
+        assert validate(obj) == [], obj["metadata"]["name"]
