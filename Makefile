@@ -13,6 +13,8 @@ endif
 PY := .venv/bin/python
 STAMP_PY := .venv/.installed
 STAMP_NODE := node_modules/.installed
+CHECKOV_VENV := .beacon/tools/checkov-venv
+STAMP_CHECKOV := $(CHECKOV_VENV)/.installed
 INSTALL_LOG := .beacon/install.log
 CDK := JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 npx --no-install cdk
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -50,6 +52,15 @@ $(STAMP_NODE): package.json package-lock.json
 		|| { echo "beacon: npm ci failed; see $(INSTALL_LOG)" >&2; exit 1; }
 	@touch $@
 
+# checkov pins boto3 exactly (1.35.x), which .venv's boto3 cannot be: it gets its own venv, for tests only.
+$(STAMP_CHECKOV): requirements-checkov.txt constraints-checkov.txt
+	@mkdir -p .beacon/tools
+	@echo "beacon: installing checkov into $(CHECKOV_VENV) (log: $(INSTALL_LOG))"
+	@test -x $(CHECKOV_VENV)/bin/python || python3 -m venv $(CHECKOV_VENV) >>$(INSTALL_LOG) 2>&1
+	@$(CHECKOV_VENV)/bin/pip install -q -c constraints-checkov.txt -r requirements-checkov.txt >>$(INSTALL_LOG) 2>&1 \
+		|| { echo "beacon: installing checkov failed; see $(INSTALL_LOG)" >&2; exit 1; }
+	@touch $@
+
 install: $(STAMP_PY) $(STAMP_NODE)
 
 synth: install
@@ -60,7 +71,7 @@ synth: install
 demo: install
 	@.venv/bin/beacon local
 
-test: install
+test: install $(STAMP_CHECKOV)
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install

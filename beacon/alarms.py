@@ -2,8 +2,9 @@
 
 moto stores alarms but never evaluates them, so the two-minute claim is proven here: period
 alignment, the statistic per period, evaluation periods, datapoints to alarm, treat-missing-data,
-and composite rules made of ALARM()/OK() with AND, OR, NOT and parentheses. Nothing more: this is
-not a general CloudWatch.
+composite rules made of ALARM()/OK() with AND, OR, NOT and parentheses, and one-series Metrics
+Insights queries (SELECT <stat>(metric) FROM SCHEMA(...) WHERE dim = 'value' AND ...). Nothing
+more: this is not a general CloudWatch.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from beacon.templates import Resolver, Template, shape_resolver
@@ -38,6 +39,56 @@ STATISTICS: dict[str, Callable[[list[float]], float]] = {
 }
 
 
+# Metrics Insights aggregates over every matching series; over the union of their values they equal these.
+QUERY_STATISTICS = {"MAX": "Maximum", "MIN": "Minimum", "SUM": "Sum", "AVG": "Average", "COUNT": "SampleCount"}
+_QUERY = re.compile(
+    r"SELECT\s+(?P<stat>[A-Z]+)\((?P<metric>\w+)\)\s+FROM\s+SCHEMA\(\s*\"?(?P<namespace>[^\",]+)\"?"
+    r"(?P<dimensions>(?:\s*,\s*\w+)*)\s*\)(?:\s+WHERE\s+(?P<where>.+))?",
+    re.IGNORECASE,
+)
+_CONDITION = re.compile(r"(\w+)\s*=\s*'([^']*)'")
+
+
+@dataclass(frozen=True)
+class MetricsQuery:
+    """A Metrics Insights query without GROUP BY: one statistic over every series of a schema."""
+
+    statistic: str
+    namespace: str
+    metric_name: str
+    schema: frozenset[str]
+    filters: dict[str, str]
+
+    @classmethod
+    def parse(cls, expression: str) -> MetricsQuery:
+        match = _QUERY.fullmatch(expression.strip())
+        if not match or match["stat"].upper() not in QUERY_STATISTICS:
+            raise ValueError(f"not a Metrics Insights query Beacon evaluates: {expression!r}")
+        conditions = re.split(r"\s+AND\s+", match["where"], flags=re.IGNORECASE) if match["where"] else []
+        filters = {}
+        for condition in conditions:
+            found = _CONDITION.fullmatch(condition.strip())
+            if not found:
+                raise ValueError(f"unsupported condition {condition!r} in {expression!r}")
+            filters[found[1]] = found[2]
+        return cls(
+            statistic=QUERY_STATISTICS[match["stat"].upper()],
+            namespace=match["namespace"],
+            metric_name=match["metric"],
+            schema=frozenset(d.strip() for d in match["dimensions"].split(",") if d.strip()),
+            filters=filters,
+        )
+
+    def matches(self, key: SeriesKey) -> bool:
+        namespace, metric_name, pairs = key
+        dimensions = dict(pairs)
+        return (
+            (namespace, metric_name) == (self.namespace, self.metric_name)
+            and set(dimensions) == self.schema
+            and all(dimensions.get(k) == v for k, v in self.filters.items())
+        )
+
+
 def series_key(namespace: str, metric_name: str, dimensions: Mapping[str, str]) -> SeriesKey:
     return (namespace, metric_name, frozenset(dimensions.items()))
 
@@ -55,12 +106,13 @@ class MetricAlarm:
     threshold: float
     comparison: str
     treat_missing: str
+    query: MetricsQuery | None = field(default=None)
 
     @classmethod
     def from_definition(cls, definition: Mapping[str, Any]) -> MetricAlarm:
         """From a template's AWS::CloudWatch::Alarm properties or PutMetricAlarm arguments."""
         if definition.get("Metrics"):  # describe_alarms returns an empty list for plain alarms
-            raise ValueError(f"{definition.get('AlarmName')}: metric-math alarms are not used by Beacon")
+            return cls._from_query(definition)
         comparison = str(definition["ComparisonOperator"])
         statistic = str(definition["Statistic"])
         if comparison not in COMPARISONS or statistic not in STATISTICS:
@@ -80,15 +132,47 @@ class MetricAlarm:
             treat_missing=str(definition.get("TreatMissingData", "missing")),
         )
 
+    @classmethod
+    def _from_query(cls, definition: Mapping[str, Any]) -> MetricAlarm:
+        name = definition.get("AlarmName")
+        metrics = list(definition["Metrics"])
+        expression = str(metrics[0].get("Expression", "")) if len(metrics) == 1 else ""
+        if not expression.lstrip().upper().startswith("SELECT"):
+            raise ValueError(f"{name}: metric-math alarms are not used by Beacon (only one Metrics Insights query)")
+        query = MetricsQuery.parse(expression)
+        comparison = str(definition["ComparisonOperator"])
+        if comparison not in COMPARISONS:
+            raise ValueError(f"{name}: unsupported {comparison}")
+        evaluation_periods = int(definition["EvaluationPeriods"])
+        return cls(
+            name=str(name),
+            namespace=query.namespace,
+            metric_name=query.metric_name,
+            dimensions=dict(query.filters),
+            statistic=query.statistic,
+            period=int(metrics[0]["Period"]),
+            evaluation_periods=evaluation_periods,
+            datapoints_to_alarm=int(definition.get("DatapointsToAlarm", evaluation_periods)),
+            threshold=float(definition["Threshold"]),
+            comparison=comparison,
+            treat_missing=str(definition.get("TreatMissingData", "missing")),
+            query=query,
+        )
+
     @property
     def key(self) -> SeriesKey:
         return series_key(self.namespace, self.metric_name, self.dimensions)
+
+    def _series(self, samples: Samples) -> list[tuple[float, float]]:
+        if self.query is None:
+            return list(samples.get(self.key, []))
+        return [point for key, points in samples.items() if self.query.matches(key) for point in points]
 
     def datapoints(self, samples: Samples, at: float) -> list[float | None]:
         """The last `evaluation_periods` complete periods before `at`, oldest first; None = missing."""
         last_end = math.floor(at / self.period) * self.period
         points: list[float | None] = []
-        series = samples.get(self.key, [])
+        series = self._series(samples)
         for index in range(self.evaluation_periods, 0, -1):
             end = last_end - (index - 1) * self.period
             start = end - self.period

@@ -27,6 +27,8 @@ CONTROL_PLANE_LOGS = (
 )
 # Managed add-ons, installed explicitly (bootstrap_self_managed_addons is off).
 CORE_ADDONS = ("vpc-cni", "coredns", "kube-proxy")
+# Without these a node never becomes Ready: the system node group waits for them.
+NODE_NETWORKING_ADDONS = ("vpc-cni", "kube-proxy")
 EFS_CSI_ADDON, EFS_CSI_SERVICE_ACCOUNT = "aws-efs-csi-driver", "efs-csi-controller-sa"
 OBSERVABILITY_ADDON = "amazon-cloudwatch-observability"
 OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT = "amazon-cloudwatch", "cloudwatch-agent"
@@ -84,32 +86,38 @@ class TrainingCluster(Construct):
         self.addons = {
             name: eks.Addon(self, f"Addon-{name}", cluster=self._icluster, addon_name=name) for name in CORE_ADDONS
         }
+        self.system_nodegroup = self.cluster.default_nodegroup
+        if self.system_nodegroup is not None:
+            self.system_nodegroup.node.add_dependency(*(self.addons[name] for name in NODE_NETWORKING_ADDONS))
         self.efs_csi_role = self._pod_identity_role(
-            "EfsCsiRole", "service-role/AmazonEFSCSIDriverPolicy", "kube-system", EFS_CSI_SERVICE_ACCOUNT
+            "EfsCsiRole", "service-role/AmazonEFSCSIDriverPolicy", EFS_CSI_SERVICE_ACCOUNT
         )
-        self.addons[EFS_CSI_ADDON] = eks.Addon(self, "Addon-efs-csi", cluster=self._icluster, addon_name=EFS_CSI_ADDON)
+        self.addons[EFS_CSI_ADDON] = self._addon_with_identity(
+            "Addon-efs-csi", EFS_CSI_ADDON, self.efs_csi_role, EFS_CSI_SERVICE_ACCOUNT
+        )
         self.observability_role = self._pod_identity_role(
-            "ObservabilityRole", "CloudWatchAgentServerPolicy", OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT
+            "ObservabilityRole", "CloudWatchAgentServerPolicy", OBSERVABILITY_SERVICE_ACCOUNT
         )
-        self.addons[OBSERVABILITY_ADDON] = eks.Addon(
-            self, "Addon-observability", cluster=self._icluster, addon_name=OBSERVABILITY_ADDON
+        self.addons[OBSERVABILITY_ADDON] = self._addon_with_identity(
+            "Addon-observability", OBSERVABILITY_ADDON, self.observability_role, OBSERVABILITY_SERVICE_ACCOUNT
         )
         self._acknowledge()
 
-    def _pod_identity_role(self, role_id: str, managed_policy: str, namespace: str, service_account: str) -> iam.Role:
+    def _addon_with_identity(self, addon_id: str, name: str, role: iam.IRole, service_account: str) -> eks.Addon:
+        """The add-on creates its own Pod Identity association, so its pods never start without it."""
+        addon = eks.Addon(self, addon_id, cluster=self._icluster, addon_name=name)
+        cfn_addon = cast(eks.CfnAddon, addon.node.default_child)
+        cfn_addon.pod_identity_associations = [
+            eks.CfnAddon.PodIdentityAssociationProperty(role_arn=role.role_arn, service_account=service_account)
+        ]
+        return addon
+
+    def _pod_identity_role(self, role_id: str, managed_policy: str, service_account: str) -> iam.Role:
         role = iam.Role(
             self,
             role_id,
             assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(managed_policy)],
-        )
-        eks.CfnPodIdentityAssociation(
-            self,
-            f"{role_id}Association",
-            cluster_name=self.cluster.cluster_name,
-            namespace=namespace,
-            service_account=service_account,
-            role_arn=role.role_arn,
         )
         acknowledge(
             role,

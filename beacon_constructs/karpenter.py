@@ -24,6 +24,9 @@ from beacon_constructs.tagging import tag_component
 
 CHART = "karpenter"
 CHART_REPOSITORY = "oci://public.ecr.aws/karpenter/karpenter"
+# Helm never upgrades a chart's crds/ folder: the CRDs come from their own chart, same version.
+CRD_CHART = "karpenter-crd"
+CRD_CHART_REPOSITORY = "oci://public.ecr.aws/karpenter/karpenter-crd"
 CHART_VERSION = "1.14.1"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "karpenter"
@@ -61,6 +64,7 @@ def controller_statements(*, cluster_name: str, node_role_arn: str, queue_arn: s
 
     owned = f"kubernetes.io/cluster/{cluster_name}"
     instance_profile = f"arn:{partition}:iam::{account}:instance-profile/*"
+    cluster_arn = f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}"
     created = [
         "fleet/*",
         "instance/*",
@@ -80,6 +84,7 @@ def controller_statements(*, cluster_name: str, node_role_arn: str, queue_arn: s
                 ec2("security-group/*"),
                 ec2("subnet/*"),
                 ec2("capacity-reservation/*"),
+                ec2("placement-group/*"),
             ],
         ),
         iam.PolicyStatement(
@@ -190,14 +195,20 @@ def controller_statements(*, cluster_name: str, node_role_arn: str, queue_arn: s
         ),
         iam.PolicyStatement(
             sid="AllowInstanceProfileReadActions",
-            actions=["iam:GetInstanceProfile", "iam:ListInstanceProfiles"],
+            actions=["iam:GetInstanceProfile"],
             resources=[instance_profile],
+        ),
+        # ListInstanceProfiles has no resource type: scoped to instance-profile/* it never matches.
+        iam.PolicyStatement(
+            sid="AllowUnscopedInstanceProfileListAction",
+            actions=["iam:ListInstanceProfiles"],
+            resources=["*"],
         ),
         # --- EKS integration
         iam.PolicyStatement(
             sid="AllowAPIServerEndpointDiscovery",
             actions=["eks:DescribeCluster"],
-            resources=[f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}"],
+            resources=[cluster_arn],
         ),
         # --- interruption
         iam.PolicyStatement(
@@ -206,10 +217,12 @@ def controller_statements(*, cluster_name: str, node_role_arn: str, queue_arn: s
             resources=[queue_arn],
         ),
         # --- zonal shift
+        # The managed resource is named by a condition key, not by the statement's Resource.
         iam.PolicyStatement(
-            sid="AllowZonalShiftReadActions",
+            sid="AllowZonalShiftStatusReadOnly",
             actions=["arc-zonal-shift:GetManagedResource"],
-            resources=[f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}"],
+            resources=["*"],
+            conditions={"StringEquals": {"arc-zonal-shift:ResourceIdentifier": cluster_arn}},
         ),
         # --- resource discovery
         iam.PolicyStatement(
@@ -250,6 +263,7 @@ class Karpenter(Construct):
         team: str,
         pools: PoolSettings,
         controller_replicas: int,
+        node_ami_alias: str,
     ) -> None:
         """`cluster_name` is the plain name (IAM condition keys cannot hold a token)."""
         super().__init__(scope, construct_id)
@@ -304,6 +318,15 @@ class Karpenter(Construct):
                 cluster_name=cluster_name, node_role_arn=self.node_role.role_arn, queue_arn=self.queue.queue_arn
             ),
         )
+        self.crd_chart = cluster.add_helm_chart(
+            "CrdChart",
+            chart=CRD_CHART,
+            repository=CRD_CHART_REPOSITORY,
+            version=CHART_VERSION,
+            namespace=NAMESPACE,
+            release="karpenter-crd",
+            wait=False,
+        )
         self.chart = cluster.add_helm_chart(
             "Chart",
             chart=CHART,
@@ -311,6 +334,7 @@ class Karpenter(Construct):
             version=CHART_VERSION,
             namespace=NAMESPACE,
             release="karpenter",
+            skip_crds=True,  # installed and upgraded by the karpenter-crd chart
             wait=False,  # a helm wait can outlive the 15-minute handler (aws-cdk 22257)
             values={
                 "settings": {"clusterName": cluster_name, "interruptionQueue": self.queue.queue_name},
@@ -329,11 +353,11 @@ class Karpenter(Construct):
                 "controller": {"resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}},
             },
         )
-        self.chart.node.add_dependency(self.service_account, self.controller_policy)
+        self.chart.node.add_dependency(self.crd_chart, self.service_account, self.controller_policy)
 
         role_name = self.node_role.role_name
         self.node_classes = {
-            name: km.node_class(km.NodeClassSpec(name, cluster_name, role_name, gib, team))
+            name: km.node_class(km.NodeClassSpec(name, cluster_name, role_name, gib, team, node_ami_alias))
             for name, gib in ((km.GPU_NODE_CLASS, 200), (km.CPU_NODE_CLASS, 50))
         }
         self.node_pools = {
@@ -346,10 +370,10 @@ class Karpenter(Construct):
             ),
             "cpu": km.cpu_smoke_pool(capacity_types=pools.capacity_types, cpu_limit=pools.smoke_cpu_limit),
         }
-        # Order: chart (CRDs) -> node classes -> node pools. CloudFormation deletes in reverse, so on
+        # Order: CRD chart -> controller chart -> node classes -> node pools. CloudFormation deletes in reverse, so on
         # destroy the pools go first and Karpenter, still running, terminates every node it launched.
         self.node_class_manifest = cluster.add_manifest("NodeClasses", *self.node_classes.values())
-        self.node_class_manifest.node.add_dependency(self.chart)
+        self.node_class_manifest.node.add_dependency(self.crd_chart, self.chart)
         self.node_pool_manifest = cluster.add_manifest("NodePools", *self.node_pools.values())
         self.node_pool_manifest.node.add_dependency(self.node_class_manifest)
         self._acknowledge()
@@ -370,7 +394,8 @@ class Karpenter(Construct):
         acknowledge(
             self.controller_policy,
             "IAM5[Resource::*]",
-            "Karpenter's discovery (ec2:Describe*, region-conditioned) and pricing:GetProducts have no resource type.",
+            "Karpenter's discovery (ec2:Describe*, region-conditioned), pricing:GetProducts and "
+            "iam:ListInstanceProfiles have no resource type; the zonal-shift read is conditioned on the cluster.",
         )
         for resource in self._wildcard_resources():
             acknowledge(
@@ -395,6 +420,7 @@ class Karpenter(Construct):
                 "security-group/*",
                 "subnet/*",
                 "capacity-reservation/*",
+                "placement-group/*",
                 "launch-template/*",
                 "fleet/*",
                 "instance/*",

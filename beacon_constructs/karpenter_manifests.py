@@ -10,8 +10,6 @@ from training.manifests import CPU_POOL, GPU_POOL, GPU_TAINT, POOL_LABEL
 NODE_CLASS_API = "karpenter.k8s.aws/v1"
 NODE_POOL_API = "karpenter.sh/v1"
 DISCOVERY_TAG = "karpenter.sh/discovery"
-# AL2023; for GPU instance types Karpenter picks the matching NVIDIA variant of the same release.
-AMI_ALIAS = "al2023@latest"
 GPU_NODE_CLASS, CPU_NODE_CLASS = "gpu", "cpu"
 
 
@@ -22,6 +20,8 @@ class NodeClassSpec:
     node_role: str
     root_volume_gib: int
     team: str
+    # A dated AL2023 alias; for GPU instance types Karpenter picks the NVIDIA variant of that release.
+    ami_alias: str
 
 
 def node_class(spec: NodeClassSpec) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def node_class(spec: NodeClassSpec) -> dict[str, Any]:
         "metadata": {"name": spec.name},
         "spec": {
             "role": spec.node_role,
-            "amiSelectorTerms": [{"alias": AMI_ALIAS}],
+            "amiSelectorTerms": [{"alias": spec.ami_alias}],
             "subnetSelectorTerms": [discovery],
             "securityGroupSelectorTerms": [discovery, {"tags": {"aws:eks:cluster-name": spec.cluster_name}}],
             # IMDSv2 only, hop limit 1: pods get credentials from Pod Identity, never from the node.
@@ -140,3 +140,12 @@ def cpu_smoke_pool(*, capacity_types: list[str], cpu_limit: int) -> dict[str, An
         disruption={"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "2m"},
         limits={"cpu": str(cpu_limit)},
     )
+
+
+def pool_node_labels(pool: dict[str, Any]) -> dict[str, str]:
+    """The labels every node the pool creates carries (besides Karpenter's own)."""
+    return dict(pool["spec"]["template"]["metadata"]["labels"])
+
+
+def pool_node_taints(pool: dict[str, Any]) -> list[dict[str, str]]:
+    return list(pool["spec"]["template"]["spec"].get("taints", []))

@@ -37,6 +37,16 @@ def runbook(meaning: str, doctor: str) -> str:
     return "\n".join([meaning, "First checks:", *FIRST_CHECKS, f"Then run: {doctor}"])
 
 
+def failed_pods_query(cluster_name: str) -> str:
+    """Metrics Insights over the per-pod series Container Insights publishes: the most failed pods
+    in the training namespace at any time of the period (one series, so an alarm can use it)."""
+    dimensions = ", ".join(contract.CONTAINER_INSIGHTS_POD_DIMENSIONS)
+    return (
+        f'SELECT MAX({contract.CONTAINER_FAILED_PODS}) FROM SCHEMA("{contract.CONTAINER_INSIGHTS_NAMESPACE}", '
+        f"{dimensions}) WHERE ClusterName = '{cluster_name}' AND Namespace = '{contract.TRAINING_NAMESPACE}'"
+    )
+
+
 def doctor_command(team: str, *, run_scoped: bool) -> str:
     run = f" --experiment {contract.EXPERIMENT_PLACEHOLDER} --run {contract.RUN_PLACEHOLDER}" if run_scoped else ""
     return f"beacon doctor --team {team}{run}"
@@ -95,15 +105,13 @@ class TrainingMonitoring(Construct):
             "RestartsAlarm",
             alarm_name=contract.team_alarm_name(team, TeamAlarm.RESTARTS),
             alarm_description=runbook(
-                f"A container in the '{contract.TRAINING_NAMESPACE}' namespace restarted: the orchestrator is "
-                "restarting a job, which loses its in-memory state and can hide the cause.",
+                f"A pod in the '{contract.TRAINING_NAMESPACE}' namespace failed: the Job replaces it (a restart "
+                "of the job), which loses its in-memory state and can hide the cause.",
                 doctor_command(team, run_scoped=False),
             ),
-            metric=cw.Metric(
-                namespace=contract.CONTAINER_INSIGHTS_NAMESPACE,
-                metric_name=contract.CONTAINER_RESTARTS,
-                dimensions_map={"ClusterName": cluster_name, "Namespace": contract.TRAINING_NAMESPACE},
-                statistic="Maximum",
+            metric=cw.MathExpression(
+                expression=failed_pods_query(cluster_name),
+                label="failed pods",
                 period=Duration.seconds(contract.RESTARTS_PERIOD_S),
             ),
             threshold=1,
@@ -330,7 +338,7 @@ class TrainingMonitoring(Construct):
         )
         dashboard.add_widgets(
             cw.GraphWidget(
-                title="Container restarts (training namespace)",
+                title="Failed pods (training namespace; the Job replaces each)",
                 left=[self.restarts_alarm.metric],
                 width=12,
             ),

@@ -18,7 +18,7 @@ NODE_SUBNET_MASK = 19
 
 # What a training job and its node talk to: metrics, logs, credentials, images, the interruption
 # queue, Pod Identity, the volume, and the run-alarm template.
-INTERFACE_ENDPOINTS = {
+TRAINING_ENDPOINTS = {
     "CloudWatchMonitoring": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
     "CloudWatchLogs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
     "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
@@ -29,9 +29,18 @@ INTERFACE_ENDPOINTS = {
     "Efs": ec2.InterfaceVpcEndpointAwsService.ELASTIC_FILESYSTEM,
     "Ssm": ec2.InterfaceVpcEndpointAwsService.SSM,
 }
-# Endpoints a team may opt out of (`extra_endpoints = false`, the lean profile): without them those
-# calls ride the NAT gateway instead.
-EXTRA_INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {}
+# What Karpenter and node management call (Karpenter's private-cluster list adds ec2 and eks;
+# Session Manager needs ssmmessages and ec2messages): without them scale-up rides one NAT gateway.
+PLATFORM_ENDPOINTS = {
+    "Ec2": ec2.InterfaceVpcEndpointAwsService.EC2,
+    "Eks": ec2.InterfaceVpcEndpointAwsService.EKS,
+    "SsmMessages": ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
+    "Ec2Messages": ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
+}
+# The endpoints every network has; the platform ones are those a team may opt out of
+# (`extra_endpoints = false`, the lean profile): without them those calls ride the NAT gateway.
+INTERFACE_ENDPOINTS = TRAINING_ENDPOINTS
+EXTRA_INTERFACE_ENDPOINTS = PLATFORM_ENDPOINTS
 
 
 class TrainingNetwork(Construct):

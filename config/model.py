@@ -201,6 +201,15 @@ class ComputeConfig(_Section):
     gpu_limit: PositiveInt = 8
     gpu_cpu_limit: PositiveInt = 256
     smoke_cpu_limit: PositiveInt = 32
+    # Karpenter nodes' AMI: a dated AL2023 alias; @latest would replace every node on each AMI release.
+    node_ami_alias: str = "al2023@v20260818"
+
+    @field_validator("node_ami_alias")
+    @classmethod
+    def _ami_alias(cls, value: str) -> str:
+        if not re.fullmatch(r"al2023@v\d{8}", value):
+            raise ValueError(f"{value!r} is not a dated AL2023 alias like 'al2023@v20260818' (never @latest)")
+        return value
 
     @field_validator("gpu_instance_families")
     @classmethod

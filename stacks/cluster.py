@@ -9,7 +9,9 @@ from constructs import Construct
 
 from beacon_constructs.bastion import ClusterBastion
 from beacon_constructs.cluster import EFS_CSI_ADDON, TrainingCluster
+from beacon_constructs.gpu_device_plugin import NvidiaDevicePlugin
 from beacon_constructs.karpenter import Karpenter, PoolSettings
+from beacon_constructs.karpenter_manifests import pool_node_labels, pool_node_taints
 from beacon_constructs.smoke_job import SmokeJob
 from beacon_constructs.training_namespace import TrainingNamespace
 from config import TeamConfig
@@ -62,7 +64,19 @@ class ClusterStack(Stack):
                 smoke_cpu_limit=compute.smoke_cpu_limit,
             ),
             controller_replicas=config.cluster.karpenter_replicas,
+            node_ami_alias=compute.node_ami_alias,
         )
+        # AL2023 NVIDIA nodes need the device plugin to advertise nvidia.com/gpu. Deploy order:
+        # Karpenter -> plugin -> node pools, so destroy removes the pools (and their nodes) first.
+        self.gpu_device_plugin = NvidiaDevicePlugin(
+            self,
+            "GpuDevicePlugin",
+            cluster=cluster,
+            node_labels=pool_node_labels(self.karpenter.node_pools["gpu"]),
+            node_taints=pool_node_taints(self.karpenter.node_pools["gpu"]),
+        )
+        self.gpu_device_plugin.chart.node.add_dependency(self.karpenter.chart)
+        self.karpenter.node_pool_manifest.node.add_dependency(self.gpu_device_plugin.chart)
         self.training = TrainingNamespace(
             self,
             "Training",

@@ -200,3 +200,32 @@ def test_alarms_armed_before_a_full_heartbeat_period_would_open_in_alarm(alarms:
     samples = job().samples(HORIZON)
     assert alarms.states(samples, at=0.0)[name(RunAlarm.SILENT)] == ALARM
     assert alarms.states(samples, at=ARMED)[name(RunAlarm.SILENT)] == OK
+
+
+def test_a_metrics_insights_query_is_evaluated_over_every_matching_series() -> None:
+    query = "SELECT MAX(m) FROM SCHEMA(\"Ns\", A, B) WHERE A = 'x'"
+    alarm = MetricAlarm.from_definition(
+        {
+            "AlarmName": "q",
+            "Metrics": [{"Id": "q1", "Expression": query, "Period": 60, "ReturnData": True}],
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+            "Threshold": 1,
+            "EvaluationPeriods": 1,
+            "TreatMissingData": "notBreaching",
+        }
+    )
+    inside = series_key("Ns", "m", {"A": "x", "B": "pod-1"})
+    other_value = series_key("Ns", "m", {"A": "y", "B": "pod-1"})
+    other_schema = series_key("Ns", "m", {"A": "x"})
+    assert alarm.state({other_value: [(30.0, 1.0)], other_schema: [(30.0, 1.0)]}, at=60) == OK
+    assert alarm.state({inside: [(30.0, 1.0)]}, at=60) == ALARM
+
+
+def test_a_metrics_insights_query_with_group_by_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a Metrics Insights query"):
+        MetricAlarm.from_definition(
+            {
+                **definition(),
+                "Metrics": [{"Id": "q", "Expression": 'SELECT MAX(m) FROM SCHEMA("Ns", A) GROUP BY A', "Period": 60}],
+            }
+        )

@@ -4,6 +4,7 @@ Karpenter, the training namespace and volume objects, and the smoke Job."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -143,14 +144,31 @@ def test_pod_identity_binds_karpenter_efs_csi_observability_and_training(cluster
         (a["Properties"]["Namespace"], a["Properties"]["ServiceAccount"]): a["Properties"]["RoleArn"]
         for a in cluster.of_type("AWS::EKS::PodIdentityAssociation").values()
     }
-    assert set(bound) == {
-        ("kube-system", "karpenter"),
-        ("kube-system", "efs-csi-controller-sa"),
-        ("amazon-cloudwatch", "cloudwatch-agent"),
-        ("training", "training"),
-    }
+    assert set(bound) == {("kube-system", "karpenter"), ("training", "training")}
     assert "WriterRole" in json.dumps(bound[("training", "training")])  # the artifact store's writer
     assert cluster.of_type("AWS::IAM::OIDCProvider") == {}, "Pod Identity, not IRSA"
+
+
+def test_add_ons_carry_their_own_pod_identity_association(cluster: SynthesizedTemplate) -> None:
+    """On the add-on itself, the association exists before the add-on's pods start (no ordering race)."""
+    addons = {a["Properties"]["AddonName"]: a["Properties"] for a in cluster.of_type("AWS::EKS::Addon").values()}
+    expected = {
+        "aws-efs-csi-driver": ("efs-csi-controller-sa", "EfsCsiRole"),
+        "amazon-cloudwatch-observability": ("cloudwatch-agent", "ObservabilityRole"),
+    }
+    for name, (service_account, role) in expected.items():
+        (association,) = addons[name]["PodIdentityAssociations"]
+        assert association["ServiceAccount"] == service_account
+        assert role in json.dumps(association["RoleArn"])
+
+
+def test_the_system_node_group_waits_for_the_node_networking_add_ons(cluster: SynthesizedTemplate) -> None:
+    """BootstrapSelfManagedAddons is false: without vpc-cni (and kube-proxy) no node becomes Ready."""
+    addon_ids = {a["Properties"]["AddonName"]: k for k, a in cluster.of_type("AWS::EKS::Addon").items()}
+    (nodegroup_id,) = cluster.of_type("AWS::EKS::Nodegroup")
+    waits_for = depends_on(cluster, nodegroup_id)
+    assert addon_ids["vpc-cni"] in waits_for
+    assert addon_ids["kube-proxy"] in waits_for
 
 
 def test_access_is_through_access_entries_only_and_karpenter_nodes_join_as_ec2_linux(
@@ -189,10 +207,17 @@ def test_kubectl_provider_uses_the_layer_matching_the_cluster_version(cluster: S
 
 
 # --- Karpenter ---------------------------------------------------------------------------------
+def helm_chart(cluster: SynthesizedTemplate, name: str) -> tuple[str, dict[str, Any]]:
+    (found,) = [
+        (k, c) for k, c in cluster.of_type("Custom::AWSCDK-EKS-HelmChart").items() if c["Properties"]["Chart"] == name
+    ]
+    return found
+
+
 def test_karpenter_chart_is_pinned_from_the_oci_registry_with_cluster_and_queue_names(
     cluster: SynthesizedTemplate,
 ) -> None:
-    (chart,) = cluster.of_type("Custom::AWSCDK-EKS-HelmChart").values()
+    _, chart = helm_chart(cluster, "karpenter")
     properties = chart["Properties"]
     assert properties["Repository"] == "oci://public.ecr.aws/karpenter/karpenter"
     assert (properties["Chart"], properties["Version"], properties["Namespace"]) == (
@@ -231,12 +256,17 @@ UPSTREAM_GROUPS = {
         "AllowScopedInstanceProfileCreationActions",
         "AllowScopedInstanceProfileTagActions",
         "AllowScopedInstanceProfileActions",
-        "AllowInstanceProfileReadActions",
     ],
     "eks integration": ["AllowAPIServerEndpointDiscovery"],
     "interruption": ["AllowInterruptionQueueActions"],
-    "zonal shift": ["AllowZonalShiftReadActions"],
-    "resource discovery": ["AllowRegionalReadActions", "AllowSSMReadActions", "AllowPricingReadActions"],
+    "zonal shift": ["AllowZonalShiftStatusReadOnly"],
+    "resource discovery": [
+        "AllowRegionalReadActions",
+        "AllowSSMReadActions",
+        "AllowPricingReadActions",
+        "AllowUnscopedInstanceProfileListAction",
+        "AllowInstanceProfileReadActions",
+    ],
 }
 
 
@@ -270,7 +300,19 @@ def test_controller_policy_scopes_creation_and_deletion_by_the_clusters_tags(clu
     assert discovery["Condition"] == {"StringEquals": {"aws:RequestedRegion": {"Ref": "AWS::Region"}}}
 
 
-MUTATING_PREFIXES = ("ec2:Run", "ec2:Create", "ec2:Terminate", "ec2:Delete", "iam:", "sqs:Delete")
+MUTATING_PREFIXES = (
+    "ec2:Run",
+    "ec2:Create",
+    "ec2:Terminate",
+    "ec2:Delete",
+    "iam:Create",
+    "iam:Delete",
+    "iam:Add",
+    "iam:Remove",
+    "iam:Tag",
+    "iam:PassRole",
+    "sqs:Delete",
+)
 
 
 def test_controller_policy_has_no_ec2_star_and_no_unconditioned_star_on_mutating_actions(
@@ -324,10 +366,24 @@ def test_the_five_upstream_event_patterns_target_the_queue(cluster: SynthesizedT
         assert target["Arn"] == {"Fn::GetAtt": [queue_id, "Arn"]}
 
 
-def test_node_classes_use_al2023_discovery_imdsv2_and_encrypted_roots(objects: dict[str, list[dict[str, Any]]]) -> None:
+def test_crds_come_from_the_karpenter_crd_chart_installed_before_the_controller(cluster: SynthesizedTemplate) -> None:
+    """Helm never upgrades a chart's crds/: the CRDs ride their own chart, and the controller skips them."""
+    crd_id, crds = helm_chart(cluster, "karpenter-crd")
+    controller_id, controller = helm_chart(cluster, "karpenter")
+    assert crds["Properties"]["Repository"] == "oci://public.ecr.aws/karpenter/karpenter-crd"
+    assert crds["Properties"]["Version"] == controller["Properties"]["Version"] == "1.14.1"
+    assert controller["Properties"].get("SkipCrds") is True
+    assert crd_id in depends_on(cluster, controller_id)
+
+
+def test_node_classes_use_al2023_discovery_imdsv2_and_encrypted_roots(
+    objects: dict[str, list[dict[str, Any]]], demo: Synthesized
+) -> None:
+    alias = demo.config.compute.node_ami_alias
+    assert re.fullmatch(r"al2023@v\d{8}", alias), "a dated alias: @latest replaces nodes on every AMI release"
     for name, size in (("gpu", "200Gi"), ("cpu", "50Gi")):
         spec = one(objects, "EC2NodeClass", name)["spec"]
-        assert spec["amiSelectorTerms"] == [{"alias": "al2023@latest"}]
+        assert spec["amiSelectorTerms"] == [{"alias": alias}]
         assert spec["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": "beacon-demo"}}]
         assert {"tags": {"karpenter.sh/discovery": "beacon-demo"}} in spec["securityGroupSelectorTerms"]
         assert spec["metadataOptions"]["httpTokens"] == "required"
@@ -405,7 +461,7 @@ def test_destroy_removes_node_pools_before_node_classes_chart_and_cluster(
     cluster: SynthesizedTemplate, objects: dict[str, list[dict[str, Any]]]
 ) -> None:
     pools, classes = manifest_id(objects, "NodePool"), manifest_id(objects, "EC2NodeClass")
-    (chart,) = cluster.of_type("Custom::AWSCDK-EKS-HelmChart")
+    chart, _ = helm_chart(cluster, "karpenter")
     assert classes in depends_on(cluster, pools)
     assert chart in depends_on(cluster, classes)
     job = manifest_id(objects, "Job")

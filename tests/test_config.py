@@ -134,6 +134,8 @@ BAD_CASES = {
     ),
     "bad_email": ('[monitoring]\nalarm_email = "ops-at-example"', "monitoring.alarm_email", "e-mail"),
     "bad_gpu_family": ('[compute]\ngpu_instance_families = ["G5!"]', "compute.gpu_instance_families", "family"),
+    "ami_alias_latest_drifts": ('[compute]\nnode_ami_alias = "al2023@latest"', "compute.node_ami_alias", "dated"),
+    "ami_alias_not_al2023": ('[compute]\nnode_ami_alias = "bottlerocket@v1.50.0"', "compute.node_ami_alias", "AL2023"),
     "sagemaker_instance_type_without_ml_prefix": (
         '[training]\nsagemaker_instance_type = "m5.xlarge"',
         "training.sagemaker_instance_type",

@@ -9,7 +9,15 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk.assertions import Match, Template
 
-from beacon.alarms import run_alarm_definitions, team_alarm_definitions
+from beacon.alarms import (
+    ALARM,
+    OK,
+    MetricAlarm,
+    SeriesKey,
+    run_alarm_definitions,
+    series_key,
+    team_alarm_definitions,
+)
 from beacon_constructs.monitoring import FIRST_CHECKS, TrainingMonitoring
 from tests.synth import Synthesized
 from training import contract
@@ -126,25 +134,69 @@ def test_team_delivery_alarms_fire_on_failures_or_a_growing_backlog_and_stay_ok_
         )
 
 
-def test_restarts_alarm_watches_container_insights_in_the_training_namespace_and_notifies(template: Template) -> None:
-    template.has_resource_properties(
-        "AWS::CloudWatch::Alarm",
-        {
-            "AlarmName": "beacon-demo-restarts",
-            "Namespace": "ContainerInsights",
-            "MetricName": "pod_number_of_container_restarts",
-            "Dimensions": Match.array_with(
-                [{"Name": "ClusterName", "Value": "beacon-demo"}, {"Name": "Namespace", "Value": "training"}]
-            ),
-            "Statistic": "Maximum",
-            "Period": 60,
-            "EvaluationPeriods": 1,
-            "Threshold": 1,
-            "TreatMissingData": "notBreaching",
-            "AlarmActions": [{"Ref": Match.string_like_regexp("MonitoringAlarmTopic")}],
-            "OKActions": [{"Ref": Match.string_like_regexp("MonitoringAlarmTopic")}],
-        },
-    )
+# What Container Insights publishes, as (metric, dimension set); an alarm on anything else never fires.
+# Sources: CloudWatch User Guide, "Amazon EKS and Kubernetes Container Insights with enhanced observability
+# metrics" (Container-Insights-metrics-enhanced-EKS), and the CloudWatch agent's EMF declarations
+# (aws/amazon-cloudwatch-agent, translator/translate/otel/exporter/awsemf/kubernetes.go,
+# getPodMetricDeclarations / getNamespaceMetricDeclarations), enhanced observability on (the add-on default).
+CONTAINER_INSIGHTS_PUBLISHED = {
+    ("pod_status_failed", frozenset({"ClusterName"})),
+    ("pod_status_failed", frozenset({"ClusterName", "Namespace", "PodName"})),
+    ("pod_status_failed", frozenset({"ClusterName", "Namespace", "PodName", "FullPodName"})),
+    ("pod_status_failed", frozenset({"ClusterName", "Namespace", "Service"})),
+    ("pod_number_of_container_restarts", frozenset({"ClusterName"})),
+    ("pod_number_of_container_restarts", frozenset({"ClusterName", "Namespace", "PodName"})),
+    ("pod_number_of_container_restarts", frozenset({"ClusterName", "Namespace", "PodName", "FullPodName"})),
+    ("pod_number_of_container_restarts", frozenset({"ClusterName", "Namespace", "Service"})),
+    ("namespace_number_of_running_pods", frozenset({"ClusterName", "Namespace"})),
+    ("namespace_number_of_running_pods", frozenset({"ClusterName"})),
+    ("node_gpu_utilization", frozenset({"ClusterName"})),
+}
+
+
+def restarts_alarm(demo: Synthesized) -> dict[str, Any]:
+    (alarm,) = [
+        a for a in team_alarm_definitions(demo.template("monitoring")) if a["AlarmName"] == "beacon-demo-restarts"
+    ]
+    return alarm
+
+
+def test_restarts_alarm_watches_a_metric_container_insights_publishes(demo: Synthesized) -> None:
+    """The old alarm watched pod_number_of_container_restarts under {ClusterName, Namespace}: never
+    published, and with restartPolicy Never never non-zero. It must name a published series."""
+    alarm = MetricAlarm.from_definition(restarts_alarm(demo))
+    assert alarm.namespace == "ContainerInsights"
+    dimensions = alarm.query.schema if alarm.query else frozenset(alarm.dimensions)
+    assert (alarm.metric_name, dimensions) in CONTAINER_INSIGHTS_PUBLISHED
+    assert alarm.metric_name != "pod_number_of_container_restarts", "Jobs run restartPolicy Never"
+    assert alarm.dimensions == {"ClusterName": "beacon-demo", "Namespace": "training"}
+
+
+def test_restarts_alarm_counts_failed_training_pods_and_notifies(demo: Synthesized) -> None:
+    definition = restarts_alarm(demo)
+    (query,) = definition["Metrics"]
+    assert "GROUP BY" not in query["Expression"], "an alarm needs a single series"
+    assert (query["Period"], definition["EvaluationPeriods"], definition["Threshold"]) == (60, 1, 1)
+    assert definition["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert definition["TreatMissingData"] == "notBreaching"
+    topic_id, _ = demo.template("monitoring").one_of_type("AWS::SNS::Topic")
+    assert definition["AlarmActions"] == [{"Ref": topic_id}] == definition["OKActions"]
+
+
+def test_restarts_alarm_fires_on_a_failed_training_pod_only(demo: Synthesized) -> None:
+    alarm = MetricAlarm.from_definition(restarts_alarm(demo))
+
+    def failed_pod(namespace: str, pod: str) -> SeriesKey:
+        dimensions = {"ClusterName": "beacon-demo", "Namespace": namespace, "PodName": pod}
+        return series_key("ContainerInsights", "pod_status_failed", dimensions)
+
+    assert alarm.state({}, at=600) == OK, "an idle team stays OK"
+    healthy = {failed_pod("training", "beacon-smoke-1"): [(float(t), 0.0) for t in range(0, 600, 60)]}
+    assert alarm.state(healthy, at=600) == OK
+    elsewhere = {failed_pod("kube-system", "coredns-x"): [(540.0, 1.0)]}
+    assert alarm.state(elsewhere, at=600) == OK
+    failed = {**healthy, failed_pod("training", "beacon-smoke-2"): [(540.0, 1.0)]}
+    assert alarm.state(failed, at=600) == ALARM
 
 
 def test_topic_is_kms_encrypted_tls_only_and_cloudwatch_may_use_its_key(template: Template, demo: Synthesized) -> None:
@@ -214,7 +266,7 @@ def test_dashboard_has_every_widget_the_issue_lists(demo: Synthesized) -> None:
         "Upload latency",
         "Spool backlog",
         "Checkpoint duration",
-        "Container restarts",
+        "Failed pods",
         "GPU utilisation",
         '\\"alarm\\"',
         "beacon doctor --team demo",

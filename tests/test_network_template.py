@@ -64,6 +64,11 @@ EXPECTED_INTERFACE_SERVICES = {
     "eks-auth",
     "elasticfilesystem",
     "ssm",
+    # Karpenter's private-cluster list and Session Manager (issue 11, item 8)
+    "ec2",
+    "eks",
+    "ssmmessages",
+    "ec2messages",
 }
 
 

@@ -34,7 +34,7 @@ def test_ci_runs_make_test_and_readme_shows_the_two_commands() -> None:
 
 
 def test_python_dependencies_are_pinned_exactly() -> None:
-    for name in ("requirements.txt", "requirements-dev.txt", "training/requirements.txt"):
+    for name in ("requirements.txt", "requirements-dev.txt", "requirements-checkov.txt", "training/requirements.txt"):
         for line in (ROOT / name).read_text().splitlines():
             line = line.strip()
             if line and not line.startswith(("#", "-r")):

@@ -191,7 +191,10 @@ def phase_dimensions(team: str, experiment: str, run: str, phase: Phase) -> dict
 
 # Container Insights (the CloudWatch Observability add-on) publishes these.
 CONTAINER_INSIGHTS_NAMESPACE = "ContainerInsights"
-CONTAINER_RESTARTS = "pod_number_of_container_restarts"
+# 1 while a pod is in phase Failed. Jobs run restartPolicy Never: a failure is a new pod, never a
+# container restart. Published per pod only (no {ClusterName, Namespace} roll-up).
+CONTAINER_FAILED_PODS = "pod_status_failed"
+CONTAINER_INSIGHTS_POD_DIMENSIONS = ("ClusterName", "Namespace", "PodName")
 GPU_UTILIZATION = "node_gpu_utilization"
 TRAINING_NAMESPACE = "training"
 
