@@ -199,6 +199,8 @@ def test_min_duration_spreads_the_steps_so_a_short_run_lasts_long_enough(
         (kill_points.SEAL_STATE_WRITTEN, 3),
         (kill_points.SEAL_RENAMED, 3),
         (kill_points.UPLOADED_NOT_ACKNOWLEDGED, 2),
+        (kill_points.CHECKPOINT_WRITTEN, 2),
+        (kill_points.CHECKPOINT_PROMOTED, 2),
     ],
 )
 def test_killed_at_a_durable_state_transition_then_restarted_every_step_arrives_exactly_once(

@@ -286,3 +286,17 @@ def test_a_slow_s3_does_not_delay_durability(tmp_path: Path) -> None:
         assert time.monotonic() - started < 1
     finally:
         sink.close(budget=0.5)
+
+
+# --- defect 12: a TensorBoard part left open by a crash ------------------------------------------
+def test_a_tensorboard_part_a_crash_left_open_is_sealed_and_uploaded_on_restart(tmp_path: Path) -> None:
+    first = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=RecordingCloudWatch())
+    first.record(0, 1.0)
+    first._persist(final=False)  # the part is open, its points on disk; then the process dies
+    (part,) = (tmp_path / "spool" / "tensorboard").glob("part-*")
+    assert any(part.glob("events.out.tfevents.*"))
+    s3 = SlowS3(0)
+    restarted = telemetry(tmp_path, s3=s3, cloudwatch=RecordingCloudWatch())
+    assert not part.exists()
+    restarted._upload_pending()
+    assert any(contract.TENSORBOARD in key and part.name in key for key in s3.puts), s3.puts

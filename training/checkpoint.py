@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from botocore.exceptions import BotoCoreError, ClientError
 
-from training import contract
+from training import contract, kill_points
 from training.spool import fsync_directory, write_atomically
 
 log = logging.getLogger("beacon.checkpoint")
@@ -215,12 +215,14 @@ class AsyncCheckpointer:
             while not landed():
                 time.sleep(COPY_POLL_S)
             save_file(state, self.directory / name)
+            kill_points.hit(kill_points.CHECKPOINT_WRITTEN)
             # The latest pointer moves only once every record through this step is durable, so a
             # resume never skips a step whose record was not yet on disk.
             if not self.wait_durable(step, 60.0):
                 log.warning("records through step %d are not durable yet; checkpoint kept but not latest", step)
                 return
             write_atomically(self.directory / LATEST, json.dumps({"step": step, "file": name}).encode())
+            kill_points.hit(kill_points.CHECKPOINT_PROMOTED)
             self._retain(step)
             if self.upload is not None:
                 self.upload(step, self.directory / name)
