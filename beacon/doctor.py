@@ -81,6 +81,7 @@ def diagnose(inputs: DoctorInputs) -> Diagnosis:
         _endpoint(inputs, evidence),
         _rank_collision(evidence),
         _spool(evidence),
+        _divergence(inputs, dims, now),
         _alarms(inputs),
     ]
     by_check = {v.check: v for v in verdicts}
@@ -282,6 +283,24 @@ def _spool(evidence: RunEvidence) -> Verdict:
             "mount the artifact volume (PVC beacon-artifacts) at the spool path",
         )
     return Verdict("spool", OK, "persistent", f"{preflight['spool_dir']} on {preflight['spool_filesystem']}")
+
+
+def _divergence(inputs: DoctorInputs, dims: dict[str, str], now: datetime) -> Verdict:
+    """A NaN or infinite loss never reaches CloudWatch (it would fail the heartbeat's request too):
+    the job counts them instead, and this says so, so a diverging run does not pass for a quiet one."""
+    counts = [s for s in _samples(inputs, contract.NON_FINITE_LOSS, dims, "Sum", now) if s.value > 0]
+    if not counts:
+        return Verdict("loss", OK, "finite", "no NaN or infinite loss value reported")
+    total = int(sum(s.value for s in counts))
+    return Verdict(
+        "loss",
+        WARN,
+        "diverging",
+        f"{total} NaN or infinite loss value(s), the last reported at {counts[-1].at:%H:%M:%S} UTC; "
+        "the job itself runs on",
+        "lower the learning rate or check the inputs around the first bad step: the run's records in S3 "
+        "keep every value as it was",
+    )
 
 
 def _alarms(inputs: DoctorInputs) -> Verdict:

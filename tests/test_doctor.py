@@ -78,8 +78,33 @@ def test_a_finished_run_is_finished_and_every_check_passes(
         "endpoint",
         "ranks",
         "spool",
+        "loss",
         "alarms",
     ], "in order of likelihood"
+    assert verdict(result, "loss") == "finite"
+
+
+def test_a_diverging_loss_is_named_without_hiding_that_the_run_is_alive(
+    harness: JobHarness, as_writer: WriterSession, reader: dict[str, str]
+) -> None:
+    """What the job sends instead of a NaN loss CloudWatch would refuse (tests/test_runtime_failures.py)."""
+    assert harness.run("--run-id", "doc-nan", "--steps", "20").returncode == 0
+    as_writer.client("cloudwatch").put_metric_data(
+        Namespace=contract.NAMESPACE,
+        MetricData=[
+            {
+                "MetricName": contract.NON_FINITE_LOSS.name,
+                "Dimensions": [
+                    {"Name": k, "Value": v} for k, v in contract.run_dimensions("demo", "smoke", "doc-nan").items()
+                ],
+                "Value": 3.0,
+                "Unit": contract.NON_FINITE_LOSS.unit.value,
+            }
+        ],
+    )
+    result = doctor(as_writer, reader, "doc-nan")
+    assert verdict(result, "loss") == "diverging"
+    assert result.diagnosis == "finished", "the records arrived: a diverging loss is not a lost one"
 
 
 def test_a_running_job_is_healthy_and_silent_once_frozen_with_sigstop(
