@@ -146,6 +146,7 @@ def test_pod_identity_binds_karpenter_efs_csi_observability_and_training(cluster
     assert set(bound) == {
         ("kube-system", "karpenter"),
         ("kube-system", "efs-csi-controller-sa"),
+        ("kube-system", "efs-csi-node-sa"),  # mounts the volume with IAM (mountOptions: [iam, tls])
         ("amazon-cloudwatch", "cloudwatch-agent"),
         ("training", "training"),
     }
