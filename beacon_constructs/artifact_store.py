@@ -204,6 +204,8 @@ class ArtifactStore(Construct):
         )
 
     def _deny_overwriting_history(self) -> None:
+        # A list of exemptions, not of protected prefixes: IAM's * crosses '/', so a protected
+        # experiments/*/*/events/* would also catch SageMaker's sync of .../sagemaker-volume/.../events/.
         # Multipart parts carry no conditional header; ObjectCreationOperation exempts them.
         self.bucket.add_to_resource_policy(
             iam.PolicyStatement(
@@ -211,7 +213,7 @@ class ArtifactStore(Construct):
                 effect=iam.Effect.DENY,
                 actions=["s3:PutObject"],
                 principals=[iam.AnyPrincipal()],
-                resources=[self.bucket.arn_for_objects(p) for p in contract.append_only_resource_patterns()],
+                not_resources=[self.bucket.arn_for_objects(p) for p in contract.overwritable_resource_patterns()],
                 conditions={
                     "StringNotEquals": {"s3:if-none-match": "*"},
                     "Bool": {"s3:ObjectCreationOperation": "true"},

@@ -116,10 +116,14 @@ def test_bucket_policy_refuses_any_history_write_that_is_not_a_conditional_creat
         "StringNotEquals": {"s3:if-none-match": "*"},
         "Bool": {"s3:ObjectCreationOperation": "true"},  # exempts multipart parts, which take no header
     }
-    suffixes = sorted(r["Fn::Join"][1][1] for r in statement["Resource"])
-    assert suffixes == ["/experiments/*/*/events/*", "/experiments/*/*/tensorboard/*"]
-    # Checkpoints may be overwritten (versioning keeps the old ones): not covered.
-    assert "checkpoints" not in str(statement["Resource"])
+    # Exemptions, not protected prefixes: IAM's * crosses '/' (see test_policies_as_aws_evaluates.py).
+    suffixes = sorted(r["Fn::Join"][1][1] for r in statement["NotResource"])
+    assert suffixes == [
+        "/experiments/*/*/checkpoints/*",
+        "/experiments/*/*/sagemaker-volume/*",
+        "/experiments/*/*/status/*",
+    ]
+    assert "Resource" not in statement
 
 
 def test_bucket_policy_denies_the_writer_every_delete(demo: Synthesized) -> None:

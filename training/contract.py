@@ -20,8 +20,12 @@ CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
 PREFLIGHT = "preflight"
 STATUS = "status"
+SAGEMAKER_VOLUME = "sagemaker-volume"  # SageMaker's checkpoint sync of the job's volume
 # History that must never be overwritten: create-only writes (If-None-Match: *).
 APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD)
+# What may be written without If-None-Match: checkpoints (versioning keeps old ones), the final
+# status (a restart rewrites it) and SageMaker's sync, which sends no conditional header.
+OVERWRITABLE_KINDS = (CHECKPOINTS, STATUS, SAGEMAKER_VOLUME)
 
 # S3-safe and Kubernetes-label-safe identifiers.
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -59,8 +63,17 @@ def final_status_key(experiment: str, run: str) -> str:
 
 
 def append_only_resource_patterns() -> list[str]:
-    """Key patterns (IAM wildcards) under which history is create-only."""
+    """Key patterns (IAM wildcards) of the history that must stay create-only."""
     return [f"{EXPERIMENTS_PREFIX}*/*/{kind}/*" for kind in APPEND_ONLY_KINDS]
+
+
+def overwritable_resource_patterns() -> list[str]:
+    """Key patterns (IAM wildcards) exempt from create-only; everything else in the bucket is.
+
+    IAM's ``*`` matches across ``/``, so a pattern for events/ would also match SageMaker's synced
+    copy of the volume (``.../sagemaker-volume/.../events/...``): the exemptions are the precise list.
+    """
+    return [f"{EXPERIMENTS_PREFIX}*/*/{kind}/*" for kind in OVERWRITABLE_KINDS]
 
 
 # --- Stacks ------------------------------------------------------------------------------

@@ -288,7 +288,7 @@ def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
 # SageMaker syncs this directory to the checkpoint S3 URI while the job runs and restores it on a
 # restart (spot interruption): on SageMaker it is the persistent volume the spool needs.
 SAGEMAKER_VOLUME = "/opt/ml/checkpoints"
-SAGEMAKER_VOLUME_KIND = "sagemaker-volume"  # under the run prefix, beside what the job writes itself
+SAGEMAKER_VOLUME_KIND = contract.SAGEMAKER_VOLUME  # under the run prefix, beside what the job writes itself
 
 
 @dataclass(frozen=True)
