@@ -10,6 +10,7 @@ import pytest
 from beacon.embedded import Provisioned, provision_team
 from config import TeamConfig, load_team
 from tests.moto_server import ACCOUNT, REGION, MotoServer
+from tests.support.policy_eval import ACCOUNT as POLICY_ACCOUNT
 from tests.synth import Synthesized, synthesize
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
@@ -24,6 +25,14 @@ def demo_config() -> TeamConfig:
 def demo(demo_config: TeamConfig, tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     """The demo team's whole app, synthesized once per test session."""
     return synthesize(demo_config, tmp_path_factory.mktemp("cdk.out"))
+
+
+@pytest.fixture(scope="session")
+def vision(demo_config: TeamConfig, tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """A second team, "vision", in the account the policy evaluator resolves the demo team into:
+    the cross-team isolation tests need two teams side by side."""
+    config = TeamConfig.model_validate({**demo_config.model_dump(), "team": "vision", "account": POLICY_ACCOUNT})
+    return synthesize(config, tmp_path_factory.mktemp("cdk.out.vision"))
 
 
 @pytest.fixture(scope="session")

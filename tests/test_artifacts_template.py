@@ -146,6 +146,8 @@ def test_writer_is_trusted_by_pod_identity_with_tag_session_and_by_sagemaker(dem
         "pods.eks.amazonaws.com": ["sts:AssumeRole", "sts:TagSession"],
         "sagemaker.amazonaws.com": ["sts:AssumeRole"],
     }
+    # Each is scoped by conditions; what they admit is evaluated in test_policies_as_aws_evaluates.py.
+    assert all(s.get("Condition") for s in trust)
 
 
 def test_writer_may_only_put_and_get_under_experiments(demo: Synthesized) -> None:
@@ -184,7 +186,7 @@ def test_writer_may_put_metric_data_only_in_beacons_namespace(demo: Synthesized)
     writer = statements(demo, "AWS::IAM::Policy", "ArtifactStoreWriterPolicy")
     metrics = next(s for s in writer if s["Sid"] == "PutBeaconMetrics")
     assert metrics["Action"] == "cloudwatch:PutMetricData"
-    assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": "Beacon"}}
+    assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": "Beacon/demo"}}
 
 
 def test_reader_may_only_read_and_list(demo: Synthesized) -> None:

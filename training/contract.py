@@ -62,11 +62,6 @@ def final_status_key(experiment: str, run: str) -> str:
     return f"{run_prefix(experiment, run)}{STATUS}/final.json"
 
 
-def append_only_resource_patterns() -> list[str]:
-    """Key patterns (IAM wildcards) of the history that must stay create-only."""
-    return [f"{EXPERIMENTS_PREFIX}*/*/{kind}/*" for kind in APPEND_ONLY_KINDS]
-
-
 def overwritable_resource_patterns() -> list[str]:
     """Key patterns (IAM wildcards) exempt from create-only; everything else in the bucket is.
 
@@ -105,7 +100,13 @@ PROGRESS_LOG_METRICS = {
 
 
 # --- CloudWatch ------------------------------------------------------------------------
-NAMESPACE = "Beacon"
+# One namespace per team: CloudWatch has no condition key for dimensions, so the namespace is
+# what keeps one team's writer from feeding another team's alarms.
+NAMESPACE_PREFIX = "Beacon"
+
+
+def metric_namespace(team: str) -> str:
+    return f"{NAMESPACE_PREFIX}/{team}"
 
 
 class Dim(StrEnum):
@@ -213,6 +214,17 @@ class TeamAlarm(StrEnum):
 
 def run_alarm_prefix(team: str) -> str:
     return f"{ALARM_PREFIX}-{team}-run-"
+
+
+def alarm_prefix_collision(team: str) -> str | None:
+    """Why this team name would let another team's alarm grant match its alarms, or None.
+
+    Team ``a``'s writer manages ``beacon-a-run-*``; a team named ``a-run`` or ``a-run-b`` would have
+    alarms inside that pattern. So no hyphen-separated part after the first may be ``run``.
+    """
+    if "run" in team.split("-")[1:]:
+        return f"'run' after a hyphen would put its alarms inside team {team.split('-run')[0]!r}'s run alarms"
+    return None
 
 
 def run_alarm_name(team: str, experiment: str, run: str, kind: RunAlarm) -> str:
