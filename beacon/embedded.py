@@ -30,18 +30,25 @@ class ArtifactStoreHandles:
     skipped_statements: list[str] = field(default_factory=list)
 
 
+# Services whose requests moto authorizes against their real resource ARN; it checks all others
+# (KMS, SSM, CloudWatch ...) against "*".
+MOTO_SCOPED_SERVICES = ("s3", "iam", "sqs", "sts")
+
+
 def _moto_actions(document: dict[str, Any]) -> dict[str, Any]:
     """Rewrite an identity policy into what moto can authorize, keeping its actions.
 
     - moto authorizes CloudWatch calls as ``monitoring:*`` (the endpoint prefix), not ``cloudwatch:*``.
-    - moto checks every service but S3 against the resource ``*``, so a scoped resource would never
-      match; such statements are widened to ``*``. The template tests assert the real scoping.
+    - moto checks services outside MOTO_SCOPED_SERVICES against the resource ``*``, so a scoped
+      resource there would never match: those statements are widened to ``*``. In moto, then, the
+      writer may use any key, parameter or alarm (and moto ignores every condition anyway): what
+      AWS would allow is proven by evaluating the templates (tests/test_policies_as_aws_evaluates.py).
     """
     for statement in document["Statement"]:
         actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
         aliases = [f"monitoring:{a.split(':', 1)[1]}" for a in actions if a.startswith("cloudwatch:")]
         statement["Action"] = actions + aliases
-        if not any(a.startswith("s3:") for a in actions):
+        if not any(a.split(":", 1)[0] in MOTO_SCOPED_SERVICES for a in actions):
             statement["Resource"] = "*"
     return document
 

@@ -101,7 +101,7 @@ def metric_samples(
     (their data comes back raw) and 60 s for standard ones."""
     now = now or datetime.now(UTC)
     answer = cloudwatch.get_metric_statistics(
-        Namespace=contract.NAMESPACE,
+        Namespace=contract.metric_namespace(dimensions[contract.Dim.TEAM.value]),
         MetricName=metric.name,
         Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()],
         StartTime=now - timedelta(minutes=minutes),

@@ -69,7 +69,7 @@ class SimulatedJob:
         team_dims: dict[str, str],
     ) -> None:
         def put(metric: contract.Metric, dims: dict[str, str], value: float) -> None:
-            out[series_key(contract.NAMESPACE, metric.name, dims)].append((now, value))
+            out[series_key(contract.metric_namespace(self.team), metric.name, dims)].append((now, value))
 
         put(contract.HEARTBEAT, run_dims, 1.0)
         put(contract.PROGRESS_AGE, run_dims, clock.progress_age())

@@ -63,7 +63,9 @@ def recorded_samples(
         dims = contract.run_dimensions(team, experiment, run)
         dims = {k: v for k, v in dims.items() if contract.Dim(k) in dimension_kinds}
         points = metric_samples(cloudwatch, metric, dims, statistic=statistic)
-        samples[series_key(contract.NAMESPACE, metric.name, dims)] = [(p.at.timestamp(), p.value) for p in points]
+        samples[series_key(contract.metric_namespace(team), metric.name, dims)] = [
+            (p.at.timestamp(), p.value) for p in points
+        ]
     return samples
 
 
@@ -103,7 +105,7 @@ def verify_run(
         datapoints += len(points)
         (present if points else missing).append(metric.name)
     samples = recorded_samples(cloudwatch, team, evidence.experiment, evidence.run)
-    beats = samples[series_key(contract.NAMESPACE, contract.HEARTBEAT.name, dims)]
+    beats = samples[series_key(contract.metric_namespace(team), contract.HEARTBEAT.name, dims)]
     states = evaluate_recorded(alarms, samples, beats[0][0], beats[-1][0]) if beats else {}
     return Verification(
         steps_expected=steps,

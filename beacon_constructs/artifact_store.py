@@ -39,6 +39,9 @@ class ArtifactStore(Construct):
         noncurrent_version_retention: Duration,
         abort_incomplete_multipart_after: Duration,
         metric_namespace: str,
+        cluster_name: str,
+        training_namespace: str,
+        training_service_account: str,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -84,18 +87,38 @@ class ArtifactStore(Construct):
         )
         self._deny_overwriting_history()
 
+        stack = Stack.of(self)
+        # SageMaker may hand out the writer only to training jobs of this account.
+        sagemaker = iam.ServicePrincipal("sagemaker.amazonaws.com").with_conditions(
+            {
+                "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID},
+                "ArnLike": {
+                    "aws:SourceArn": stack.format_arn(service="sagemaker", resource="training-job", resource_name="*")
+                },
+            }
+        )
         self.writer_role = iam.Role(
             self,
             "WriterRole",
             description="Beacon training jobs: write records and checkpoints under experiments/",
-            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            assumed_by=sagemaker,
             max_session_duration=Duration.hours(12),
         )
-        # EKS Pod Identity needs TagSession as well as AssumeRole.
+        # EKS Pod Identity needs TagSession as well as AssumeRole. Its session tags name the cluster,
+        # namespace and service account: only this team's training pods may take the role.
         self.writer_role.assume_role_policy.add_statements(  # type: ignore[union-attr]
             iam.PolicyStatement(
                 actions=["sts:AssumeRole", "sts:TagSession"],
                 principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")],
+                conditions={
+                    "StringEquals": {
+                        "aws:RequestTag/eks-cluster-arn": stack.format_arn(
+                            service="eks", resource="cluster", resource_name=cluster_name
+                        ),
+                        "aws:RequestTag/kubernetes-namespace": training_namespace,
+                        "aws:RequestTag/kubernetes-service-account": training_service_account,
+                    }
+                },
             )
         )
         self.writer_policy = iam.Policy(
@@ -204,6 +227,8 @@ class ArtifactStore(Construct):
         )
 
     def _deny_overwriting_history(self) -> None:
+        # A list of exemptions, not of protected prefixes: IAM's * crosses '/', so a protected
+        # experiments/*/*/events/* would also catch SageMaker's sync of .../sagemaker-volume/.../events/.
         # Multipart parts carry no conditional header; ObjectCreationOperation exempts them.
         self.bucket.add_to_resource_policy(
             iam.PolicyStatement(
@@ -211,7 +236,7 @@ class ArtifactStore(Construct):
                 effect=iam.Effect.DENY,
                 actions=["s3:PutObject"],
                 principals=[iam.AnyPrincipal()],
-                resources=[self.bucket.arn_for_objects(p) for p in contract.append_only_resource_patterns()],
+                not_resources=[self.bucket.arn_for_objects(p) for p in contract.overwritable_resource_patterns()],
                 conditions={
                     "StringNotEquals": {"s3:if-none-match": "*"},
                     "Bool": {"s3:ObjectCreationOperation": "true"},

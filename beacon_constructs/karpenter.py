@@ -276,8 +276,8 @@ class Karpenter(Construct):
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
         )
-        for principal in ("events.amazonaws.com", "sqs.amazonaws.com"):
-            self.queue.grant_send_messages(iam.ServicePrincipal(principal))
+        # Deliberate deviation from upstream: no blanket send grant to events/sqs. Each rule's target
+        # adds its own statement with aws:SourceArn, so only these five rules can send.
         self.rules = {
             rule_id: events.Rule(
                 self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_cdk import ArnFormat, Duration, Stack, Token
+from aws_cdk import ArnFormat, Aws, Duration, Stack, Token
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_iam as iam
@@ -68,13 +68,13 @@ class TrainingMonitoring(Construct):
         super().__init__(scope, construct_id)
         tag_component(self, "monitoring")
         self.team = team
+        self.namespace = contract.metric_namespace(team)
 
         self.topic_key = kms.Key(self, "TopicKey", description=f"Beacon {team}: alarm topic", enable_key_rotation=True)
-        # CloudWatch publishes to the encrypted topic, so it must be able to use the key.
-        self.topic_key.grant(iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey*")
         self.topic = sns.Topic(
             self, "AlarmTopic", display_name=f"Beacon {team} alarms", master_key=self.topic_key, enforce_ssl=True
         )
+        self._admit_cloudwatch_alarms()
         for email in alarm_emails:
             self.topic.add_subscription(subscriptions.EmailSubscription(email))
         # Existing topics (a chat webhook, a pager) get every notification too: an SNS topic cannot
@@ -135,10 +135,49 @@ class TrainingMonitoring(Construct):
         )
         self.dashboard = self._dashboard(cluster_name)
 
+    # --- the topic: CloudWatch must be let in ------------------------------------------
+    def _alarm_arn(self, name: str) -> str:
+        return Stack.of(self).format_arn(
+            service="cloudwatch", resource="alarm", resource_name=name, arn_format=ArnFormat.COLON_RESOURCE_NAME
+        )
+
+    @property
+    def own_alarm_arns(self) -> list[str]:
+        """This team's alarms, team-wide and per run; nothing another team can name."""
+        team_alarms = [contract.team_alarm_name(self.team, kind) for kind in contract.TeamAlarm]
+        return [self._alarm_arn(name) for name in (*team_alarms, f"{contract.run_alarm_prefix(self.team)}*")]
+
+    def _admit_cloudwatch_alarms(self) -> None:
+        # enforce_ssl leaves the topic a policy with a Deny only, which replaces SNS's default one:
+        # without these statements CloudWatch may neither publish nor use the topic's key.
+        cloudwatch = iam.ServicePrincipal("cloudwatch.amazonaws.com")
+        on_behalf_of_own_alarms = {
+            "ArnLike": {"aws:SourceArn": self.own_alarm_arns},
+            "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID},
+        }
+        self.topic.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarmsPublish",
+                actions=["sns:Publish"],
+                principals=[cloudwatch],
+                resources=[self.topic.topic_arn],
+                conditions=on_behalf_of_own_alarms,
+            )
+        )
+        self.topic_key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CloudWatchAlarmsUseKey",
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                principals=[cloudwatch],
+                resources=["*"],
+                conditions=on_behalf_of_own_alarms,
+            )
+        )
+
     # --- team alarms ------------------------------------------------------------------
     def _team_metric(self, metric: Metric, statistic: str) -> cw.Metric:
         return cw.Metric(
-            namespace=contract.NAMESPACE,
+            namespace=self.namespace,
             metric_name=metric.name,
             dimensions_map=contract.team_dimensions(self.team),
             statistic=statistic,
@@ -172,7 +211,7 @@ class TrainingMonitoring(Construct):
             "AlarmName": self._run_alarm_name(kind),
             "AlarmDescription": runbook(meaning, doctor_command(self.team, run_scoped=True)),
             "ActionsEnabled": False,  # the composite notifies
-            "Namespace": contract.NAMESPACE,
+            "Namespace": self.namespace,
             "MetricName": metric.name,
             "Dimensions": [{"Name": k, "Value": v} for k, v in dimensions.items()],
             "Period": contract.HEARTBEAT_PERIOD_S,
@@ -222,13 +261,10 @@ class TrainingMonitoring(Construct):
         return {"metric_alarms": [silent, stalled], "composite_alarm": composite}
 
     def grant_run_alarms(self, grantee: iam.IRole) -> iam.Policy:
-        """Let a job read the template and create or delete its own run's alarms, and no others."""
-        alarm_arn = Stack.of(self).format_arn(
-            service="cloudwatch",
-            resource="alarm",
-            resource_name=f"{contract.run_alarm_prefix(self.team)}*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
+        """Let a job read the template and create or delete its own run's alarms, and no others;
+        an alarm it creates may notify this team's topic only."""
+        run_alarm_pattern = f"{contract.run_alarm_prefix(self.team)}*"
+        alarm_arn = self._alarm_arn(run_alarm_pattern)
         policy = iam.Policy(
             self,
             "RunAlarmsPolicy",
@@ -236,7 +272,17 @@ class TrainingMonitoring(Construct):
             statements=[
                 iam.PolicyStatement(
                     sid="ManageOwnRunAlarms",
-                    actions=["cloudwatch:PutMetricAlarm", "cloudwatch:PutCompositeAlarm", "cloudwatch:DeleteAlarms"],
+                    actions=["cloudwatch:PutMetricAlarm", "cloudwatch:PutCompositeAlarm"],
+                    resources=[alarm_arn],
+                    conditions={
+                        "ForAllValues:StringEquals": {
+                            "cloudwatch:AlarmActions": [self.topic.topic_arn, *self.extra_topic_arns]
+                        }
+                    },
+                ),
+                iam.PolicyStatement(
+                    sid="DeleteOwnRunAlarms",
+                    actions=["cloudwatch:DeleteAlarms"],
                     resources=[alarm_arn],
                 ),
                 iam.PolicyStatement(
@@ -258,8 +304,7 @@ class TrainingMonitoring(Construct):
         )
         acknowledge(
             policy,
-            f"IAM5[Resource::arn:{partition}:cloudwatch:{region}:{account}:alarm:"
-            f"{contract.run_alarm_prefix(self.team)}*]",
+            f"IAM5[Resource::arn:{partition}:cloudwatch:{region}:{account}:alarm:{run_alarm_pattern}]",
             "Run ids are chosen at job start; the grant is limited to this team's run-alarm name prefix.",
         )
         return policy
@@ -268,7 +313,7 @@ class TrainingMonitoring(Construct):
     def _search(self, metric: Metric, statistic: str, period: int, label: str) -> cw.MathExpression:
         dims = ",".join(d.value for d in contract.RUN_DIMENSIONS)
         query = (
-            f'SEARCH(\'{{{contract.NAMESPACE},{dims}}} MetricName="{metric.name}" '
+            f'SEARCH(\'{{{self.namespace},{dims}}} MetricName="{metric.name}" '
             f"{contract.Dim.TEAM.value}=\"{self.team}\"', '{statistic}', {period})"
         )
         return cw.MathExpression(expression=query, label=label, period=Duration.seconds(period))

@@ -1,10 +1,12 @@
 """Where training runs: the namespace, its service account bound to the writer role by Pod Identity,
-and the artifact volume as a static PersistentVolume on the access point."""
+and the artifact volume as a static PersistentVolume on the access point, mounted with IAM over TLS."""
 
 from __future__ import annotations
 
 from typing import cast
 
+from aws_cdk import Stack
+from aws_cdk import aws_efs as efs
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
@@ -13,6 +15,7 @@ from beacon_constructs.tagging import tag_component
 from training import contract, manifests
 
 OPERATOR_ACCESS_POLICY = "AmazonEKSEditPolicy"
+EFS_CSI_NAMESPACE = "kube-system"
 
 
 class TrainingNamespace(Construct):
@@ -23,8 +26,8 @@ class TrainingNamespace(Construct):
         *,
         cluster: eks.Cluster,
         writer_role: iam.IRole,
-        file_system_id: str,
-        access_point_id: str,
+        file_system: efs.IFileSystem,
+        access_point: efs.IAccessPoint,
         depends_on_storage_driver: eks.Addon,
         operator_role_arns: list[str],
     ) -> None:
@@ -41,10 +44,13 @@ class TrainingNamespace(Construct):
             service_account=manifests.TRAINING_SERVICE_ACCOUNT,
             role_arn=writer_role.role_arn,
         )
+        self.mount_role = self._volume_mount_role(cluster, file_system, access_point)
+        # The driver's node pods read their credentials at start: the association comes first.
+        depends_on_storage_driver.node.add_dependency(self.mount_association)
         self.volume = cluster.add_manifest(
             "ArtifactVolume",
             manifests.storage_class(),
-            manifests.persistent_volume(file_system_id, access_point_id),
+            manifests.persistent_volume(file_system.file_system_id, access_point.access_point_id),
             manifests.persistent_volume_claim(),
         )
         self.volume.node.add_dependency(self.namespace, depends_on_storage_driver)
@@ -65,3 +71,50 @@ class TrainingNamespace(Construct):
             )
             for index, arn in enumerate(operator_role_arns)
         ]
+
+    def _volume_mount_role(
+        self, cluster: eks.Cluster, file_system: efs.IFileSystem, access_point: efs.IAccessPoint
+    ) -> iam.Role:
+        """The identity the EFS CSI driver mounts with (``mountOptions: [iam]``): its node pods' service
+        account, by Pod Identity. The managed add-on offers an association for its controller only."""
+        stack = Stack.of(self)
+        role = iam.Role(
+            self,
+            "VolumeMountRole",
+            description="EFS CSI driver node pods: mount the training access point over TLS",
+            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com")
+            .with_session_tags()
+            .with_conditions(
+                {
+                    "StringEquals": {
+                        "aws:RequestTag/eks-cluster-arn": stack.format_arn(
+                            service="eks", resource="cluster", resource_name=cluster.cluster_name
+                        ),
+                        "aws:RequestTag/kubernetes-namespace": EFS_CSI_NAMESPACE,
+                        "aws:RequestTag/kubernetes-service-account": manifests.EFS_CSI_NODE_SERVICE_ACCOUNT,
+                    }
+                }
+            ),
+        )
+        iam.Policy(
+            self,
+            "VolumeMountPolicy",
+            roles=[role],
+            statements=[
+                iam.PolicyStatement(
+                    sid="MountTrainingAccessPoint",
+                    actions=["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
+                    resources=[file_system.file_system_arn],
+                    conditions={"StringEquals": {"elasticfilesystem:AccessPointArn": access_point.access_point_arn}},
+                )
+            ],
+        )
+        self.mount_association = eks.CfnPodIdentityAssociation(
+            self,
+            "VolumeMountAssociation",
+            cluster_name=cluster.cluster_name,
+            namespace=EFS_CSI_NAMESPACE,
+            service_account=manifests.EFS_CSI_NODE_SERVICE_ACCOUNT,
+            role_arn=role.role_arn,
+        )
+        return role

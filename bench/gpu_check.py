@@ -128,10 +128,14 @@ def verdicts(ranks: list[dict[str, Any]], gpus: int, heartbeat: Path, started: f
             failed.append(f"records: {writer['record_calls']} recorded, {writer['unacknowledged_records']} unsent")
         if writer["metric_batches"] < 2:
             failed.append(f"{writer['metric_batches']} metric batches")
-    if not heartbeat.exists() or heartbeat.stat().st_mtime < started:
-        failed.append("heartbeat file never touched")
+    for local_rank in range(gpus):
+        alive = Path(contract.liveness_file(str(heartbeat), local_rank))
+        if not alive.exists() or alive.stat().st_mtime < started:
+            failed.append(f"liveness file {alive.name} never touched")
     cloudwatch = aws.client("cloudwatch")
-    listed = cloudwatch.list_metrics(Namespace=contract.NAMESPACE, MetricName=contract.HEARTBEAT.name)["Metrics"]
+    listed = cloudwatch.list_metrics(Namespace=contract.metric_namespace("demo"), MetricName=contract.HEARTBEAT.name)[
+        "Metrics"
+    ]
     if not any({"Name": contract.Dim.RUN.value, "Value": run} in m["Dimensions"] for m in listed):
         failed.append("no Heartbeat metric in CloudWatch")
     return failed

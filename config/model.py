@@ -369,6 +369,8 @@ class TeamConfig(_Section):
     def _slug(cls, value: str) -> str:
         if not re.match(SLUG, value):
             raise ValueError(f"{value!r} is not a slug (3-20 of a-z, 0-9, '-', starting with a letter)")
+        if collision := contract.alarm_prefix_collision(value):
+            raise ValueError(f"{value!r}: {collision}")
         return value
 
     @field_validator("account")

@@ -7,7 +7,7 @@ from constructs import Construct
 from beacon_constructs.artifact_store import ArtifactStore
 from beacon_constructs.volume import ArtifactVolume
 from config import TeamConfig
-from training import contract
+from training import contract, manifests
 
 
 class ArtifactsStack(Stack):
@@ -28,7 +28,10 @@ class ArtifactsStack(Stack):
             "ArtifactStore",
             noncurrent_version_retention=Duration.days(config.artifacts.noncurrent_version_retention_days),
             abort_incomplete_multipart_after=Duration.days(config.artifacts.abort_incomplete_multipart_days),
-            metric_namespace=contract.NAMESPACE,
+            metric_namespace=contract.metric_namespace(config.team),
+            cluster_name=contract.cluster_name(config.team),
+            training_namespace=contract.TRAINING_NAMESPACE,
+            training_service_account=manifests.TRAINING_SERVICE_ACCOUNT,
         )
         self.volume = ArtifactVolume(
             self,

@@ -82,8 +82,8 @@ class ClusterStack(Stack):
             "Training",
             cluster=cluster,
             writer_role=writer_role,
-            file_system_id=file_system.file_system_id,
-            access_point_id=access_point.access_point_id,
+            file_system=file_system,
+            access_point=access_point,
             depends_on_storage_driver=self.training_cluster.addons[EFS_CSI_ADDON],
             operator_role_arns=list(config.cluster.operator_role_arns),
         )

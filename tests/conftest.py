@@ -11,6 +11,7 @@ from beacon.embedded import Provisioned, provision_team
 from config import TeamConfig, load_team
 from config.model import TEAMS_DIR, parse_team
 from tests.moto_server import ACCOUNT, REGION, MotoServer
+from tests.support.policy_eval import ACCOUNT as POLICY_ACCOUNT
 from tests.synth import Synthesized, synthesize
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
@@ -46,6 +47,14 @@ ACCOUNT_TEAM: dict[str, object] = {
 def account_team(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     """A team with an account and region (lean profile), synthesized once per test session."""
     config = parse_team(ACCOUNT_TEAM, TEAMS_DIR / "vision.toml")
+    return synthesize(config, tmp_path_factory.mktemp("cdk.out.vision"))
+
+
+@pytest.fixture(scope="session")
+def vision(demo_config: TeamConfig, tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """A second team, "vision", in the account the policy evaluator resolves the demo team into:
+    the cross-team isolation tests need two teams side by side."""
+    config = TeamConfig.model_validate({**demo_config.model_dump(), "team": "vision", "account": POLICY_ACCOUNT})
     return synthesize(config, tmp_path_factory.mktemp("cdk.out.vision"))
 
 

@@ -1,9 +1,10 @@
 """Least privilege, for real: the synthesized writer policy and bucket policy, deployed into moto
 with IAM enforcement on, then exercised as the writer.
 
-moto does not evaluate the condition keys s3:prefix, cloudwatch:namespace, s3:if-none-match or
-aws:SecureTransport; the statements that use them are asserted on the template
-(test_artifacts_template), and the If-None-Match header's own behaviour is proven here.
+moto ignores every condition in identity policies (s3:prefix, cloudwatch:namespace, kms:ViaService,
+s3:if-none-match, aws:SecureTransport ...) and is handed non-S3 resources widened to *: a pass here
+proves actions and S3 resources only. What AWS would allow is evaluated on the templates
+(test_policies_as_aws_evaluates); the If-None-Match header's own behaviour is proven here.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def test_writer_cannot_delete_objects_or_versions(as_writer: WriterSession) -> N
 
 def test_writer_can_put_metrics_in_beacons_namespace(as_writer: WriterSession) -> None:
     datum = [{"MetricName": contract.HEARTBEAT.name, "Value": 1.0}]
-    as_writer.client("cloudwatch").put_metric_data(Namespace=contract.NAMESPACE, MetricData=datum)
+    as_writer.client("cloudwatch").put_metric_data(Namespace=contract.metric_namespace("demo"), MetricData=datum)
 
 
 def test_writer_cannot_read_other_services(as_writer: WriterSession) -> None:

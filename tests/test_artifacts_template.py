@@ -116,10 +116,14 @@ def test_bucket_policy_refuses_any_history_write_that_is_not_a_conditional_creat
         "StringNotEquals": {"s3:if-none-match": "*"},
         "Bool": {"s3:ObjectCreationOperation": "true"},  # exempts multipart parts, which take no header
     }
-    suffixes = sorted(r["Fn::Join"][1][1] for r in statement["Resource"])
-    assert suffixes == ["/experiments/*/*/events/*", "/experiments/*/*/tensorboard/*"]
-    # Checkpoints may be overwritten (versioning keeps the old ones): not covered.
-    assert "checkpoints" not in str(statement["Resource"])
+    # Exemptions, not protected prefixes: IAM's * crosses '/' (see test_policies_as_aws_evaluates.py).
+    suffixes = sorted(r["Fn::Join"][1][1] for r in statement["NotResource"])
+    assert suffixes == [
+        "/experiments/*/*/checkpoints/*",
+        "/experiments/*/*/sagemaker-volume/*",
+        "/experiments/*/*/status/*",
+    ]
+    assert "Resource" not in statement
 
 
 def test_bucket_policy_denies_the_writer_every_delete(demo: Synthesized) -> None:
@@ -142,6 +146,8 @@ def test_writer_is_trusted_by_pod_identity_with_tag_session_and_by_sagemaker(dem
         "pods.eks.amazonaws.com": ["sts:AssumeRole", "sts:TagSession"],
         "sagemaker.amazonaws.com": ["sts:AssumeRole"],
     }
+    # Each is scoped by conditions; what they admit is evaluated in test_policies_as_aws_evaluates.py.
+    assert all(s.get("Condition") for s in trust)
 
 
 def test_writer_may_only_put_and_get_under_experiments(demo: Synthesized) -> None:
@@ -180,7 +186,7 @@ def test_writer_may_put_metric_data_only_in_beacons_namespace(demo: Synthesized)
     writer = statements(demo, "AWS::IAM::Policy", "ArtifactStoreWriterPolicy")
     metrics = next(s for s in writer if s["Sid"] == "PutBeaconMetrics")
     assert metrics["Action"] == "cloudwatch:PutMetricData"
-    assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": "Beacon"}}
+    assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": "Beacon/demo"}}
 
 
 def test_reader_may_only_read_and_list(demo: Synthesized) -> None:

@@ -144,7 +144,11 @@ def test_pod_identity_binds_karpenter_efs_csi_observability_and_training(cluster
         (a["Properties"]["Namespace"], a["Properties"]["ServiceAccount"]): a["Properties"]["RoleArn"]
         for a in cluster.of_type("AWS::EKS::PodIdentityAssociation").values()
     }
-    assert set(bound) == {("kube-system", "karpenter"), ("training", "training")}
+    assert set(bound) == {
+        ("kube-system", "karpenter"),
+        ("kube-system", "efs-csi-node-sa"),  # mounts the volume with IAM (mountOptions: [iam, tls])
+        ("training", "training"),
+    }, "the add-ons' own service accounts are bound by their add-ons (test below)"
     assert "WriterRole" in json.dumps(bound[("training", "training")])  # the artifact store's writer
     assert cluster.of_type("AWS::IAM::OIDCProvider") == {}, "Pod Identity, not IRSA"
 
@@ -342,8 +346,10 @@ def test_interruption_queue_keeps_messages_300_s_encrypted_and_tls_only(cluster:
     assert any(
         s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}} for s in statements
     )
-    senders = {svc for s in statements if s["Effect"] == "Allow" for svc in as_list(s["Principal"]["Service"])}
-    assert senders == {"events.amazonaws.com", "sqs.amazonaws.com"}
+    # Deliberate deviation from upstream: no blanket grant; each rule may send, by aws:SourceArn.
+    senders = [s for s in statements if s["Effect"] == "Allow"]
+    assert {svc for s in senders for svc in as_list(s["Principal"]["Service"])} == {"events.amazonaws.com"}
+    assert len(senders) == 5 and all("aws:SourceArn" in s["Condition"]["ArnEquals"] for s in senders)
 
 
 def test_the_five_upstream_event_patterns_target_the_queue(cluster: SynthesizedTemplate) -> None:

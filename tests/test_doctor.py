@@ -90,7 +90,7 @@ def test_a_diverging_loss_is_named_without_hiding_that_the_run_is_alive(
     """What the job sends instead of a NaN loss CloudWatch would refuse (tests/test_runtime_failures.py)."""
     assert harness.run("--run-id", "doc-nan", "--steps", "20").returncode == 0
     as_writer.client("cloudwatch").put_metric_data(
-        Namespace=contract.NAMESPACE,
+        Namespace=contract.metric_namespace("demo"),
         MetricData=[
             {
                 "MetricName": contract.NON_FINITE_LOSS.name,

@@ -166,7 +166,7 @@ def test_the_heartbeat_file_is_touched_while_the_job_runs(harness: JobHarness) -
 def test_metrics_of_the_contract_reach_cloudwatch(harness: JobHarness, as_writer: WriterSession) -> None:
     assert harness.run("--run-id", "cw-1", "--steps", "80", "--step-sleep", "0.02").returncode == 0
     as_writer.aws.reset_auth_only()
-    listed = as_writer.aws.client("cloudwatch").list_metrics(Namespace=contract.NAMESPACE)["Metrics"]
+    listed = as_writer.aws.client("cloudwatch").list_metrics(Namespace=contract.metric_namespace("demo"))["Metrics"]
     names = {m["MetricName"] for m in listed if {"Name": "Run", "Value": "cw-1"} in m["Dimensions"]}
     for metric in (
         contract.HEARTBEAT,

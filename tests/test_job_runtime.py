@@ -35,7 +35,7 @@ def harness(as_writer: WriterSession, tmp_path: Path) -> JobHarness:
 def maximum(as_writer: WriterSession, metric: contract.Metric, dimensions: dict[str, str]) -> float | None:
     now = datetime.now(UTC)
     points = as_writer.aws.client("cloudwatch").get_metric_statistics(
-        Namespace=contract.NAMESPACE,
+        Namespace=contract.metric_namespace("demo"),
         MetricName=metric.name,
         Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()],
         StartTime=now - timedelta(hours=1),

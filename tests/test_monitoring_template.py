@@ -50,7 +50,7 @@ def assert_runbook(description: str, *, doctor: str) -> None:
 def test_silent_alarm_counts_heartbeats_per_30s_and_treats_silence_as_breaching(run_alarms: Any) -> None:
     silent = by_name(run_alarms[0], contract.RunAlarm.SILENT)
     assert silent["MetricName"] == contract.HEARTBEAT.name
-    assert silent["Namespace"] == contract.NAMESPACE
+    assert silent["Namespace"] == contract.metric_namespace("demo") == "Beacon/demo"
     assert {d["Name"]: d["Value"] for d in silent["Dimensions"]} == {
         "Team": "demo",
         "Experiment": "exp-1",
@@ -119,7 +119,7 @@ def test_team_delivery_alarms_fire_on_failures_or_a_growing_backlog_and_stay_ok_
             "AWS::CloudWatch::Alarm",
             {
                 "AlarmName": f"beacon-demo-{name}",
-                "Namespace": "Beacon",
+                "Namespace": "Beacon/demo",
                 "MetricName": metric.name,
                 "Dimensions": [{"Name": "Team", "Value": "demo"}],
                 "Statistic": statistic,
@@ -218,6 +218,8 @@ def test_topic_is_kms_encrypted_tls_only_and_cloudwatch_may_use_its_key(template
     statements = key["Properties"]["KeyPolicy"]["Statement"]
     cloudwatch = [s for s in statements if s["Principal"] == {"Service": "cloudwatch.amazonaws.com"}]
     assert cloudwatch and sorted(cloudwatch[0]["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey*"]
+    # Whether CloudWatch may publish and use the key is evaluated in test_policies_as_aws_evaluates.py.
+    assert set(cloudwatch[0]["Condition"]) == {"ArnLike", "StringEquals"}
 
 
 def test_no_email_subscription_when_none_is_configured(template: Template) -> None:
@@ -243,10 +245,11 @@ def test_job_may_manage_only_its_teams_run_alarms_and_read_the_template(demo: Sy
     _, policy = demo.template("monitoring").one_of_type("AWS::IAM::Policy")
     statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     alarms = statements["ManageOwnRunAlarms"]
-    assert sorted(alarms["Action"]) == sorted(
-        ["cloudwatch:PutMetricAlarm", "cloudwatch:PutCompositeAlarm", "cloudwatch:DeleteAlarms"]
-    )
+    assert sorted(alarms["Action"]) == sorted(["cloudwatch:PutMetricAlarm", "cloudwatch:PutCompositeAlarm"])
     assert json.dumps(alarms["Resource"]).endswith(':alarm:beacon-demo-run-*"]]}')
+    assert set(alarms["Condition"]) == {"ForAllValues:StringEquals"}  # actions: the team's topic only
+    deletes = statements["DeleteOwnRunAlarms"]
+    assert deletes["Action"] == "cloudwatch:DeleteAlarms" and deletes["Resource"] == alarms["Resource"]
     parameter = statements["ReadRunAlarmTemplate"]
     assert parameter["Action"] == "ssm:GetParameter"
     parameter_id, _ = demo.template("monitoring").one_of_type("AWS::SSM::Parameter")

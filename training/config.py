@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--chunk-records", _positive_int, 100, "records per chunk at most")
     add("--heartbeat-interval", _positive_float, 15.0, "seconds between heartbeats (and metric batches)")
     add("--heartbeat-file", Path, Path("/tmp/beacon-heartbeat"), "liveness: each local rank touches <file>.<rank>")
-    add("--namespace", str, contract.NAMESPACE, "CloudWatch namespace")
+    add("--namespace", str, None, "CloudWatch namespace (default: the team's, Beacon/<team>)")
     add(
         "--region",
         str,
@@ -172,4 +172,5 @@ def parse_args(argv: list[str] | None = None) -> JobConfig:
         parser.error("argument --bucket: required (or set BEACON_BUCKET)")
     values = vars(args)
     values["run"] = values.pop("run_id") or ""
+    values["namespace"] = values["namespace"] or contract.metric_namespace(values["team"])
     return JobConfig(**values)

@@ -20,8 +20,12 @@ CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
 PREFLIGHT = "preflight"
 STATUS = "status"
+SAGEMAKER_VOLUME = "sagemaker-volume"  # SageMaker's checkpoint sync of the job's volume
 # History that must never be overwritten: create-only writes (If-None-Match: *).
 APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD)
+# What may be written without If-None-Match: checkpoints (versioning keeps old ones), the final
+# status (a restart rewrites it) and SageMaker's sync, which sends no conditional header.
+OVERWRITABLE_KINDS = (CHECKPOINTS, STATUS, SAGEMAKER_VOLUME)
 
 # S3-safe and Kubernetes-label-safe identifiers.
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -58,9 +62,13 @@ def final_status_key(experiment: str, run: str) -> str:
     return f"{run_prefix(experiment, run)}{STATUS}/final.json"
 
 
-def append_only_resource_patterns() -> list[str]:
-    """Key patterns (IAM wildcards) under which history is create-only."""
-    return [f"{EXPERIMENTS_PREFIX}*/*/{kind}/*" for kind in APPEND_ONLY_KINDS]
+def overwritable_resource_patterns() -> list[str]:
+    """Key patterns (IAM wildcards) exempt from create-only; everything else in the bucket is.
+
+    IAM's ``*`` matches across ``/``, so a pattern for events/ would also match SageMaker's synced
+    copy of the volume (``.../sagemaker-volume/.../events/...``): the exemptions are the precise list.
+    """
+    return [f"{EXPERIMENTS_PREFIX}*/*/{kind}/*" for kind in OVERWRITABLE_KINDS]
 
 
 # --- Stacks ------------------------------------------------------------------------------
@@ -98,7 +106,13 @@ def liveness_file(base: str, local_rank: int) -> str:
 
 
 # --- CloudWatch ------------------------------------------------------------------------
-NAMESPACE = "Beacon"
+# One namespace per team: CloudWatch has no condition key for dimensions, so the namespace is
+# what keeps one team's writer from feeding another team's alarms.
+NAMESPACE_PREFIX = "Beacon"
+
+
+def metric_namespace(team: str) -> str:
+    return f"{NAMESPACE_PREFIX}/{team}"
 
 
 class Dim(StrEnum):
@@ -234,6 +248,17 @@ class TeamAlarm(StrEnum):
 
 def run_alarm_prefix(team: str) -> str:
     return f"{ALARM_PREFIX}-{team}-run-"
+
+
+def alarm_prefix_collision(team: str) -> str | None:
+    """Why this team name would let another team's alarm grant match its alarms, or None.
+
+    Team ``a``'s writer manages ``beacon-a-run-*``; a team named ``a-run`` or ``a-run-b`` would have
+    alarms inside that pattern. So no hyphen-separated part after the first may be ``run``.
+    """
+    if "run" in team.split("-")[1:]:
+        return f"'run' after a hyphen would put its alarms inside team {team.split('-run')[0]!r}'s run alarms"
+    return None
 
 
 def run_alarm_name(team: str, experiment: str, run: str, kind: RunAlarm) -> str:

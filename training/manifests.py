@@ -52,6 +52,10 @@ def storage_class() -> dict[str, Any]:
     }
 
 
+EFS_MOUNT_OPTIONS = ("iam", "tls")
+EFS_CSI_NODE_SERVICE_ACCOUNT = "efs-csi-node-sa"  # the driver's node pods mount; `iam` uses their identity
+
+
 def persistent_volume(file_system_id: str, access_point_id: str) -> dict[str, Any]:
     """A static volume on the access point, so every write is owned by the training uid/gid."""
     return {
@@ -64,6 +68,8 @@ def persistent_volume(file_system_id: str, access_point_id: str) -> dict[str, An
             "accessModes": ["ReadWriteMany"],
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": STORAGE_CLASS,
+            # The file system refuses anonymous clients: mount as the driver's IAM identity, over TLS.
+            "mountOptions": list(EFS_MOUNT_OPTIONS),
             "csi": {"driver": "efs.csi.aws.com", "volumeHandle": f"{file_system_id}::{access_point_id}"},
         },
     }
@@ -294,7 +300,7 @@ def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
 # SageMaker syncs this directory to the checkpoint S3 URI while the job runs and restores it on a
 # restart (spot interruption): on SageMaker it is the persistent volume the spool needs.
 SAGEMAKER_VOLUME = "/opt/ml/checkpoints"
-SAGEMAKER_VOLUME_KIND = "sagemaker-volume"  # under the run prefix, beside what the job writes itself
+SAGEMAKER_VOLUME_KIND = contract.SAGEMAKER_VOLUME  # under the run prefix, beside what the job writes itself
 
 
 @dataclass(frozen=True)

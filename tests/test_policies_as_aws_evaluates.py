@@ -1,0 +1,389 @@
+"""Would the service that must act be allowed to? Asked of the synthesized templates, as AWS
+evaluates policies (tests/support/policy_eval.py), for two teams deployed into one account.
+
+moto ignores every condition in identity policies, so none of these answers can come from it.
+Each test names the item of issue 11 it proves.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from beacon.templates import kubernetes_objects
+from config import TeamConfig
+from tests.support.policy_eval import ACCOUNT, REGION, Decision, Deployment, Request, merge, wildcard_match
+from tests.synth import Synthesized
+from training import contract, manifests
+from training.config import parse_args
+
+DEMO, VISION = "demo", "vision"
+TLS = {"aws:SecureTransport": True}
+OTHER_ACCOUNT = "444455556666"
+
+
+@pytest.fixture(scope="module")
+def aws(demo: Synthesized, vision: Synthesized) -> Deployment:
+    return Deployment(merge(demo.templates, vision.templates))
+
+
+def stack(team: str, component: str) -> str:
+    return contract.stack_name(team, component)
+
+
+def arn_of(aws: Deployment, team: str, component: str, resource_type: str, prefix: str = "") -> str:
+    name = stack(team, component)
+    return aws.arn(name, aws.find(name, resource_type, prefix))
+
+
+def writer(aws: Deployment, team: str) -> str:
+    return arn_of(aws, team, "artifacts", "AWS::IAM::Role", "ArtifactStoreWriterRole")
+
+
+def bucket_arn(aws: Deployment, team: str) -> str:
+    return arn_of(aws, team, "artifacts", "AWS::S3::Bucket", "ArtifactStoreBucket")
+
+
+def topic_arn(aws: Deployment, team: str) -> str:
+    name = stack(team, "monitoring")
+    return str(aws.resolve(name, {"Ref": aws.find(name, "AWS::SNS::Topic")}))
+
+
+def alarm_arn(name: str) -> str:
+    return f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:{name}"
+
+
+def run_alarms(aws: Deployment, team: str, experiment: str = "exp1", run: str = "run1") -> dict[str, Any]:
+    name = stack(team, "monitoring")
+    parameter = aws.templates[name].resources[aws.find(name, "AWS::SSM::Parameter")]
+    return contract.render_run_alarms(str(aws.resolve(name, parameter["Properties"]["Value"])), experiment, run)
+
+
+def decide(aws: Deployment, request: Request) -> Decision:
+    return aws.decide(request).decision
+
+
+def assert_allowed(aws: Deployment, request: Request) -> None:
+    explanation = aws.decide(request)
+    assert explanation.decision is Decision.ALLOW, f"{request} -> {explanation}"
+
+
+def assert_refused(aws: Deployment, request: Request) -> None:
+    explanation = aws.decide(request)
+    assert explanation.decision is not Decision.ALLOW, f"{request} -> {explanation}"
+
+
+# --- item 3: alarms reach someone -------------------------------------------------------------
+def notifying_alarms(aws: Deployment, team: str) -> list[tuple[str, list[str]]]:
+    """(alarm ARN, topics it notifies) for the template's alarms and the run-alarm template."""
+    name = stack(team, "monitoring")
+    out = []
+    for kind in ("AWS::CloudWatch::Alarm", "AWS::CloudWatch::CompositeAlarm"):
+        for resource in aws.templates[name].of_type(kind).values():
+            alarm = aws.resolve(name, resource["Properties"])
+            out.append((alarm_arn(alarm["AlarmName"]), alarm.get("AlarmActions", []) + alarm.get("OKActions", [])))
+    composite = run_alarms(aws, team)["composite_alarm"]
+    out.append((alarm_arn(composite["AlarmName"]), composite["AlarmActions"] + composite["OKActions"]))
+    return [(alarm, topics) for alarm, topics in out if topics]
+
+
+def topic_key_arn(aws: Deployment, team: str, topic: str) -> str:
+    name = stack(team, "monitoring")
+    for logical_id, resource in aws.templates[name].of_type("AWS::SNS::Topic").items():
+        if aws.resolve(name, {"Ref": logical_id}) == topic:
+            return str(aws.resolve(name, resource["Properties"]["KmsMasterKeyId"]))
+    raise AssertionError(f"no topic {topic} in {name}")
+
+
+@pytest.mark.parametrize("team", [DEMO, VISION])
+def test_item3_cloudwatch_may_publish_every_alarm_notification_and_use_the_topic_key(
+    aws: Deployment, team: str
+) -> None:
+    alarms = notifying_alarms(aws, team)
+    assert len(alarms) >= 2  # the restarts alarm and each run's metrics-lost composite
+    for alarm, topics in alarms:
+        for topic in topics:
+            on_behalf = {"aws:SourceArn": alarm, "aws:SourceAccount": ACCOUNT, **TLS}
+            assert_allowed(aws, Request("sns:Publish", topic, "cloudwatch.amazonaws.com", on_behalf))
+            key = topic_key_arn(aws, team, topic)
+            for action in ("kms:GenerateDataKey", "kms:Decrypt"):
+                assert_allowed(aws, Request(action, key, "cloudwatch.amazonaws.com", on_behalf))
+
+
+def test_item3_cloudwatch_may_not_publish_for_another_teams_or_accounts_alarms(aws: Deployment) -> None:
+    topic = topic_arn(aws, DEMO)
+    vision_alarm = alarm_arn(run_alarms(aws, VISION)["composite_alarm"]["AlarmName"])
+    foreign = {"aws:SourceArn": vision_alarm, "aws:SourceAccount": ACCOUNT, **TLS}
+    assert_refused(aws, Request("sns:Publish", topic, "cloudwatch.amazonaws.com", foreign))
+    own_name = run_alarms(aws, DEMO)["composite_alarm"]["AlarmName"]
+    other_account = {
+        "aws:SourceArn": f"arn:aws:cloudwatch:{REGION}:{OTHER_ACCOUNT}:alarm:{own_name}",
+        "aws:SourceAccount": OTHER_ACCOUNT,
+        **TLS,
+    }
+    assert_refused(aws, Request("sns:Publish", topic, "cloudwatch.amazonaws.com", other_account))
+
+
+# --- item 1: the volume mounts ----------------------------------------------------------------
+def volume_mount(aws: Deployment, team: str) -> tuple[str, str, str]:
+    """(the EFS CSI node pods' role, file system ARN, access point ARN)."""
+    cluster = stack(team, "cluster")
+    roles = [
+        aws.resolve(cluster, association["Properties"]["RoleArn"])
+        for association in aws.templates[cluster].of_type("AWS::EKS::PodIdentityAssociation").values()
+        if association["Properties"]["ServiceAccount"] == manifests.EFS_CSI_NODE_SERVICE_ACCOUNT
+    ]
+    assert len(roles) == 1, f"the EFS CSI driver's node pods need one identity to mount with, found {roles}"
+    return (
+        roles[0],
+        arn_of(aws, team, "artifacts", "AWS::EFS::FileSystem"),
+        arn_of(aws, team, "artifacts", "AWS::EFS::AccessPoint"),
+    )
+
+
+def test_item1_the_persistent_volume_mounts_with_iam_over_tls(demo: Synthesized) -> None:
+    objects = [o for objs in kubernetes_objects(demo.template("cluster")).values() for o in objs]
+    volume = next(o for o in objects if o["kind"] == "PersistentVolume")
+    assert {"iam", "tls"} <= set(volume["spec"].get("mountOptions", []))
+
+
+def test_item1_the_efs_csi_driver_may_mount_and_write_through_the_access_point_over_tls(aws: Deployment) -> None:
+    role, file_system, access_point = volume_mount(aws, DEMO)
+    mount = {"elasticfilesystem:AccessedViaMountTarget": True, "elasticfilesystem:AccessPointArn": access_point}
+    for action in ("elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"):
+        assert_allowed(aws, Request(action, file_system, role, {**mount, **TLS}))
+        assert decide(aws, Request(action, file_system, role, {**mount, "aws:SecureTransport": False})) is (
+            Decision.EXPLICIT_DENY
+        )
+    # Pod Identity hands that role to the driver's node pods of this cluster only.
+    cluster = arn_of(aws, DEMO, "cluster", "AWS::EKS::Cluster")
+    tags = {
+        "aws:RequestTag/eks-cluster-arn": cluster,
+        "aws:RequestTag/kubernetes-namespace": "kube-system",
+        "aws:RequestTag/kubernetes-service-account": manifests.EFS_CSI_NODE_SERVICE_ACCOUNT,
+    }
+    for action in ("sts:AssumeRole", "sts:TagSession"):
+        assert_allowed(aws, Request(action, role, "pods.eks.amazonaws.com", tags))
+        elsewhere = {**tags, "aws:RequestTag/kubernetes-namespace": "training"}
+        assert_refused(aws, Request(action, role, "pods.eks.amazonaws.com", elsewhere))
+
+
+def test_item1_an_anonymous_client_may_neither_mount_nor_write(aws: Deployment) -> None:
+    _, file_system, access_point = volume_mount(aws, DEMO)
+    mount = {"elasticfilesystem:AccessedViaMountTarget": True, "elasticfilesystem:AccessPointArn": access_point, **TLS}
+    for action in (
+        "elasticfilesystem:ClientMount",
+        "elasticfilesystem:ClientWrite",
+        "elasticfilesystem:ClientRootAccess",
+    ):
+        assert_refused(aws, Request(action, file_system, None, mount))
+
+
+# --- item 5: the interruption queue -------------------------------------------------------------
+def test_item5_only_the_five_interruption_rules_may_send_to_the_queue(aws: Deployment) -> None:
+    cluster = stack(DEMO, "cluster")
+    queue_id = aws.find(cluster, "AWS::SQS::Queue", "KarpenterInterruptionQueue")
+    queue = aws.arn(cluster, queue_id)
+    rules = [
+        aws.arn(cluster, logical_id)
+        for logical_id, rule in aws.templates[cluster].of_type("AWS::Events::Rule").items()
+        if any(t["Arn"] == {"Fn::GetAtt": [queue_id, "Arn"]} for t in rule["Properties"]["Targets"])
+    ]
+    assert len(rules) == 5
+    for rule in rules:
+        assert_allowed(aws, Request("sqs:SendMessage", queue, "events.amazonaws.com", {"aws:SourceArn": rule, **TLS}))
+    forged = [
+        ("events.amazonaws.com", {"aws:SourceArn": f"arn:aws:events:{REGION}:{ACCOUNT}:rule/forged-spot-warning"}),
+        ("events.amazonaws.com", {"aws:SourceArn": f"arn:aws:events:{REGION}:{OTHER_ACCOUNT}:rule/x"}),
+        ("events.amazonaws.com", {}),
+        ("sqs.amazonaws.com", {"aws:SourceArn": f"arn:aws:sqs:{REGION}:{OTHER_ACCOUNT}:q"}),
+    ]
+    for principal, context in forged:
+        assert_refused(aws, Request("sqs:SendMessage", queue, principal, {**context, **TLS}))
+
+
+# --- item 7: SageMaker's checkpoint sync --------------------------------------------------------
+def object_arn(aws: Deployment, team: str, key: str) -> str:
+    return f"{bucket_arn(aws, team)}/{key}"
+
+
+def put(aws: Deployment, team: str, key: str, **context: Any) -> Request:
+    return Request(
+        "s3:PutObject",
+        object_arn(aws, team, key),
+        writer(aws, team),
+        {"s3:ObjectCreationOperation": True, **TLS, **context},
+    )
+
+
+def test_item7_sagemaker_checkpoint_sync_passes_the_bucket_policy(aws: Deployment, demo_config: TeamConfig) -> None:
+    bucket = bucket_arn(aws, DEMO).removeprefix("arn:aws:s3:::")
+    spec = demo_config.smoke_job_spec(image="image", bucket=bucket, region=REGION)
+    sync_prefix = manifests.sagemaker_container(spec).checkpoint_s3_uri.removeprefix(f"s3://{bucket}/")
+    # The volume holds the spool (sealed chunks, TensorBoard files) and checkpoints, each under
+    # <experiment>/<run>: the sync uploads them file by file, with no If-None-Match.
+    for path in (
+        f"spool/{spec.experiment}/{spec.name}/events/chunk-00000001.jsonl",
+        f"spool/{spec.experiment}/{spec.name}/tensorboard/events.out.tfevents.1",
+        f"checkpoints/{spec.experiment}/{spec.name}/step-00000050.pt",
+    ):
+        assert_allowed(aws, put(aws, DEMO, sync_prefix + path))
+
+
+@pytest.mark.parametrize(
+    ("experiment", "run"), [("exp1", "run1"), ("checkpoints", "sagemaker-volume"), ("status", "x")]
+)
+def test_item7_history_stays_create_only(aws: Deployment, experiment: str, run: str) -> None:
+    assert set(contract.APPEND_ONLY_KINDS).isdisjoint(contract.OVERWRITABLE_KINDS)
+    for key in (contract.events_key(experiment, run, 1), contract.tensorboard_key(experiment, run, "f")):
+        assert decide(aws, put(aws, DEMO, key)) is Decision.EXPLICIT_DENY, key
+        assert_allowed(aws, put(aws, DEMO, key, **{"s3:if-none-match": "*"}))
+        # Multipart parts carry no header and create nothing on their own.
+        assert_allowed(aws, put(aws, DEMO, key, **{"s3:ObjectCreationOperation": False}))
+    assert_allowed(aws, put(aws, DEMO, contract.checkpoint_key(experiment, run, 50)))
+    assert_allowed(aws, put(aws, DEMO, contract.final_status_key(experiment, run)))
+
+
+# --- item 11: teams sharing an account ------------------------------------------------------
+def test_item11_a_writer_cannot_feed_another_teams_alarms(aws: Deployment) -> None:
+    for team, other in ((DEMO, VISION), (VISION, DEMO)):
+        for alarm in run_alarms(aws, other)["metric_alarms"]:
+            theirs = {"cloudwatch:namespace": alarm["Namespace"]}
+            assert_refused(aws, Request("cloudwatch:PutMetricData", "*", writer(aws, team), theirs))
+        own = {"cloudwatch:namespace": run_alarms(aws, team)["metric_alarms"][0]["Namespace"]}
+        assert_allowed(aws, Request("cloudwatch:PutMetricData", "*", writer(aws, team), own))
+
+
+@pytest.mark.parametrize("team", [DEMO, VISION])
+def test_item11_job_alarms_and_dashboard_share_the_teams_namespace(
+    demo: Synthesized, aws: Deployment, team: str
+) -> None:
+    namespace = parse_args(["--team", team, "--telemetry", "false"]).namespace
+    assert namespace == contract.metric_namespace(team) != contract.metric_namespace(VISION if team == DEMO else DEMO)
+    assert {a["Namespace"] for a in run_alarms(aws, team)["metric_alarms"]} == {namespace}
+    monitoring = aws.templates[stack(team, "monitoring")]
+    for alarm in monitoring.of_type("AWS::CloudWatch::Alarm").values():
+        if alarm["Properties"].get("Namespace", "").startswith(contract.NAMESPACE_PREFIX):
+            assert alarm["Properties"]["Namespace"] == namespace
+    dashboard = json.dumps(next(iter(monitoring.of_type("AWS::CloudWatch::Dashboard").values())))
+    assert f"{{{namespace}," in dashboard and "{Beacon," not in dashboard
+
+
+def test_item11_a_writer_cannot_touch_another_teams_alarms(aws: Deployment) -> None:
+    vision_alarms = [a["AlarmName"] for a in run_alarms(aws, VISION)["metric_alarms"]]
+    vision_alarms += [contract.team_alarm_name(VISION, kind) for kind in contract.TeamAlarm]
+    for name in vision_alarms:
+        for action in ("cloudwatch:PutMetricAlarm", "cloudwatch:PutCompositeAlarm", "cloudwatch:DeleteAlarms"):
+            assert_refused(aws, Request(action, alarm_arn(name), writer(aws, DEMO)))
+    for name in [a["AlarmName"] for a in run_alarms(aws, DEMO)["metric_alarms"]]:
+        assert_allowed(aws, Request("cloudwatch:DeleteAlarms", alarm_arn(name), writer(aws, DEMO)))
+
+
+def test_item11_team_names_that_would_share_an_alarm_prefix_are_refused(demo_config: TeamConfig) -> None:
+    for team in ("demo-run", "demo-run-x", "a-b-run-c"):
+        with pytest.raises(ValueError, match="run"):
+            TeamConfig.model_validate({**demo_config.model_dump(), "team": team, "account": ACCOUNT})
+    # Among names that are accepted, no team's run-alarm grant matches another team's alarm.
+    accepted = ["demo", "demo-x", "demo-runner", "run-demo", "runs", "demo-rung", "a-b", "a"]
+    accepted = [t for t in accepted if contract.alarm_prefix_collision(t) is None]
+    for team in accepted:
+        pattern = f"{contract.run_alarm_prefix(team)}*"
+        for other in accepted:
+            if other == team:
+                continue
+            names = [contract.team_alarm_name(other, kind) for kind in contract.TeamAlarm]
+            names += [contract.run_alarm_name(other, "e", "r", kind) for kind in contract.RunAlarm]
+            assert not [n for n in names if wildcard_match(pattern, n)], (team, other)
+
+
+def test_item11_a_run_alarm_may_notify_only_the_teams_topic(aws: Deployment) -> None:
+    composite = run_alarms(aws, DEMO)["composite_alarm"]
+    target = alarm_arn(composite["AlarmName"])
+    own = {"cloudwatch:AlarmActions": composite["AlarmActions"]}
+    assert own["cloudwatch:AlarmActions"] == [topic_arn(aws, DEMO)]
+    assert_allowed(aws, Request("cloudwatch:PutCompositeAlarm", target, writer(aws, DEMO), own))
+    assert_allowed(aws, Request("cloudwatch:PutMetricAlarm", target, writer(aws, DEMO)))  # no actions at all
+    for topics in ([topic_arn(aws, VISION)], [topic_arn(aws, DEMO), f"arn:aws:sns:{REGION}:{ACCOUNT}:anything"]):
+        other = {"cloudwatch:AlarmActions": topics}
+        for action in ("cloudwatch:PutCompositeAlarm", "cloudwatch:PutMetricAlarm"):
+            assert_refused(aws, Request(action, target, writer(aws, DEMO), other))
+
+
+def pod_identity_tags(cluster: str, namespace: str, service_account: str) -> dict[str, str]:
+    return {
+        "aws:RequestTag/eks-cluster-arn": f"arn:aws:eks:{REGION}:{ACCOUNT}:cluster/{cluster}",
+        "aws:RequestTag/eks-cluster-name": cluster,
+        "aws:RequestTag/kubernetes-namespace": namespace,
+        "aws:RequestTag/kubernetes-service-account": service_account,
+    }
+
+
+def test_item11_the_writer_is_handed_out_only_to_its_own_training_pods(aws: Deployment) -> None:
+    role = writer(aws, DEMO)
+    service_account = manifests.TRAINING_SERVICE_ACCOUNT
+    own = pod_identity_tags(contract.cluster_name(DEMO), contract.TRAINING_NAMESPACE, service_account)
+    assert own["aws:RequestTag/eks-cluster-arn"] == arn_of(aws, DEMO, "cluster", "AWS::EKS::Cluster")
+    for action in ("sts:AssumeRole", "sts:TagSession"):
+        assert_allowed(aws, Request(action, role, "pods.eks.amazonaws.com", own))
+        for foreign in (
+            pod_identity_tags(contract.cluster_name(VISION), contract.TRAINING_NAMESPACE, service_account),
+            pod_identity_tags(contract.cluster_name(DEMO), "default", service_account),
+            pod_identity_tags(contract.cluster_name(DEMO), contract.TRAINING_NAMESPACE, "default"),
+            {},
+        ):
+            assert_refused(aws, Request(action, role, "pods.eks.amazonaws.com", foreign))
+
+
+def test_item11_sagemaker_hands_out_the_writer_only_to_this_accounts_training_jobs(aws: Deployment) -> None:
+    role = writer(aws, DEMO)
+    job = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/beacon-smoke-1"
+    assert_allowed(
+        aws,
+        Request(
+            "sts:AssumeRole", role, "sagemaker.amazonaws.com", {"aws:SourceAccount": ACCOUNT, "aws:SourceArn": job}
+        ),
+    )
+    for context in (
+        {"aws:SourceAccount": OTHER_ACCOUNT, "aws:SourceArn": job.replace(ACCOUNT, OTHER_ACCOUNT)},
+        {"aws:SourceAccount": ACCOUNT, "aws:SourceArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:notebook-instance/x"},
+        {},
+    ):
+        assert_refused(aws, Request("sts:AssumeRole", role, "sagemaker.amazonaws.com", context))
+
+
+# --- item 12: what moto cannot tell -----------------------------------------------------------
+# These held on the original templates too: the defect was that no test could tell (moto ignores
+# the conditions, and the provisioning widened resources to *). Now each is evaluated.
+def test_item12_the_writer_lists_only_under_experiments(aws: Deployment) -> None:
+    role, bucket = writer(aws, DEMO), bucket_arn(aws, DEMO)
+    assert_allowed(aws, Request("s3:ListBucket", bucket, role, {"s3:prefix": "experiments/exp1/", **TLS}))
+    for prefix in ("", "other/", "experiment"):
+        assert_refused(aws, Request("s3:ListBucket", bucket, role, {"s3:prefix": prefix, **TLS}))
+    assert_refused(aws, Request("s3:ListBucket", bucket, role, TLS))
+    assert_refused(aws, Request("s3:GetObject", f"{bucket}/elsewhere/x", role, TLS))
+    assert_refused(aws, Request("s3:PutObject", f"{bucket_arn(aws, VISION)}/experiments/e/r/checkpoints/x", role, TLS))
+
+
+def test_item12_the_writer_uses_the_key_only_through_s3(aws: Deployment) -> None:
+    role = writer(aws, DEMO)
+    key = arn_of(aws, DEMO, "artifacts", "AWS::KMS::Key", "ArtifactStoreKey")
+    via_s3 = {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}
+    for action in ("kms:GenerateDataKey", "kms:Decrypt"):
+        assert_allowed(aws, Request(action, key, role, via_s3))
+        assert_refused(aws, Request(action, key, role))
+        assert_refused(aws, Request(action, key, role, {"kms:ViaService": f"sns.{REGION}.amazonaws.com"}))
+    assert_refused(aws, Request("kms:Encrypt", key, role, via_s3))
+
+
+def test_item12_the_writer_reads_only_its_own_run_alarm_template(aws: Deployment) -> None:
+    role = writer(aws, DEMO)
+
+    def parameter(name: str) -> str:
+        return f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{name}"
+
+    assert_allowed(aws, Request("ssm:GetParameter", parameter(contract.run_alarm_parameter_name(DEMO)), role))
+    for other in (contract.run_alarm_parameter_name(VISION), "/cdk-bootstrap/hnb659fds/version", "/anything"):
+        assert_refused(aws, Request("ssm:GetParameter", parameter(other), role))
+    assert_refused(aws, Request("ssm:GetParameters", parameter(contract.run_alarm_parameter_name(DEMO)), role))
