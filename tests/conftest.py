@@ -54,7 +54,9 @@ def account_team(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
 def vision(demo_config: TeamConfig, tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     """A second team, "vision", in the account the policy evaluator resolves the demo team into:
     the cross-team isolation tests need two teams side by side."""
-    config = TeamConfig.model_validate({**demo_config.model_dump(), "team": "vision", "account": POLICY_ACCOUNT})
+    values = demo_config.model_dump()
+    values["monitoring"]["alarm_email"] = ["oncall@vision.example.com"]  # a team with an account notifies someone
+    config = TeamConfig.model_validate({**values, "team": "vision", "account": POLICY_ACCOUNT})
     return synthesize(config, tmp_path_factory.mktemp("cdk.out.vision"))
 
 
