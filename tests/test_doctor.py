@@ -199,7 +199,7 @@ def test_the_cli_reads_options_from_the_environment_and_prints_json(
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["diagnosis"] == "finished" and answer["healthy"] is True
-    assert len(answer["verdicts"]) == 8
+    assert len(answer["verdicts"]) == 9
 
 
 def test_the_cli_names_the_team_it_cannot_read(as_writer: WriterSession) -> None:
