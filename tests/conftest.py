@@ -10,8 +10,10 @@ import pytest
 from beacon.embedded import Provisioned, provision_team
 from config import TeamConfig, load_team
 from config.model import TEAMS_DIR, parse_team
+from tests.fault_proxy import FaultPlan, FaultProxy
 from tests.moto_server import ACCOUNT, REGION, MotoServer
 from tests.support.policy_eval import ACCOUNT as POLICY_ACCOUNT
+from tests.support.strict_s3 import BucketPolicyGate
 from tests.synth import Synthesized, synthesize
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
@@ -101,3 +103,19 @@ def as_writer(demo: Synthesized, moto_server: MotoServer) -> WriterSession:
     moto_server.enforce_iam()
     credentials = provisioned.writer_credentials(moto_server.client("sts", **provisioned.operator_keys))
     return WriterSession(moto_server, provisioned, credentials)
+
+
+@pytest.fixture
+def strict_s3(demo: Synthesized, as_writer: WriterSession) -> BucketPolicyGate:
+    """The demo team's synthesized bucket policy, applied to the test bucket as S3 would apply it."""
+    return BucketPolicyGate.of(demo.templates, "demo", as_writer.bucket)
+
+
+@pytest.fixture
+def strict_aws(as_writer: WriterSession, strict_s3: BucketPolicyGate) -> Iterator[str]:
+    """An endpoint as strict as AWS: moto behind the bucket policy's conditions. Jobs talk to this."""
+    proxy = FaultProxy(as_writer.aws.url, FaultPlan(), gate=strict_s3).start()
+    try:
+        yield proxy.url
+    finally:
+        proxy.stop()

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
+from tests.support.strict_s3 import BucketPolicyGate
+
 SCOPE = re.compile(r"Credential=[^/]+/\d{8}/[^/]+/([^/]+)/aws4_request")
 FAULTS = ("error_500", "slow_down_503", "reset", "latency")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
@@ -64,9 +66,10 @@ class FaultStats:
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, plan: FaultPlan) -> None:
+    def __init__(self, upstream: str, plan: FaultPlan, *, gate: BucketPolicyGate | None = None) -> None:
         self.upstream = urlparse(upstream)
         self.plan = plan
+        self.gate = gate  # the bucket policy as S3 applies it (moto ignores its conditions)
         self.stats = FaultStats()
         self.lock = threading.Lock()
         self.requests = 0
@@ -148,6 +151,13 @@ class FaultProxy:
             self.stats.refused_while_down += 1
             self._reset(request)
             return
+        if (
+            service == "s3"
+            and self.gate is not None
+            and self.gate.refuses(request.command, request.path, dict(request.headers.items()))
+        ):
+            self._error(request, service, 403)
+            return
         fault = self._choose(service)
         if fault is not None:
             self.stats.injected[f"{service}:{fault}"] += 1
@@ -189,7 +199,7 @@ class FaultProxy:
     @staticmethod
     def _error(request: BaseHTTPRequestHandler, service: str, status: int) -> None:
         if service == "s3":
-            code = "InternalError" if status == 500 else "SlowDown"
+            code = {500: "InternalError", 503: "SlowDown", 403: "AccessDenied"}[status]
             payload = (
                 f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>injected</Message></Error>"
             )

@@ -21,13 +21,17 @@ from beacon.observe import metric_samples
 from tests.conftest import WriterSession
 from tests.fault_proxy import FaultPlan, FaultProxy, FaultSchedule
 from tests.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
+from tests.support.strict_s3 import BucketPolicyGate
 from training import contract
 
 PREFLIGHT_REQUESTS = 12  # the job's first requests (preflight) pass; faults start after them
 
 
-def proxied(as_writer: WriterSession, tmp_path: Path, plan: FaultPlan) -> tuple[FaultProxy, JobHarness]:
-    proxy = FaultProxy(as_writer.aws.url, plan).start()
+def proxied(
+    as_writer: WriterSession, tmp_path: Path, plan: FaultPlan, gate: BucketPolicyGate
+) -> tuple[FaultProxy, JobHarness]:
+    """Faults in front of an endpoint as strict as S3 (the bucket policy's conditions apply)."""
+    proxy = FaultProxy(as_writer.aws.url, plan, gate=gate).start()
     return proxy, JobHarness(proxy.url, as_writer.bucket, tmp_path, as_writer.credentials)
 
 
@@ -61,9 +65,9 @@ def test_the_fault_schedule_faults_each_services_first_request_then_one_per_stri
 
 
 def test_20pct_5xx_throttling_resets_and_latency_lose_and_duplicate_nothing(
-    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy]
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], strict_s3: BucketPolicyGate
 ) -> None:
-    proxy, harness = proxied(as_writer, tmp_path, twenty_percent())
+    proxy, harness = proxied(as_writer, tmp_path, twenty_percent(), strict_s3)
     proxies.append(proxy)
     result = harness.run("--run-id", "fault-20", "--steps", "300", "--step-sleep", "0.01", "--chunk-records", "20")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -75,11 +79,11 @@ def test_20pct_5xx_throttling_resets_and_latency_lose_and_duplicate_nothing(
 
 
 def test_endpoints_unreachable_mid_run_training_continues_backlog_drains_and_signals_rise_then_clear(
-    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy]
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], strict_s3: BucketPolicyGate
 ) -> None:
     """First S3 alone goes away (delivery: failures and backlog rise, reported by the live heartbeat),
     then the whole endpoint (silence: no heartbeat arrives); both clear when it comes back."""
-    proxy, harness = proxied(as_writer, tmp_path, FaultPlan())
+    proxy, harness = proxied(as_writer, tmp_path, FaultPlan(), strict_s3)
     proxies.append(proxy)
     process = harness.start("--run-id", "fault-down", "--steps", "1200", "--step-sleep", "0.02")
     spool = tmp_path / "spool" / "smoke" / "fault-down"
@@ -117,9 +121,9 @@ def test_endpoints_unreachable_mid_run_training_continues_backlog_drains_and_sig
 
 @pytest.mark.parametrize("seed", [11, 23])
 def test_sigterm_at_a_random_step_under_20pct_faults_delivers_everything(
-    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], seed: int
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], strict_s3: BucketPolicyGate, seed: int
 ) -> None:
-    proxy, harness = proxied(as_writer, tmp_path, twenty_percent(seed=seed))
+    proxy, harness = proxied(as_writer, tmp_path, twenty_percent(seed=seed), strict_s3)
     proxies.append(proxy)
     run = f"fault-term-{seed}"
     process = harness.start("--run-id", run, "--steps", "5000", "--step-sleep", "0.01", "--shutdown-budget", "40")
@@ -133,9 +137,9 @@ def test_sigterm_at_a_random_step_under_20pct_faults_delivers_everything(
 
 
 def test_sigkill_at_a_random_step_then_restart_under_20pct_faults_loses_and_duplicates_nothing(
-    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy]
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], strict_s3: BucketPolicyGate
 ) -> None:
-    proxy, harness = proxied(as_writer, tmp_path, twenty_percent(seed=5))
+    proxy, harness = proxied(as_writer, tmp_path, twenty_percent(seed=5), strict_s3)
     proxies.append(proxy)
     common = ("--run-id", "fault-kill", "--steps", "400", "--checkpoint-interval", "50")
     process = harness.start(*common, "--step-sleep", "0.02")
@@ -171,9 +175,13 @@ def small_filesystem(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_full_spool_disk_while_s3_is_unreachable_stops_the_job_clearly_and_loses_nothing_acknowledged(
-    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], small_filesystem: Path
+    as_writer: WriterSession,
+    tmp_path: Path,
+    proxies: list[FaultProxy],
+    strict_s3: BucketPolicyGate,
+    small_filesystem: Path,
 ) -> None:
-    proxy, harness = proxied(as_writer, tmp_path, FaultPlan())
+    proxy, harness = proxied(as_writer, tmp_path, FaultPlan(), strict_s3)
     proxies.append(proxy)
     process = harness.start(
         "--run-id",
@@ -201,3 +209,19 @@ def test_a_full_spool_disk_while_s3_is_unreachable_stops_the_job_clearly_and_los
     assert steps == list(range(len(steps))), "what S3 acknowledged is intact: contiguous, no duplicate"
     pending = list((small_filesystem / "smoke" / "fault-full" / "sealed").glob("chunk-*.jsonl"))
     assert pending, "what S3 did not acknowledge is still in the spool"
+
+
+def test_the_strict_endpoint_refuses_what_the_bucket_policy_denies_and_moto_lets_through(
+    as_writer: WriterSession, strict_aws: str, strict_s3: BucketPolicyGate
+) -> None:
+    """moto ignores the bucket policy's conditions; the strict endpoint the job tests use does not."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    s3 = boto3.client("s3", endpoint_url=strict_aws, region_name="us-east-1", **as_writer.credentials)
+    history = contract.events_key("smoke", "strict", 0)
+    with pytest.raises(ClientError, match="AccessDenied"):
+        s3.put_object(Bucket=as_writer.bucket, Key=history, Body=b"{}\n")  # no If-None-Match: an overwrite
+    s3.put_object(Bucket=as_writer.bucket, Key=history, Body=b"{}\n", IfNoneMatch="*")
+    s3.put_object(Bucket=as_writer.bucket, Key=contract.final_status_key("smoke", "strict"), Body=b"{}")
+    assert strict_s3.refused == 1

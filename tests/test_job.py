@@ -26,8 +26,9 @@ from training import contract, kill_points, manifests
 
 
 @pytest.fixture
-def harness(as_writer: WriterSession, tmp_path: Path) -> JobHarness:
-    return JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, as_writer.credentials)
+def harness(as_writer: WriterSession, strict_aws: str, tmp_path: Path) -> JobHarness:
+    """The job against moto behind the bucket policy's conditions, as strict as S3."""
+    return JobHarness(strict_aws, as_writer.bucket, tmp_path, as_writer.credentials)
 
 
 def assert_exactly_once(records: list[dict[str, Any]], steps: int) -> None:
