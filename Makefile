@@ -71,8 +71,10 @@ synth: install
 demo: install
 	@.venv/bin/beacon local
 
+# Two workers, a test file each: most tests wait on subprocesses, so two cores carry two files.
+TEST_WORKERS ?= 2
 test: install $(STAMP_CHECKOV)
-	@$(PY) -m pytest $(PYTEST_ARGS)
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 lint: install
 	@$(PY) -m ruff check .

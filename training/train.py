@@ -67,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
             world.finish_together(config.shutdown_budget + FINISH_MARGIN_S)
         finally:
             liveness.stop()
-    print(json.dumps({"beacon": "job-finished", **summary}), flush=True)
+    # One write of the whole line: unbuffered, print() writes the text and the newline apart, and
+    # two ranks sharing a pipe interleave them.
+    sys.stdout.write(json.dumps({"beacon": "job-finished", **summary}) + "\n")
+    sys.stdout.flush()
     return int(summary["exit_code"])
 
 
