@@ -310,8 +310,15 @@ class TrainingMonitoring(Construct):
         return policy
 
     # --- dashboard ----------------------------------------------------------------------
-    def _search(self, metric: Metric, statistic: str, period: int, label: str) -> cw.MathExpression:
-        dims = ",".join(d.value for d in contract.RUN_DIMENSIONS)
+    def _search(
+        self,
+        metric: Metric,
+        statistic: str,
+        period: int,
+        label: str,
+        dimensions: tuple[contract.Dim, ...] = contract.RUN_DIMENSIONS,
+    ) -> cw.MathExpression:
+        dims = ",".join(d.value for d in dimensions)
         query = (
             f'SEARCH(\'{{{self.namespace},{dims}}} MetricName="{metric.name}" '
             f"{contract.Dim.TEAM.value}=\"{self.team}\"', '{statistic}', {period})"
@@ -379,6 +386,22 @@ class TrainingMonitoring(Construct):
                 title="Checkpoint duration, s",
                 left=[self._search(contract.CHECKPOINT_SECONDS, "Maximum", 60, "")],
                 width=8,
+            ),
+        )
+        dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Time in setup, evaluation or checkpoint, s (not a stall)",
+                left=[
+                    self._search(
+                        contract.PHASE_SECONDS, "Maximum", period, "", (*contract.RUN_DIMENSIONS, contract.Dim.PHASE)
+                    )
+                ],
+                width=12,
+            ),
+            cw.GraphWidget(
+                title="NaN or infinite loss values (the job runs on; the loss diverged)",
+                left=[self._search(contract.NON_FINITE_LOSS, "Sum", 60, "")],
+                width=12,
             ),
         )
         dashboard.add_widgets(

@@ -277,9 +277,10 @@ def test_dashboard_has_every_widget_the_issue_lists(demo: Synthesized) -> None:
         "stalled: 180 s",
     ):
         assert needle in body, needle
-    for metric in contract.JOB_METRICS:
+    for metric in (*contract.JOB_METRICS, *contract.EVENT_METRICS):
         if metric is not contract.STEP:
             assert f'MetricName=\\\\\\"{metric.name}\\\\\\"' in body, metric.name
+    assert "Team,Experiment,Run,Phase}" in body, "phases are graphed per phase"
 
 
 def test_stack_outputs_name_the_topic_template_and_team_alarms(template: Template) -> None:
