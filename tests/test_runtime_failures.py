@@ -5,6 +5,7 @@ would hurt, with a hook or a stub, never with a sleep and luck."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import threading
@@ -21,6 +22,7 @@ from training import contract, kill_points
 from training.config import parse_args
 from training.liveness import Liveness
 from training.progress import ProgressClock
+from training.reconcile import RunConflictError, reconcile
 from training.spool import OPEN, Spool
 from training.telemetry import Telemetry
 
@@ -48,6 +50,25 @@ def kill_at() -> Any:
 
 
 # --- defect 4: a kill inside seal() ---------------------------------------------------------------
+class FakeS3:
+    """list_objects_v2 and get_object over a dict of keys: what reconcile reads."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+
+    def get_paginator(self, _name: str) -> Any:
+        objects = self.objects
+
+        class Pages:
+            def paginate(self, Bucket: str, Prefix: str) -> list[dict[str, Any]]:
+                return [{"Contents": [{"Key": k} for k in sorted(objects) if k.startswith(Prefix)]}]
+
+        return Pages()
+
+    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        return {"Body": io.BytesIO(self.objects[Key])}
+
+
 @pytest.mark.parametrize("point", [kill_points.SEAL_STATE_WRITTEN, kill_points.SEAL_RENAMED])
 def test_a_kill_inside_seal_then_the_uploader_acknowledging_leaves_a_position_that_reuses_nothing(
     tmp_path: Path, kill_at: Any, point: str
@@ -61,14 +82,38 @@ def test_a_kill_inside_seal_then_the_uploader_acknowledging_leaves_a_position_th
     kill_at(point)
     with pytest.raises(Killed):
         spool.seal()
+    in_s3 = {}
     for chunk in Spool(tmp_path).pending():  # a restart; the uploader delivers and acknowledges all
+        in_s3[contract.events_key("e", "r", chunk.sequence)] = chunk.body()
         chunk.path.unlink()
     restarted = Spool(tmp_path)
+    assert restarted.next_chunk == 2, "a chunk number S3 holds is never reused"
+    reconcile(FakeS3(in_s3), bucket="b", experiment="e", run="r", spool=restarted)
     assert (restarted.next_chunk, restarted.next_seq, restarted.last_step) == (2, 6, 5)
     restarted.append(records(range(6, 7)))
     sealed = restarted.seal()
     assert sealed is not None and sealed.sequence == 2
     assert json.loads(sealed.body())["seq"] == 6
+
+
+def test_a_restore_that_returns_the_state_file_but_not_a_chunk_it_counts_never_skips_that_chunks_steps(
+    tmp_path: Path,
+) -> None:
+    """SageMaker restores file by file: state.json can come back while a sealed chunk it counts does
+    not, and S3 never got that chunk. The steps in it exist nowhere: they must be replayed."""
+    spool = Spool(tmp_path)
+    spool.append(records(range(3)))
+    first = spool.seal()
+    spool.append(records(range(3, 6)))
+    second = spool.seal()
+    assert first is not None and second is not None
+    in_s3 = {contract.events_key("e", "r", first.sequence): first.body()}  # only the first was uploaded
+    first.path.unlink()
+    second.path.unlink()  # not restored
+    restored = Spool(tmp_path)
+    reconcile(FakeS3(in_s3), bucket="b", experiment="e", run="r", spool=restored)
+    assert restored.last_step == 2, "steps 3-5 are in no chunk and not in S3: they will be recorded again"
+    assert restored.next_chunk == 2, "and chunk 1's number is still never reused"
 
 
 def test_an_open_chunk_caught_between_state_and_rename_keeps_its_own_number(tmp_path: Path, kill_at: Any) -> None:
@@ -300,3 +345,36 @@ def test_a_tensorboard_part_a_crash_left_open_is_sealed_and_uploaded_on_restart(
     assert not part.exists()
     restarted._upload_pending()
     assert any(contract.TENSORBOARD in key and part.name in key for key in s3.puts), s3.puts
+
+
+class OccupiedS3:
+    """Every key already holds other bytes: S3's 412, then a different body on read."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+
+    def put_object(self, **_request: Any) -> dict[str, Any]:
+        self.puts += 1
+        raise ClientError({"Error": {"Code": "PreconditionFailed", "Message": "exists"}}, "PutObject")
+
+    def get_object(self, **_request: Any) -> dict[str, Any]:
+        return {"Body": io.BytesIO(b'{"other":"writer"}\n')}
+
+
+def test_a_conflict_that_appears_mid_run_stops_the_job_instead_of_retrying_forever(tmp_path: Path) -> None:
+    s3 = OccupiedS3()
+    sink = telemetry(tmp_path, s3=s3, cloudwatch=RecordingCloudWatch())
+    sink.start()
+    try:
+        sink.record(0, 1.0)
+        deadline = time.monotonic() + 10
+        while sink._fatal is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(RunConflictError, match="another job writes this run id"):
+            sink.record(1, 1.0)
+        puts = s3.puts
+        time.sleep(1.5)  # several upload polls and backoffs
+        assert s3.puts == puts, "no retry loop against a key another writer holds"
+    finally:
+        sink.close(budget=1)
+    assert sink.spool.pending(), "the chunk stays in the spool"

@@ -5,8 +5,9 @@ leaves the pending set only after S3 acknowledged it. After a crash the open chu
 (dropping a torn last line), and the position (next chunk, next sequence number, last step) is
 derived from what is durable: the state file, the sealed chunks and the open chunk, whichever is
 furthest. The state file is written before a chunk is sealed, so a chunk S3 acknowledged and the
-spool deleted is always counted in it: a kill at any point of a seal neither reuses a chunk number
-nor a sequence number, and never forgets a recorded step.
+spool deleted is always counted in it: a kill at any point of a seal never reuses a chunk number.
+Sequence numbers and the last recorded step come from records present here or in S3 (`reconcile`),
+never from the state alone: a partial restore cannot make the job skip steps nobody holds.
 """
 
 from __future__ import annotations
@@ -85,9 +86,13 @@ class Spool:
         # The uploader lists and acknowledges chunks while the spool thread seals them.
         self._lock = threading.Lock()
         state = self._read_state()
+        # Chunk numbers are never reused, so the state's count is a floor. The sequence and the last
+        # step come from records actually present (here, then in S3 by `reconcile`): a restore that
+        # brings back the state file but not the chunks it counts must not skip their steps.
         self.next_chunk: int = state.get("next_chunk", 0)
-        self.next_seq: int = state.get("next_seq", 0)
-        self.last_step: int = state.get("last_step", -1)
+        self._state_seq: int = state.get("next_seq", 0)
+        self.next_seq = 0
+        self.last_step = -1
         self.recovered_records = 0
         self._sealed: dict[int, Chunk] = {}
         for sequence in self._sealed_sequences():
@@ -134,7 +139,7 @@ class Spool:
             # kill here cannot lose them.
             os.truncate(path, len(complete))
         first_seq = int(json.loads(lines[0])["seq"])
-        state_seq = self.next_seq
+        state_seq = self._state_seq
         self._advance_past(lines)
         self.recovered_records = len(lines)
         # A seal writes the state (next chunk = N + 1) before renaming the open chunk into N: an open

@@ -27,6 +27,7 @@ from torch.utils.tensorboard import SummaryWriter  # at import: seconds the spoo
 from training import contract, kill_points
 from training.config import JobConfig
 from training.progress import ProgressClock
+from training.reconcile import RunConflictError
 from training.run_alarms import RunAlarms
 from training.spool import Chunk, Spool, SpoolFullError, on_spool_disk
 
@@ -190,7 +191,7 @@ class Telemetry(NullTelemetry):
                     self._fatal = error
                     log.error("%s: the spool is full; stopping before anything acknowledged can be lost", error)
                     return
-                except Exception:  # keep persisting whatever happens; the queue keeps the records
+                except Exception:  # keep persisting whatever happens (a record is durable only once fsync'd)
                     log.exception("spool cycle failed; retrying")
                     if stopping:
                         return
@@ -234,7 +235,7 @@ class Telemetry(NullTelemetry):
 
     # --- the uploader thread: S3 only -------------------------------------------------------------
     def _upload_loop(self) -> None:
-        while True:
+        while self._fatal is None or not isinstance(self._fatal, RunConflictError):
             draining = self._spool_done.is_set()
             if time.monotonic() >= self._backoff_until:
                 try:
@@ -282,7 +283,14 @@ class Telemetry(NullTelemetry):
             if error.response["Error"]["Code"] != "PreconditionFailed":
                 return self._upload_failed(key, error)
             if not self._same_object(key, body):
-                return self._upload_failed(key, RuntimeError("a different chunk already holds this key"))
+                # Durable bytes disagree: no retry can fix it. Stop the job (it drains, exits non-zero,
+                # and its restart is refused by the start-up reconciliation, naming the run).
+                conflict = RunConflictError(
+                    f"run {self.config.run!r}: s3://{self.config.bucket}/{key} holds another chunk than "
+                    f"{chunk.path}: another job writes this run id"
+                )
+                self._fatal = conflict
+                return self._upload_failed(key, conflict)
             self.report.already_present += 1  # a retry of an upload S3 had already taken
         except (BotoCoreError, OSError) as error:
             return self._upload_failed(key, error)
@@ -468,6 +476,7 @@ class Telemetry(NullTelemetry):
         Each thread finishes its own work; nothing here drives the spool or S3 from this thread, so
         a call still in flight when the budget ends can never be repeated beside it."""
         self._deadline = time.monotonic() + budget
+        self._backoff_until, self._backoff = 0.0, 1.0  # an outage's long backoff must not eat the budget
         self._stop.set()
         self._spool_thread.join(timeout=max(0.0, self._remaining()))
         if self._spool_thread.is_alive():
