@@ -7,6 +7,7 @@ the CPU and nccl for CUDA, and every collective goes through `World`, where that
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Iterator
@@ -94,4 +95,9 @@ def world_from_environment() -> Iterator[World]:
         yield World(rank=rank, local_rank=local_rank, size=size, device=device, grouped=grouped)
     finally:
         if dist.is_initialized():
+            # DDP's reducer sits in a reference cycle that holds the process group. Left to the
+            # interpreter's exit, the group's gloo threads are torn down after Python is gone, and
+            # the rank aborts ("terminate called without an active exception", exit -6): collect the
+            # cycle while the interpreter is whole, then destroy the group.
+            gc.collect()
             dist.destroy_process_group()
