@@ -6,7 +6,7 @@ stop forwarding for a stretch (the endpoint unreachable).
 
 Which requests are faulted is a schedule per service, not a coin toss over the interleaved stream:
 the first eligible request of every service is faulted, then one in every 1/fraction, the position
-inside each stride drawn from the seed. So a test that asserts a fault on CloudWatch gets one in
+inside each stride drawn at random (FaultPlan.seed). So a test that asserts a fault on CloudWatch gets one in
 every run, however the threads happened to interleave.
 """
 

@@ -203,7 +203,7 @@ def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
             {
                 "name": "volume-check",
                 "image": spec.image,
-                # The seed's fix, kept as a check: the volume must be writable by the training uid.
+                # A volume the training uid cannot write loses every record: fail here, with one line, before training.
                 "command": [
                     "sh",
                     "-c",
