@@ -35,7 +35,7 @@ help:
 	@echo "make gpu-check  the job on CUDA with nccl (one rank per GPU); needs a GPU"
 
 # Reinstalls only when a pin changes; a second run touches no network.
-$(STAMP_PY): requirements.txt requirements-dev.txt training/requirements.txt constraints.txt pyproject.toml
+$(STAMP_PY): requirements.txt requirements-dev.txt runtime/requirements.txt constraints.txt pyproject.toml runtime/pyproject.toml
 	@mkdir -p .beacon
 	@echo "beacon: installing Python packages into .venv (log: $(INSTALL_LOG))"
 	@test -x $(PY) || python3 -m venv .venv >>$(INSTALL_LOG) 2>&1
@@ -43,6 +43,9 @@ $(STAMP_PY): requirements.txt requirements-dev.txt training/requirements.txt con
 		|| { echo "beacon: pip install failed; see $(INSTALL_LOG)" >&2; tail -5 $(INSTALL_LOG) >&2; exit 1; }
 	@$(PY) -m pip install -q --no-deps --no-build-isolation -e . >>$(INSTALL_LOG) 2>&1 \
 		|| { echo "beacon: installing the beacon command failed; see $(INSTALL_LOG)" >&2; exit 1; }
+	@# The repository's rooms (config, stacks, workloads, the runtime and its smoke job) are imported from
+	@# this checkout, never installed under generic top-level names.
+	@printf '%s\n%s\n' "$(CURDIR)" "$(CURDIR)/runtime" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/beacon-checkout.pth"
 	@touch $@
 
 $(STAMP_NODE): package.json package-lock.json
@@ -93,12 +96,12 @@ deploy: install
 # `cdk destroy --all` stops at the termination-protected stateful stack; destroy stack by stack instead.
 destroy: install
 	@rm -rf cdk.out && $(CDK) synth --quiet -c team=$(TEAM) >/dev/null
-	@$(PY) -m beacon.teardown prepare --team $(TEAM) cdk.out
-	@for stack in $$($(PY) -m beacon.teardown order cdk.out); do \
+	@$(PY) -m beacon_ops.teardown prepare --team $(TEAM) cdk.out
+	@for stack in $$($(PY) -m beacon_ops.teardown order cdk.out); do \
 		echo "beacon: destroying $$stack"; \
 		$(CDK) destroy --force --exclusively -c team=$(TEAM) $$stack || exit 1; \
 	done
-	@$(PY) -m beacon.teardown remains --team $(TEAM)
+	@$(PY) -m beacon_ops.teardown remains --team $(TEAM)
 
 bench: install
 	@$(CDK) synth --quiet -c team=demo >/dev/null

@@ -6,11 +6,11 @@ from aws_cdk import Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
+from beacon import contract
 from constructs import Construct
 
 from beacon_constructs.nag import acknowledge
 from beacon_constructs.tagging import tag_component
-from training import contract
 
 WRITER_OBJECT_ACTIONS = ("s3:PutObject", "s3:GetObject")
 READER_OBJECT_ACTIONS = ("s3:GetObject", "s3:GetObjectVersion")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from training.manifests import CPU_POOL, GPU_POOL, GPU_TAINT, POOL_LABEL
+from workloads.manifests import CPU_POOL, GPU_POOL, GPU_TAINT, POOL_LABEL
 
 NODE_CLASS_API = "karpenter.k8s.aws/v1"
 NODE_POOL_API = "karpenter.sh/v1"

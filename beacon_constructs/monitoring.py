@@ -19,12 +19,12 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_ssm as ssm
+from beacon import contract
+from beacon.contract import Metric, RunAlarm, TeamAlarm
 from constructs import Construct
 
 from beacon_constructs.nag import acknowledge
 from beacon_constructs.tagging import tag_component
-from training import contract
-from training.contract import Metric, RunAlarm, TeamAlarm
 
 FIRST_CHECKS = (
     "1. Job status: kubectl -n training get jobs,pods (or the SageMaker job's status): running, restarted, evicted?",

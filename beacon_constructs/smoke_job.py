@@ -1,4 +1,4 @@
-"""The bundled smoke-training Job: the image built from training/, one Job per deploy."""
+"""The bundled smoke-training Job: the image built from runtime/ (the library and its smoke job), one Job per deploy."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct, IDependable
 
 from beacon_constructs.tagging import tag_component
-from training import manifests
+from workloads import manifests
 
-TRAINING_DIR = Path(__file__).resolve().parent.parent / "training"
+IMAGE_DIR = Path(__file__).resolve().parent.parent / "runtime"
 
 
 class SmokeJob(Construct):
@@ -32,9 +32,9 @@ class SmokeJob(Construct):
         self.image = ecr_assets.DockerImageAsset(
             self,
             "Image",
-            directory=str(TRAINING_DIR),
+            directory=str(IMAGE_DIR),
             platform=ecr_assets.Platform.custom(platform),
-            exclude=["__pycache__", "**/__pycache__", "*.pyc"],
+            exclude=["__pycache__", "**/__pycache__", "*.pyc", "build", "*.egg-info"],
         )
         # The name hashes the image and the settings: a changed deploy runs a fresh Job.
         self.spec = dataclasses.replace(spec, image=self.image.image_uri, name_suffix=f"-{self.image.asset_hash[:6]}")

@@ -9,10 +9,11 @@ from aws_cdk import Stack
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
+from beacon import contract
 from constructs import Construct
 
 from beacon_constructs.tagging import tag_component
-from training import contract, manifests
+from workloads import manifests
 
 OPERATOR_ACCESS_POLICY = "AmazonEKSEditPolicy"
 EFS_CSI_NAMESPACE = "kube-system"

@@ -17,8 +17,8 @@ from typing import Any
 
 from aws_cdk import App
 
-from beacon.templates import Template, load_templates
 from beacon_constructs.bastion import BASTION_INSTANCE_TYPE
+from beacon_ops.templates import Template, load_templates
 from config.model import DEMO_TEAM, parse_team, team_file
 from stacks.beacon_app import build_app
 

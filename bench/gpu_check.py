@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from beacon import contract
+from beacon.config import generated_run_id, parse_args
+from beacon.distributed import backend_for, world_from_environment
+from smoke_job.job import Job
+from smoke_job.train import install_stop_handlers
 
-from beacon.embedded_aws import ADMIN, REGION, EmbeddedAws
-from training import contract
-from training.config import generated_run_id, parse_args
-from training.distributed import backend_for, world_from_environment
-from training.job import Job
-from training.train import install_stop_handlers
+from beacon_ops.embedded_aws import ADMIN, REGION, EmbeddedAws
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no CUDA device: gpu-check needs one"
@@ -75,7 +75,7 @@ def sync_detector_works() -> bool:
 
 
 def rank_worker(argv: list[str]) -> int:
-    """One rank: training.train's main, with the record guard and a result line."""
+    """One rank: smoke_job.train's main, with the record guard and a result line."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("botocore").setLevel(logging.WARNING)
     config = parse_args(argv)

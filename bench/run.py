@@ -18,18 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from beacon import contract
+from beacon.checkpoint import AsyncCheckpointer, Uploader, save_file
+from smoke_job.model import SmallConvNet
 
-from beacon.alarms import alarm_set_for_run
-from beacon.doctor import DoctorInputs, diagnose
-from beacon.embedded import provision_team
-from beacon.embedded_aws import ACCOUNT, REGION, EmbeddedAws
-from beacon.processes import end_process_tree
-from beacon.templates import load_templates
-from beacon.verify import recorded_samples
+from beacon_ops.alarms import alarm_set_for_run
+from beacon_ops.doctor import DoctorInputs, diagnose
+from beacon_ops.embedded import provision_team
+from beacon_ops.embedded_aws import ACCOUNT, REGION, EmbeddedAws
+from beacon_ops.processes import end_process_tree
+from beacon_ops.templates import load_templates
+from beacon_ops.verify import recorded_samples
 from bench.cost import bench_idle_cost
-from training import contract
-from training.checkpoint import AsyncCheckpointer, Uploader, save_file
-from training.model import SmallConvNet
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / ".beacon" / "bench"
@@ -119,7 +119,7 @@ class Bench:
         return [
             sys.executable,
             "-m",
-            "training.train",
+            "smoke_job.train",
             "--bucket",
             BUCKET,
             "--run-id",
@@ -338,7 +338,7 @@ def bench_demo(rounds: int = 3) -> dict[str, Any]:
     for _ in range(rounds):
         started = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-m", "beacon.cli", "local", "--workdir", str(OUT / "demo")],
+            [sys.executable, "-m", "beacon_ops.cli", "local", "--workdir", str(OUT / "demo")],
             cwd=ROOT,
             env=ENV,
             capture_output=True,

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import botocore.loaders
+from beacon import contract
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from training import contract
-from training.manifests import SmokeJobSpec
+from workloads.manifests import SmokeJobSpec
 
 TEAMS_DIR = Path(__file__).parent / "teams"
 DEMO_TEAM = "demo"

@@ -2,12 +2,13 @@
 
 from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_ec2 as ec2
+from beacon import contract
 from constructs import Construct
 
 from beacon_constructs.artifact_store import ArtifactStore
 from beacon_constructs.volume import ArtifactVolume
 from config import TeamConfig
-from training import contract, manifests
+from workloads import manifests
 
 
 class ArtifactsStack(Stack):

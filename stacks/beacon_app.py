@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aws_cdk import App, Environment, Validations
+from beacon import contract
 from cdk_nag import AwsSolutionsChecks
 
 from beacon_constructs.tagging import tag_team
@@ -13,7 +14,6 @@ from stacks.artifacts import ArtifactsStack
 from stacks.cluster import ClusterStack
 from stacks.monitoring import MonitoringStack
 from stacks.network import NetworkStack
-from training import contract
 
 
 @dataclass(frozen=True)

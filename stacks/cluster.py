@@ -5,6 +5,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
+from beacon import contract
 from constructs import Construct
 
 from beacon_constructs.bastion import ClusterBastion
@@ -15,7 +16,6 @@ from beacon_constructs.karpenter_manifests import pool_node_labels, pool_node_ta
 from beacon_constructs.smoke_job import SmokeJob
 from beacon_constructs.training_namespace import TrainingNamespace
 from config import TeamConfig
-from training import contract
 
 
 class ClusterStack(Stack):

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from beacon.embedded import Provisioned, provision_team
+from beacon_ops.embedded import Provisioned, provision_team
 from config import TeamConfig, load_team
 from config.model import TEAMS_DIR, parse_team
 from tests.fault_proxy import FaultPlan, FaultProxy

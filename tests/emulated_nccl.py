@@ -3,7 +3,7 @@
 nccl does not exist here, but its limit does: a group bound to gloo for `cuda` only serves no CPU
 tensor ("No backend type associated with device type cpu"), exactly like an nccl group. So the
 backend the job would choose for a CUDA device is taken, and nccl in it replaced by gloo bound to the
-same device types. `python -m tests.emulated_nccl <job flags>` runs training.train that way (under
+same device types. `python -m tests.emulated_nccl <job flags>` runs smoke_job.train that way (under
 torchrun too); `emulated_with_gloo` serves in-process tests.
 """
 
@@ -12,8 +12,7 @@ from __future__ import annotations
 import runpy
 
 import torch
-
-from training import distributed
+from beacon import distributed
 
 
 def emulated_with_gloo(backend: str) -> str:
@@ -34,4 +33,4 @@ def gpu_backend_on_cpu() -> str:
 
 if __name__ == "__main__":
     distributed.backend_for = lambda device: gpu_backend_on_cpu()
-    runpy.run_module("training.train", run_name="__main__", alter_sys=True)
+    runpy.run_module("smoke_job.train", run_name="__main__", alter_sys=True)

@@ -33,7 +33,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from tests.synth import ROOT
-from training import manifests
+from workloads import manifests
 
 MAPPED_PATHS = {manifests.ARTIFACTS_MOUNT: "volume", manifests.RUNTIME_DIR: "runtime"}
 

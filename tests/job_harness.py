@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from beacon.processes import end_process_tree
+from beacon import contract
+
+from beacon_ops.processes import end_process_tree
 from tests.synth import ROOT
-from training import contract
 
 
 @dataclass
@@ -83,12 +84,12 @@ class JobHarness:
 
     def command(self, *extra: str, ranks: int = 1, launcher: str = "") -> list[str]:
         """Plain python for one rank, torchrun for more; launcher="container" is the image's entry point."""
-        rest = ["--standalone", f"--nproc-per-node={ranks}", "-m", "training.train", *self.args(*extra)]
+        rest = ["--standalone", f"--nproc-per-node={ranks}", "-m", "smoke_job.train", *self.args(*extra)]
         if launcher == "container":
-            return [sys.executable, "-m", "training.launch", *rest]
+            return [sys.executable, "-m", "beacon.launch", *rest]
         if launcher == "torchrun" or ranks > 1:
             return [str(Path(sys.executable).with_name("torchrun")), *rest]
-        return [sys.executable, "-m", "training.train", *self.args(*extra)]
+        return [sys.executable, "-m", "smoke_job.train", *self.args(*extra)]
 
     def run(self, *extra: str, ranks: int = 1, launcher: str = "", timeout: float = 240) -> JobResult:
         started = time.monotonic()

@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tests.synth import ROOT
-from training import manifests
+from workloads import manifests
 
 TARGET_PREFIX = "SageMaker."
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"

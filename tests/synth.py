@@ -8,12 +8,12 @@ from pathlib import Path
 
 from aws_cdk import App
 from aws_cdk.assertions import Template
+from beacon import contract
 
-from beacon.templates import Template as SynthesizedTemplate
-from beacon.templates import load_templates
+from beacon_ops.templates import Template as SynthesizedTemplate
+from beacon_ops.templates import load_templates
 from config import TeamConfig
 from stacks.beacon_app import BeaconStacks, build_app
-from training import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,12 +7,21 @@ are simulated, with the job's own ProgressClock computing the progress signal.
 from __future__ import annotations
 
 import pytest
+from beacon import contract
+from beacon.contract import RunAlarm, TeamAlarm
 
-from beacon.alarms import ALARM, INSUFFICIENT, OK, AlarmSet, CompositeAlarm, MetricAlarm, alarm_set_for_run, series_key
-from beacon.simulate import SimulatedJob
+from beacon_ops.alarms import (
+    ALARM,
+    INSUFFICIENT,
+    OK,
+    AlarmSet,
+    CompositeAlarm,
+    MetricAlarm,
+    alarm_set_for_run,
+    series_key,
+)
+from beacon_ops.simulate import SimulatedJob
 from tests.synth import Synthesized
-from training import contract
-from training.contract import RunAlarm, TeamAlarm
 
 EXPERIMENT, RUN = "exp-1", "run-1"
 

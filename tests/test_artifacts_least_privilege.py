@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from beacon import contract
 from botocore.exceptions import ClientError
 
-from beacon.embedded import UNEVALUABLE_CONDITION_KEYS
+from beacon_ops.embedded import UNEVALUABLE_CONDITION_KEYS
 from tests.conftest import WriterSession
-from training import contract
 
 EVENTS_KEY = contract.events_key("exp-1", "run-1", 0)
 

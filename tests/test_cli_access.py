@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from beacon.aws_access import open_session, resolve_region
+from beacon_ops.aws_access import open_session, resolve_region
 from tests.synth import ROOT
 
 # No real AWS anywhere: no instance metadata, one attempt, an endpoint nothing listens on.
@@ -28,7 +28,7 @@ SMOKE = ["smoke", "--team", "example"]
 
 def beacon(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "beacon.cli", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "beacon_ops.cli", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
 
 

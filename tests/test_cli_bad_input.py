@@ -30,7 +30,7 @@ CASES = {
 def test_bad_input_is_one_line_and_exit_code_2(case: str) -> None:
     argv, expected = CASES[case]
     done = subprocess.run(
-        [sys.executable, "-m", "beacon.cli", *argv],
+        [sys.executable, "-m", "beacon_ops.cli", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,

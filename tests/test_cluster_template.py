@@ -14,14 +14,15 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk.assertions import Match, Template
+from beacon import contract
 
-from beacon.templates import Template as SynthesizedTemplate
-from beacon.templates import kubernetes_objects, shape_resolver
 from beacon_constructs.cluster import TrainingCluster
 from beacon_constructs.karpenter import INTERRUPTION_RULES, NODE_MANAGED_POLICIES
+from beacon_ops.templates import Template as SynthesizedTemplate
+from beacon_ops.templates import kubernetes_objects, shape_resolver
 from config import TeamConfig
 from tests.synth import ROOT, Synthesized, synthesize
-from training import contract, manifests
+from workloads import manifests
 
 KUBERNETES = "1.35.0"
 
@@ -559,11 +560,12 @@ def test_the_smoke_job_embodies_every_fix(objects: dict[str, list[dict[str, Any]
     assert "tolerations" not in pod, "the CPU smoke run needs no GPU toleration"
 
 
-def test_the_image_is_built_from_training_as_a_cdk_asset(demo: Synthesized) -> None:
+def test_the_image_is_built_from_the_runtime_and_its_smoke_job_as_a_cdk_asset(demo: Synthesized) -> None:
     manifest = json.loads((demo.outdir / "beacon-demo-cluster.assets.json").read_text())
     images = manifest.get("dockerImages", {})
     assert len(images) == 1
     (image,) = images.values()
     staged = demo.outdir / image["source"]["directory"]
-    assert (staged / "Dockerfile").is_file() and (staged / "train.py").is_file()
-    assert not (staged / "__pycache__").exists()
+    for needed in ("Dockerfile", "requirements.txt", "pyproject.toml", "beacon/telemetry.py", "smoke_job/train.py"):
+        assert (staged / needed).is_file(), needed
+    assert not list(staged.rglob("__pycache__")) and not list(staged.glob("*.egg-info"))

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from beacon.distributed import World, backend_for
+from beacon.progress import ProgressClock
+from beacon.telemetry import NullTelemetry
+from smoke_job.job import Job
 
 from tests.emulated_nccl import emulated_with_gloo, gpu_backend_on_cpu
 from tests.job_harness import JobResult
 from tests.synth import ROOT
-from training.distributed import World, backend_for
-from training.job import Job
-from training.progress import ProgressClock
-from training.telemetry import NullTelemetry
 
 
 def free_port() -> int:

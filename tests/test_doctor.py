@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+from beacon import contract
 
-from beacon.doctor import Diagnosis, DoctorInputs, diagnose
+from beacon_ops.doctor import Diagnosis, DoctorInputs, diagnose
 from tests.conftest import WriterSession
 from tests.job_harness import JobHarness, signal_group, wait_for
 from tests.moto_server import REGION
 from tests.synth import ROOT
-from training import contract
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ def test_the_cli_reads_options_from_the_environment_and_prints_json(
         AWS_SECRET_ACCESS_KEY=as_writer.provisioned.operator_keys["aws_secret_access_key"],
     )
     done = subprocess.run(
-        [sys.executable, "-m", "beacon.cli", "doctor", "--team", "demo", "--run", "doc-cli", "--json"],
+        [sys.executable, "-m", "beacon_ops.cli", "doctor", "--team", "demo", "--run", "doc-cli", "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -206,7 +206,7 @@ def test_the_cli_names_the_team_it_cannot_read(as_writer: WriterSession) -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
     env.update(AWS_ENDPOINT_URL=as_writer.aws.url, AWS_REGION=REGION, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y")
     done = subprocess.run(
-        [sys.executable, "-m", "beacon.cli", "doctor", "--team", "nosuch", "--run", "r"],
+        [sys.executable, "-m", "beacon_ops.cli", "doctor", "--team", "nosuch", "--run", "r"],
         cwd=ROOT,
         env=env,
         capture_output=True,

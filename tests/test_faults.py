@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from beacon import contract
 
-from beacon.observe import metric_samples
+from beacon_ops.observe import metric_samples
 from tests.conftest import WriterSession
 from tests.fault_proxy import FaultPlan, FaultProxy, FaultSchedule
 from tests.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
 from tests.support.strict_s3 import BucketPolicyGate
-from training import contract
 
 PREFLIGHT_REQUESTS = 12  # the job's first requests (preflight) pass; faults start after them
 

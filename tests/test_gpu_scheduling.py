@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from beacon.templates import Template as SynthesizedTemplate
-from beacon.templates import kubernetes_objects, shape_resolver
+from beacon_ops.templates import Template as SynthesizedTemplate
+from beacon_ops.templates import kubernetes_objects, shape_resolver
 from tests.synth import Synthesized
 
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -1,6 +1,6 @@
 """The bundled training job, as real processes against a real moto server with IAM enforced.
 
-Every test runs `python -m training.train` (or torchrun) as a subprocess acting as the writer role.
+Every test runs `python -m smoke_job.train` (or torchrun) as a subprocess acting as the writer role.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from beacon import contract, kill_points
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from tests.conftest import WriterSession
 from tests.fault_proxy import FaultPlan, FaultProxy
 from tests.job_harness import JobHarness, delivered_records, finish, keys_under, signal_group, wait_for
 from tests.synth import ROOT
-from training import contract, kill_points, manifests
+from workloads import manifests
 
 
 @pytest.fixture
@@ -122,7 +123,7 @@ def test_sigterm_mid_run_delivers_everything_and_exits_0_within_the_budget(
 def test_sigterm_to_the_container_launcher_alone_drains_both_ranks_and_exits_0(
     harness: JobHarness, as_writer: WriterSession
 ) -> None:
-    """Kubernetes and SageMaker signal the container's first process only: training.launch (torchrun)."""
+    """Kubernetes and SageMaker signal the container's first process only: beacon.launch (torchrun)."""
     common = ("--run-id", "term-launch", "--steps", "5000", "--step-sleep", "0.02", "--shutdown-budget", "20")
     process = harness.start(*common, ranks=2, launcher="container")
     prefix = contract.run_prefix("smoke", "term-launch") + "events/"

@@ -101,7 +101,7 @@ def test_bad_input_is_one_line_and_exit_code_2(case: str) -> None:
     argv, expected = BAD_INPUT[case]
     env = {"PATH": "/usr/bin:/bin"}
     done = subprocess.run(
-        [sys.executable, "-m", "training.train", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "smoke_job.train", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == EXIT_USAGE
     lines = done.stderr.strip().splitlines()
@@ -111,7 +111,7 @@ def test_bad_input_is_one_line_and_exit_code_2(case: str) -> None:
 
 def test_every_flag_is_documented_with_its_environment_variable() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "training.train", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "smoke_job.train", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0
     for flag in (

@@ -14,14 +14,14 @@ from urllib.parse import urlparse
 
 import boto3
 import pytest
+from beacon import contract
+from beacon.config import parse_args
+from beacon.preflight import PREFLIGHT_BUDGET_S, Retrying, run_preflight
 from botocore.config import Config
 
 from tests.conftest import WriterSession
 from tests.fault_proxy import FaultPlan, FaultProxy
 from tests.job_harness import JobHarness
-from training import contract
-from training.config import parse_args
-from training.preflight import PREFLIGHT_BUDGET_S, Retrying, run_preflight
 
 SETUP_SECONDS = 8.0
 TRANSIENT_FAULTS = ("error_500", "slow_down_503", "reset")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from beacon.templates import kubernetes_objects
 from beacon_constructs import karpenter_manifests as km
+from beacon_ops.templates import kubernetes_objects
 from tests.karpenter_crds import compile_all, validate
 from tests.synth import Synthesized
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from beacon.templates import Resolver
-from beacon.templates import Template as SynthesizedTemplate
 from beacon_constructs.karpenter import CHART_VERSION
+from beacon_ops.templates import Resolver
+from beacon_ops.templates import Template as SynthesizedTemplate
 from tests.synth import Synthesized
 
 REFERENCE = Path(__file__).parent / "reference" / f"karpenter-{CHART_VERSION}" / "getting-started-cloudformation.yaml"

@@ -33,7 +33,7 @@ def demo_processes(workdir: Path) -> list[str]:
 
 def test_beacon_local_delivers_everything_once_and_shows_every_scenarios_verdict(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "beacon.cli", "local", "--workdir", str(tmp_path)],
+        [sys.executable, "-m", "beacon_ops.cli", "local", "--workdir", str(tmp_path)],
         cwd=ROOT,
         env={**os.environ, MARKER: str(tmp_path)},
         capture_output=True,
@@ -65,7 +65,7 @@ def test_beacon_local_delivers_everything_once_and_shows_every_scenarios_verdict
 def test_beacon_local_stopped_with_sigterm_mid_scenario_leaves_no_process(tmp_path: Path) -> None:
     """A cancelled pipeline or a closed terminal: the demo still ends its jobs and its embedded AWS."""
     cli = subprocess.Popen(
-        [sys.executable, "-m", "beacon.cli", "local", "--workdir", str(tmp_path)],
+        [sys.executable, "-m", "beacon_ops.cli", "local", "--workdir", str(tmp_path)],
         cwd=ROOT,
         env={**os.environ, MARKER: str(tmp_path)},
         stdout=subprocess.DEVNULL,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from beacon.teardown import Retained, destroy_order, prepare, remains_text, retained_resources
+from beacon_ops.teardown import Retained, destroy_order, prepare, remains_text, retained_resources
 from tests.synth import ROOT, Synthesized
 
 
@@ -44,8 +44,8 @@ def test_synth_still_defaults_to_the_demo_team() -> None:
 
 def test_destroy_goes_stack_by_stack_in_the_order_the_app_needs(account_team: Synthesized) -> None:
     recipe = make("destroy", "TEAM=vision").stdout
-    assert "beacon.teardown prepare --team vision cdk.out" in recipe
-    assert "beacon.teardown order cdk.out" in recipe
+    assert "beacon_ops.teardown prepare --team vision cdk.out" in recipe
+    assert "beacon_ops.teardown order cdk.out" in recipe
     assert "destroy --force --exclusively -c team=vision" in recipe
     assert "destroy --all" not in recipe  # it would stop at the termination-protected stack
     order = destroy_order(account_team.outdir)

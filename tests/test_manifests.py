@@ -6,9 +6,10 @@ import dataclasses
 
 import kubernetes_validate
 import pytest
+from beacon import contract
 
 from config import load_team
-from training import contract, manifests
+from workloads import manifests
 
 BASE = manifests.SmokeJobSpec(
     team="demo",
@@ -30,7 +31,7 @@ def test_every_variant_validates_strictly(nodes: int, gpu: bool) -> None:
 def test_one_node_runs_standalone_without_a_service() -> None:
     (job,) = manifests.smoke_job(BASE)
     (train,) = job["spec"]["template"]["spec"]["containers"]
-    assert train["command"] == ["python", "-m", "training.launch"] and train["args"][0] == "--standalone"
+    assert train["command"] == ["python", "-m", "beacon.launch"] and train["args"][0] == "--standalone"
     assert "subdomain" not in job["spec"]["template"]["spec"]
 
 

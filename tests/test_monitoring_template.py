@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 from aws_cdk import App, Stack
 from aws_cdk.assertions import Match, Template
+from beacon import contract
 
-from beacon.alarms import (
+from beacon_constructs.monitoring import FIRST_CHECKS, TrainingMonitoring
+from beacon_ops.alarms import (
     ALARM,
     OK,
     MetricAlarm,
@@ -18,9 +20,7 @@ from beacon.alarms import (
     series_key,
     team_alarm_definitions,
 )
-from beacon_constructs.monitoring import FIRST_CHECKS, TrainingMonitoring
 from tests.synth import Synthesized
-from training import contract
 
 STACK = "beacon-demo-monitoring"
 

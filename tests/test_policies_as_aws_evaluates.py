@@ -11,13 +11,14 @@ import json
 from typing import Any
 
 import pytest
+from beacon import contract
+from beacon.config import parse_args
 
-from beacon.templates import kubernetes_objects
+from beacon_ops.templates import kubernetes_objects
 from config import TeamConfig
 from tests.support.policy_eval import ACCOUNT, REGION, Decision, Deployment, Request, merge, wildcard_match
 from tests.synth import Synthesized
-from training import contract, manifests
-from training.config import parse_args
+from workloads import manifests
 
 DEMO, VISION = "demo", "vision"
 TLS = {"aws:SecureTransport": True}

@@ -11,10 +11,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from beacon.config import parse_args
+from beacon.preflight import PREFLIGHT_BUDGET_S, REFUSED_BUDGET_S, PreflightError, Retrying, check_spool
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
-
-from training.config import parse_args
-from training.preflight import PREFLIGHT_BUDGET_S, REFUSED_BUDGET_S, PreflightError, Retrying, check_spool
 
 LOCAL = SimpleNamespace(meta=SimpleNamespace(endpoint_url="http://127.0.0.1:9"))
 UNRESOLVABLE = SimpleNamespace(meta=SimpleNamespace(endpoint_url="https://s3.beacon-test.invalid"))

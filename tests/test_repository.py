@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 from tests.synth import ROOT
 
@@ -34,7 +39,7 @@ def test_ci_runs_make_test_and_readme_shows_the_two_commands() -> None:
 
 
 def test_python_dependencies_are_pinned_exactly() -> None:
-    for name in ("requirements.txt", "requirements-dev.txt", "requirements-checkov.txt", "training/requirements.txt"):
+    for name in ("requirements.txt", "requirements-dev.txt", "requirements-checkov.txt", "runtime/requirements.txt"):
         for line in (ROOT / name).read_text().splitlines():
             line = line.strip()
             if line and not line.startswith(("#", "-r")):
@@ -47,12 +52,47 @@ def test_the_cdk_cli_is_pinned_exactly() -> None:
 
 
 def test_training_requirements_carry_nothing_for_cdk() -> None:
-    lines = (ROOT / "training/requirements.txt").read_text().lower().splitlines()
+    lines = (ROOT / "runtime/requirements.txt").read_text().lower().splitlines()
     packages = {line.split("==")[0] for line in lines if line and not line.startswith("#")}
     assert packages == {"torch", "boto3", "tensorboard"}
 
 
-def test_training_imports_nothing_of_beacon_outside_training() -> None:
-    forbidden = re.compile(r"^\s*(from|import)\s+(aws_cdk|beacon_constructs|beacon|config|stacks|cdk_nag)\b", re.M)
-    for path in (ROOT / "training").rglob("*.py"):
+def test_the_runtime_imports_nothing_of_beacon_outside_itself() -> None:
+    forbidden = re.compile(
+        r"^\s*(from|import)\s+(aws_cdk|beacon_constructs|beacon_ops|config|stacks|workloads|smoke_job|cdk_nag"
+        r"|kubernetes|moto|typer|matplotlib)\b",
+        re.M,
+    )
+    for path in (ROOT / "runtime/beacon").rglob("*.py"):
         assert not forbidden.search(path.read_text()), path
+
+
+def _wheel_contents(project: Path, package: str, out: Path) -> tuple[set[str], list[str]]:
+    """Builds from a copy of what the project declares, so the checkout gets no build/ or egg-info."""
+    source = out / "source"
+    shutil.copytree(project / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(project / "pyproject.toml", source / "pyproject.toml")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
+        check=True,
+        capture_output=True,
+        cwd=out,
+    )
+    (wheel,) = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        requires = [line for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist:")]
+    return {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}, requires
+
+
+def test_the_runtime_wheel_carries_the_runtime_alone_and_needs_only_boto3(tmp_path: Path) -> None:
+    top_level, requires = _wheel_contents(ROOT / "runtime", "beacon", tmp_path)
+    assert top_level == {"beacon"}
+    unconditional = [line for line in requires if "extra ==" not in line]
+    assert [line.split(":", 1)[1].strip().split(">")[0].split("=")[0] for line in unconditional] == ["boto3"]
+
+
+def test_the_operator_wheel_installs_no_generic_top_level_package(tmp_path: Path) -> None:
+    top_level, _ = _wheel_contents(ROOT, "beacon_ops", tmp_path)
+    assert top_level == {"beacon_ops"}

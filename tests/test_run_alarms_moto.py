@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from beacon import contract
+from beacon.run_alarms import RunAlarms
+
 from tests.conftest import WriterSession
-from training import contract
-from training.run_alarms import RunAlarms
 
 PREFIX = contract.run_alarm_prefix("demo")
 

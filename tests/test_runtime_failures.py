@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from beacon import contract, kill_points
+from beacon.config import parse_args
+from beacon.liveness import Liveness
+from beacon.progress import ProgressClock
+from beacon.reconcile import RunConflictError, reconcile
+from beacon.spool import OPEN, Spool
+from beacon.telemetry import Telemetry
 from botocore.exceptions import ClientError
 
-from beacon.embedded_aws import strict_metric_data
+from beacon_ops.embedded_aws import strict_metric_data
 from tests.moto_server import MotoServer
-from training import contract, kill_points
-from training.config import parse_args
-from training.liveness import Liveness
-from training.progress import ProgressClock
-from training.reconcile import RunConflictError, reconcile
-from training.spool import OPEN, Spool
-from training.telemetry import Telemetry
 
 
 class Killed(BaseException):

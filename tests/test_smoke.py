@@ -25,17 +25,18 @@ from urllib.parse import parse_qs, urlparse
 
 import boto3
 import pytest
+from beacon import contract
 
-from beacon.embedded import OPERATOR, Provisioned, provision_team
-from beacon.smoke import STACK_OUTPUTS, read_outputs
-from beacon.smoke_eks import TOKEN_PREFIX, eks_token
+from beacon_ops.embedded import OPERATOR, Provisioned, provision_team
+from beacon_ops.smoke import STACK_OUTPUTS, read_outputs
+from beacon_ops.smoke_eks import TOKEN_PREFIX, eks_token
 from config import TeamConfig
 from tests.fake_kubernetes import FakeKubernetes
 from tests.job_harness import wait_for
 from tests.moto_server import ACCOUNT, REGION, MotoServer
 from tests.sagemaker_standin import SageMakerStandIn
 from tests.synth import ROOT, Synthesized
-from training import contract, manifests
+from workloads import manifests
 
 # moto's CloudFormation parses the stand-in stacks' one placeholder resource with a warning.
 pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS..CloudFormation..WaitConditionHandle")
@@ -135,7 +136,7 @@ class DeployedTeam:
         return env
 
     def command(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "beacon.cli", "smoke", "--team", TEAM, *args]
+        return [sys.executable, "-m", "beacon_ops.cli", "smoke", "--team", TEAM, *args]
 
     def cli(
         self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 420
@@ -391,7 +392,7 @@ def test_smoke_sagemaker_on_moto_with_a_local_process_standing_in_for_the_traini
     spec = request["AlgorithmSpecification"]
     assert spec["TrainingImage"] == IMAGE
     assert spec["ContainerEntrypoint"] == manifests.LAUNCH_COMMAND
-    assert spec["ContainerArguments"][-2:] == ["-m", "training.train"]
+    assert spec["ContainerArguments"][-2:] == ["-m", "smoke_job.train"]
     assert {m["Name"]: m["Regex"] for m in spec["MetricDefinitions"]} == contract.PROGRESS_LOG_METRICS
     assert request["CheckpointConfig"] == {
         "S3Uri": f"s3://{BUCKET}/{contract.run_prefix('smoke', run)}{manifests.SAGEMAKER_VOLUME_KIND}/",

@@ -11,17 +11,16 @@ from typing import Any
 
 import pytest
 import torch
-
-from training import contract
-from training.checkpoint import AsyncCheckpointer, latest_checkpoint, load_resume_point
-from training.config import parse_args
-from training.contract import Phase
-from training.distributed import World, backend_for
-from training.job import EXIT_CRASHED, Job
-from training.model import StepSampler, SyntheticImages
-from training.progress import ProgressClock
-from training.spool import OPEN, Spool, SpoolFullError
-from training.telemetry import DeliveryReport, NullTelemetry
+from beacon import contract
+from beacon.checkpoint import AsyncCheckpointer, latest_checkpoint, load_resume_point
+from beacon.config import parse_args
+from beacon.contract import Phase
+from beacon.distributed import World, backend_for
+from beacon.progress import ProgressClock
+from beacon.spool import OPEN, Spool, SpoolFullError
+from beacon.telemetry import DeliveryReport, NullTelemetry
+from smoke_job.job import EXIT_CRASHED, Job
+from smoke_job.model import StepSampler, SyntheticImages
 
 
 def records(steps: range) -> list[dict[str, object]]:

@@ -1,5 +1,5 @@
 """`python -m tests.support.kill_point_job POINT N JOB-ARGS...`: the real training job, SIGKILLed at
-the N-th time it reaches the durable-state transition POINT (training/kill_points.py).
+the N-th time it reaches the durable-state transition POINT (beacon/kill_points.py).
 
 A kill-point test places the kill exactly where a crash hurts most, instead of at a random sleep.
 """
@@ -10,8 +10,8 @@ import os
 import signal
 import sys
 
-from training import kill_points
-from training.train import main
+from beacon import kill_points
+from smoke_job.train import main
 
 
 def kill_at(point: str, nth: int) -> None:

@@ -30,7 +30,7 @@ from enum import StrEnum
 from functools import cache
 from typing import Any
 
-from beacon.templates import Resolver, Template, TemplateError
+from beacon_ops.templates import Resolver, Template, TemplateError
 
 ACCOUNT = "111122223333"
 REGION = "us-east-1"

@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
-from beacon.templates import Template
+from beacon import contract
+
+from beacon_ops.templates import Template
 from tests.support.policy_eval import Decision, Deployment, PolicyDoc, Request, evaluate
-from training import contract
 
 OBJECT_WRITES = {"PUT"}  # PutObject and CompleteMultipart's parts; the policy's Deny is on s3:PutObject
 

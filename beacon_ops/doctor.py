@@ -1,0 +1,328 @@
+"""`beacon doctor`: why are my metrics missing? The usual causes, checked in order.
+
+Each check is a verdict with its evidence and the fix, listed in order of likelihood. The
+diagnosis names the root cause: a refused write explains silence, not the other way round.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from beacon import contract
+from botocore.exceptions import BotoCoreError, ClientError
+
+from beacon_ops.observe import RunEvidence, alarm_states, metric_samples, read_run
+
+OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
+SILENT_BEATS = 3  # heartbeats missed before the doctor calls a run silent
+DEFAULT_HEARTBEAT_S = 15.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    check: str
+    status: str
+    verdict: str
+    evidence: str
+    fix: str = ""
+
+
+@dataclass
+class Diagnosis:
+    team: str
+    experiment: str
+    run: str
+    diagnosis: str
+    verdicts: list[Verdict] = field(default_factory=list)
+    heartbeat_age_s: float | None = None
+    progress_age_s: float | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.diagnosis in ("healthy", "finished")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "healthy": self.healthy}
+
+
+@dataclass
+class DoctorInputs:
+    team: str
+    experiment: str
+    run: str
+    bucket: str
+    region: str
+    s3: Any  # read access to the bucket
+    cloudwatch: Any  # read access to metrics and alarms
+    probe_s3: Any | None = None  # the job's identity, for the write probe
+    stall_after_s: float = contract.STALL_THRESHOLD_S
+    now: datetime | None = None
+
+
+def diagnose(inputs: DoctorInputs) -> Diagnosis:
+    now = inputs.now or datetime.now(UTC)
+    evidence = read_run(inputs.s3, inputs.bucket, inputs.experiment, inputs.run)
+    dims = contract.run_dimensions(inputs.team, inputs.experiment, inputs.run)
+    interval = float((evidence.preflight or {}).get("heartbeat_interval", DEFAULT_HEARTBEAT_S))
+    beats = _samples(inputs, contract.HEARTBEAT, dims, "SampleCount", now)
+    progress = _samples(inputs, contract.PROGRESS_AGE, dims, "Maximum", now)
+    heartbeat_age = (now - beats[-1].at).total_seconds() if beats else None
+    progress_age = progress[-1].value + (now - progress[-1].at).total_seconds() if progress else None
+
+    verdicts = [
+        _job_state(evidence),
+        _liveness(evidence, heartbeat_age, progress_age, interval, inputs.stall_after_s),
+        _delivery(inputs, evidence, dims, now),
+        _write_probe(inputs),
+        _endpoint(inputs, evidence),
+        _rank_collision(evidence),
+        _spool(evidence),
+        _divergence(inputs, dims, now),
+        _alarms(inputs),
+    ]
+    by_check = {v.check: v for v in verdicts}
+    if by_check["permission"].status == FAIL:
+        cause = "permission"
+    elif by_check["spool"].status == FAIL:
+        cause = "spool-not-persistent"
+    elif by_check["ranks"].status == FAIL:
+        cause = "rank-collision"
+    elif by_check["liveness"].status == FAIL:
+        cause = by_check["liveness"].verdict
+    elif by_check["delivery"].status == FAIL:
+        cause = "delivery"
+    elif by_check["endpoint"].status == FAIL:
+        cause = "endpoint"
+    elif by_check["job"].verdict == "not started":
+        cause = "not-started"
+    else:
+        cause = "finished" if evidence.final is not None else "healthy"
+    return Diagnosis(inputs.team, inputs.experiment, inputs.run, cause, verdicts, heartbeat_age, progress_age)
+
+
+def _samples(
+    inputs: DoctorInputs, metric: contract.Metric, dims: dict[str, str], stat: str, now: datetime
+) -> list[Any]:
+    try:
+        return metric_samples(inputs.cloudwatch, metric, dims, statistic=stat, now=now)
+    except (ClientError, BotoCoreError):
+        return []
+
+
+def _job_state(evidence: RunEvidence) -> Verdict:
+    attempts = len(evidence.preflights)
+    if attempts == 0:
+        return Verdict(
+            "job",
+            FAIL,
+            "not started",
+            "no preflight record under the run prefix: the job never passed its first seconds",
+            "read the container log's first 20 s (kubectl -n training logs job/<name>): preflight prints one line",
+        )
+    restarted = f", restarted {attempts - 1} time(s)" if attempts > 1 else ""
+    if evidence.final is not None:
+        return Verdict(
+            "job", OK, "succeeded", f"final status written at step {evidence.final.get('last_step')}{restarted}"
+        )
+    return Verdict(
+        "job",
+        OK if attempts == 1 else WARN,
+        "running",
+        f"{attempts} attempt(s) started{restarted}",
+        "" if attempts == 1 else "the orchestrator restarted the job: check its events and exit codes",
+    )
+
+
+def _liveness(
+    evidence: RunEvidence, heartbeat_age: float | None, progress_age: float | None, interval: float, stall_after: float
+) -> Verdict:
+    if evidence.final is not None:
+        return Verdict("liveness", OK, "finished", "the run exited cleanly; its heartbeat stopped on purpose")
+    silent_after = SILENT_BEATS * interval
+    if heartbeat_age is None:
+        return Verdict(
+            "liveness",
+            FAIL,
+            "silent",
+            "no heartbeat in CloudWatch for this run",
+            "the job cannot reach CloudWatch, or never started: see the job and endpoint checks",
+        )
+    if heartbeat_age > silent_after:
+        return Verdict(
+            "liveness",
+            FAIL,
+            "silent",
+            f"last heartbeat {heartbeat_age:.0f} s ago (> {SILENT_BEATS} beats of {interval:g} s)",
+            "the process is frozen, killed or cut off: check the pod (OOMKilled? evicted?) and its network",
+        )
+    if progress_age is not None and progress_age > stall_after:
+        return Verdict(
+            "liveness",
+            FAIL,
+            "stalled",
+            f"heartbeat {heartbeat_age:.0f} s ago, but no step for {progress_age:.0f} s (> {stall_after:g} s)",
+            "the loop hangs while the process lives: py-spy dump the rank 0 process; DataLoader workers and "
+            "collectives waiting on a dead rank are the usual causes",
+        )
+    age = f"{progress_age:.0f} s" if progress_age is not None else "unknown"
+    return Verdict("liveness", OK, "healthy", f"heartbeat {heartbeat_age:.0f} s ago, last step {age} ago")
+
+
+def _delivery(inputs: DoctorInputs, evidence: RunEvidence, dims: dict[str, str], now: datetime) -> Verdict:
+    steps = _samples(inputs, contract.STEP, dims, "Maximum", now)
+    backlog = _samples(inputs, contract.SPOOL_BACKLOG, dims, "Maximum", now)
+    failures = _samples(inputs, contract.UPLOAD_FAILURES, dims, "Sum", now)
+    in_s3 = evidence.last_step
+    seen = int(max(s.value for s in steps)) if steps else None
+    pending = int(backlog[-1].value) if backlog else 0
+    failed = int(sum(s.value for s in failures))
+    text = (
+        f"last record in S3: step {in_s3}; last step in CloudWatch: {seen}; spool backlog {pending}; "
+        f"upload failures {failed}"
+    )
+    if failed and pending > contract.BACKLOG_THRESHOLD_RECORDS:
+        return Verdict(
+            "delivery",
+            FAIL,
+            "behind",
+            text,
+            "uploads fail after retries: check the S3 endpoint, throttling and the bucket policy",
+        )
+    if failed or (seen is not None and in_s3 is not None and seen - in_s3 > contract.BACKLOG_THRESHOLD_RECORDS):
+        return Verdict("delivery", WARN, "lagging", text, "records wait in the spool; they are safe and will drain")
+    return Verdict("delivery", OK, "delivered", text)
+
+
+def _write_probe(inputs: DoctorInputs) -> Verdict:
+    if inputs.probe_s3 is None:
+        return Verdict("permission", INFO, "not probed", "no writer identity given", "pass --probe as the job's role")
+    key = contract.run_prefix(inputs.experiment, inputs.run) + f"doctor/{int(time.time())}-{uuid.uuid4().hex[:8]}"
+    target = f"s3://{inputs.bucket}/{key}"
+    try:
+        inputs.probe_s3.put_object(Bucket=inputs.bucket, Key=key, Body=b"beacon doctor probe", IfNoneMatch="*")
+    except ClientError as error:
+        code = error.response["Error"]["Code"]
+        return Verdict(
+            "permission",
+            FAIL,
+            "denied",
+            f"s3:PutObject {target}: {code}",
+            "bind the training service account to the Beacon writer role (Pod Identity) or fix its policy",
+        )
+    except BotoCoreError as error:
+        return Verdict("permission", WARN, "unknown", f"s3:PutObject {target}: {error}", "see the endpoint check")
+    return Verdict("permission", OK, "writable", f"s3:PutObject {target} as the job's identity succeeded")
+
+
+def _endpoint(inputs: DoctorInputs, evidence: RunEvidence) -> Verdict:
+    started = time.monotonic()
+    try:
+        inputs.s3.list_objects_v2(
+            Bucket=inputs.bucket, Prefix=contract.run_prefix(inputs.experiment, inputs.run), MaxKeys=1
+        )
+    except (ClientError, BotoCoreError) as error:
+        return Verdict(
+            "endpoint",
+            FAIL,
+            "unreachable",
+            f"{inputs.s3.meta.endpoint_url}: {error}",
+            "check AWS_ENDPOINT_URL, the VPC endpoints and the region",
+        )
+    latency_ms = (time.monotonic() - started) * 1000
+    job_region = (evidence.preflight or {}).get("region")
+    text = f"S3 answered in {latency_ms:.0f} ms at {inputs.s3.meta.endpoint_url}; job region {job_region}"
+    if job_region and job_region != inputs.region:
+        return Verdict(
+            "endpoint",
+            FAIL,
+            "wrong region",
+            f"{text}, stack region {inputs.region}",
+            "set AWS_REGION in the job to the stack's region: its metrics go to another region",
+        )
+    if latency_ms > 1000:
+        return Verdict("endpoint", WARN, "slow", text, "a far endpoint or collector: use the in-region VPC endpoints")
+    return Verdict("endpoint", OK, "reachable", text)
+
+
+def _rank_collision(evidence: RunEvidence) -> Verdict:
+    ranks = evidence.writer_ranks
+    hosts = {p.get("host") for p in evidence.preflights}
+    if (ranks and ranks != [0]) or evidence.duplicated:
+        return Verdict(
+            "ranks",
+            FAIL,
+            "collision",
+            f"records from ranks {ranks}, {evidence.duplicated} duplicated step(s)",
+            "only rank 0 may write: two jobs (or ranks) share this run id",
+        )
+    if len(hosts) > 1 and evidence.final is None:
+        return Verdict(
+            "ranks",
+            WARN,
+            "several hosts",
+            f"preflight records from {sorted(map(str, hosts))}",
+            "more than one job may be using this run id",
+        )
+    return Verdict("ranks", OK, "rank 0 only", f"{len(evidence.records)} records, all from rank 0")
+
+
+def _spool(evidence: RunEvidence) -> Verdict:
+    preflight = evidence.preflight
+    if preflight is None:
+        return Verdict("spool", INFO, "unknown", "no preflight record")
+    if not preflight.get("spool_persistent", True):
+        return Verdict(
+            "spool",
+            FAIL,
+            "not persistent",
+            f"{preflight['spool_dir']} is on {preflight['spool_filesystem']}",
+            "mount the artifact volume (PVC beacon-artifacts) at the spool path",
+        )
+    return Verdict("spool", OK, "persistent", f"{preflight['spool_dir']} on {preflight['spool_filesystem']}")
+
+
+def _divergence(inputs: DoctorInputs, dims: dict[str, str], now: datetime) -> Verdict:
+    """A NaN or infinite loss never reaches CloudWatch (it would fail the heartbeat's request too):
+    the job counts them instead, and this says so, so a diverging run does not pass for a quiet one."""
+    counts = [s for s in _samples(inputs, contract.NON_FINITE_LOSS, dims, "Sum", now) if s.value > 0]
+    if not counts:
+        return Verdict("loss", OK, "finite", "no NaN or infinite loss value reported")
+    total = int(sum(s.value for s in counts))
+    return Verdict(
+        "loss",
+        WARN,
+        "diverging",
+        f"{total} NaN or infinite loss value(s), the last reported at {counts[-1].at:%H:%M:%S} UTC; "
+        "the job itself runs on",
+        "lower the learning rate or check the inputs around the first bad step: the run's records in S3 "
+        "keep every value as it was",
+    )
+
+
+def _alarms(inputs: DoctorInputs) -> Verdict:
+    try:
+        run_states = alarm_states(
+            inputs.cloudwatch,
+            contract.run_alarm_name(inputs.team, inputs.experiment, inputs.run, contract.RunAlarm.SILENT).removesuffix(
+                contract.RunAlarm.SILENT
+            ),
+        )
+        team_states = {
+            name: state
+            for name, state in alarm_states(inputs.cloudwatch, f"{contract.ALARM_PREFIX}-{inputs.team}-").items()
+            if not name.startswith(contract.run_alarm_prefix(inputs.team))
+        }
+    except (ClientError, BotoCoreError) as error:
+        return Verdict(
+            "alarms", INFO, "unreadable", str(error), "the doctor's identity needs cloudwatch:DescribeAlarms"
+        )
+    states = {**team_states, **run_states}
+    firing = sorted(name for name, state in states.items() if state == "ALARM")
+    text = ", ".join(f"{n}={s}" for n, s in sorted(states.items())) or "no alarms"
+    if firing:
+        return Verdict("alarms", WARN, "in alarm", text, "see each alarm's description for its runbook")
+    return Verdict("alarms", OK, "quiet", text)

@@ -1,0 +1,176 @@
+"""The embedded AWS: a moto server on loopback, with the one API Beacon needs that moto lacks."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import requests
+from moto.cloudwatch.exceptions import InvalidParameterValue
+from moto.cloudwatch.models import CloudWatchBackend
+from moto.cloudwatch.responses import CloudWatchResponse
+from moto.server import ThreadedMotoServer
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"  # moto's default account
+ADMIN = {"aws_access_key_id": "admin", "aws_secret_access_key": "admin"}
+READY = "beacon-embedded-aws ready at "
+
+
+def quiet_request_log() -> None:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+def add_missing_apis() -> None:
+    """moto stores composite alarms through put_metric_alarm (it reads AlarmRule) but has no
+    PutCompositeAlarm handler; route that action to it. moto never evaluates either kind."""
+    if not hasattr(CloudWatchResponse, "put_composite_alarm"):
+        CloudWatchResponse.put_composite_alarm = CloudWatchResponse.put_metric_alarm  # type: ignore[attr-defined]
+
+
+# What CloudWatch refuses and moto accepts: one such datum fails the whole PutMetricData request.
+METRIC_DATA_PER_REQUEST = 1000
+VALUES_PER_DATUM = 150
+DIMENSIONS_PER_DATUM = 30
+VALUE_LIMIT = 2.0**360
+
+
+def _refused_value(value: Any) -> bool:
+    number = float(value)
+    return not math.isfinite(number) or abs(number) > VALUE_LIMIT
+
+
+def strict_metric_data(metric_data: list[dict[str, Any]]) -> None:
+    """Raise what CloudWatch raises for a request it refuses (moto only refuses a NaN `Value`)."""
+    if len(metric_data) > METRIC_DATA_PER_REQUEST:
+        raise InvalidParameterValue(
+            f"The collection MetricData must not have a size greater than {METRIC_DATA_PER_REQUEST}."
+        )
+    for number, datum in enumerate(metric_data, start=1):
+        where = f"MetricData.member.{number}"
+        if len(datum.get("Dimensions") or []) > DIMENSIONS_PER_DATUM:
+            raise InvalidParameterValue(f"The collection {where}.Dimensions must not exceed {DIMENSIONS_PER_DATUM}.")
+        if "Value" in datum and _refused_value(datum["Value"]):
+            raise InvalidParameterValue(f"The value {datum['Value']} for parameter {where}.Value is invalid.")
+        values = datum.get("Values") or []
+        if len(values) > VALUES_PER_DATUM or any(_refused_value(v) for v in values):
+            raise InvalidParameterValue(f"The parameter {where}.Values is invalid.")
+        for statistic, value in (datum.get("StatisticValues") or {}).items():
+            if _refused_value(value):
+                raise InvalidParameterValue(
+                    f"The value {value} for parameter {where}.StatisticValues.{statistic} is invalid."
+                )
+
+
+def add_aws_strictness() -> None:
+    """Refuse in moto what AWS refuses, so a test cannot pass on a request AWS would reject."""
+    if getattr(CloudWatchBackend.put_metric_data, "beacon_strict", False):
+        return
+    lenient = CloudWatchBackend.put_metric_data
+
+    def put_metric_data(self: CloudWatchBackend, namespace: str, metric_data: list[dict[str, Any]]) -> None:
+        strict_metric_data(metric_data)
+        lenient(self, namespace, metric_data)
+
+    put_metric_data.beacon_strict = True  # type: ignore[attr-defined]
+    CloudWatchBackend.put_metric_data = put_metric_data  # type: ignore[method-assign]
+
+
+@dataclass
+class EmbeddedAws:
+    url: str
+    _stop: Callable[[], None]
+
+    @classmethod
+    def start(cls) -> EmbeddedAws:
+        """In this process: cheap to start, but it shares the GIL with whatever else runs here."""
+        add_missing_apis()
+        add_aws_strictness()
+        quiet_request_log()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        return cls(f"http://{host}:{port}", server.stop)
+
+    @classmethod
+    def start_process(cls, timeout: float = 60) -> EmbeddedAws:
+        """In a process of its own, so a training loop measured beside it keeps its GIL."""
+        process = subprocess.Popen(
+            [sys.executable, "-m", "beacon_ops.embedded_aws"], stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        assert process.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = ""
+        while time.monotonic() < deadline and not line.startswith(READY):
+            line = process.stdout.readline()
+            if not line and process.poll() is not None:
+                raise RuntimeError(f"embedded AWS exited with {process.returncode} before it was ready")
+
+        def stop() -> None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+        if not line.startswith(READY):
+            stop()
+            raise RuntimeError("embedded AWS did not start in time")
+        return cls(line.removeprefix(READY).strip(), stop)
+
+    def stop(self) -> None:
+        self._stop()
+
+    def client(self, service: str, **credentials: str) -> Any:
+        return boto3.client(service, endpoint_url=self.url, region_name=REGION, **(credentials or ADMIN))
+
+    def _reset_auth(self, budget: bytes) -> None:
+        requests.post(f"{self.url}/moto-api/reset-auth", data=budget, timeout=10).raise_for_status()
+
+    def enforce_iam(self) -> None:
+        """From now on every request needs credentials that IAM in moto allows."""
+        self._reset_auth(b"0")
+
+    def reset_auth_only(self) -> None:
+        """Switch IAM enforcement off, keeping every resource (to inspect as the admin)."""
+        self._reset_auth(b"inf")
+
+    def user_without_rights(self, name: str) -> dict[str, str]:
+        """Credentials of a fresh IAM user with no policy at all; enforcement stays on."""
+        self.reset_auth_only()
+        try:
+            iam = self.client("iam")
+            iam.create_user(UserName=name)
+            keys = iam.create_access_key(UserName=name)["AccessKey"]
+        finally:
+            self.enforce_iam()
+        return {"aws_access_key_id": keys["AccessKeyId"], "aws_secret_access_key": keys["SecretAccessKey"]}
+
+    def reset(self) -> None:
+        """moto's state is process-wide: switch enforcement off and forget every resource."""
+        self._reset_auth(b"inf")
+        requests.post(f"{self.url}/moto-api/reset", timeout=10).raise_for_status()
+
+
+def serve() -> None:
+    """`python -m beacon_ops.embedded_aws`: serve on a free loopback port until SIGTERM."""
+    aws = EmbeddedAws.start()
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    print(f"{READY}{aws.url}", flush=True)
+    done.wait()
+    aws.stop()
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,119 @@
+"""What a run left behind, read back through the same contract the job wrote with."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from beacon import contract
+from botocore.exceptions import BotoCoreError, ClientError
+
+
+@dataclass
+class RunEvidence:
+    experiment: str
+    run: str
+    records: list[dict[str, Any]] = field(default_factory=list)
+    chunk_keys: list[str] = field(default_factory=list)
+    preflights: list[dict[str, Any]] = field(default_factory=list)
+    final: dict[str, Any] | None = None
+    checkpoints: list[str] = field(default_factory=list)
+    tensorboard_files: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted(int(r["step"]) for r in self.records)
+
+    @property
+    def last_step(self) -> int | None:
+        return max(self.steps) if self.records else None
+
+    @property
+    def duplicated(self) -> int:
+        return len(self.steps) - len(set(self.steps))
+
+    @property
+    def writer_ranks(self) -> list[int]:
+        return sorted({int(r["rank"]) for r in self.records})
+
+    @property
+    def preflight(self) -> dict[str, Any] | None:
+        return self.preflights[-1] if self.preflights else None
+
+
+def _keys(s3: Any, bucket: str, prefix: str) -> list[str]:
+    keys: list[str] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys.extend(item["Key"] for item in page.get("Contents", []))
+    return sorted(keys)
+
+
+def _read(s3: Any, bucket: str, key: str) -> bytes:
+    return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def read_run(s3: Any, bucket: str, experiment: str, run: str) -> RunEvidence:
+    evidence = RunEvidence(experiment, run)
+    prefix = contract.run_prefix(experiment, run)
+    try:
+        keys = _keys(s3, bucket, prefix)
+    except (ClientError, BotoCoreError) as error:
+        evidence.errors.append(f"s3:ListBucket s3://{bucket}/{prefix}: {error}")
+        return evidence
+    for key in keys:
+        kind = key.removeprefix(prefix).split("/", 1)[0]
+        if kind == contract.EVENTS:
+            evidence.chunk_keys.append(key)
+            body = _read(s3, bucket, key)
+            evidence.records.extend(json.loads(line) for line in body.splitlines() if line.strip())
+        elif kind == contract.PREFLIGHT:
+            evidence.preflights.append(json.loads(_read(s3, bucket, key)))
+        elif kind == contract.STATUS and key == contract.final_status_key(experiment, run):
+            evidence.final = json.loads(_read(s3, bucket, key))
+        elif kind == contract.CHECKPOINTS:
+            evidence.checkpoints.append(key)
+        elif kind == contract.TENSORBOARD:
+            evidence.tensorboard_files.append(key)
+    return evidence
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: datetime
+    value: float
+
+
+def metric_samples(
+    cloudwatch: Any,
+    metric: contract.Metric,
+    dimensions: dict[str, str],
+    *,
+    statistic: str,
+    minutes: int = 30,
+    period: int | None = None,
+    now: datetime | None = None,
+) -> list[Sample]:
+    """Datapoints of one metric, oldest first. By default 1 s periods for high-resolution metrics
+    (their data comes back raw) and 60 s for standard ones."""
+    now = now or datetime.now(UTC)
+    answer = cloudwatch.get_metric_statistics(
+        Namespace=contract.metric_namespace(dimensions[contract.Dim.TEAM.value]),
+        MetricName=metric.name,
+        Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()],
+        StartTime=now - timedelta(minutes=minutes),
+        EndTime=now + timedelta(seconds=5),
+        Period=period or (1 if metric.high_resolution else 60),
+        Statistics=[statistic],
+    )
+    return sorted(
+        (Sample(point["Timestamp"].astimezone(UTC), float(point[statistic])) for point in answer["Datapoints"]),
+        key=lambda sample: sample.at,
+    )
+
+
+def alarm_states(cloudwatch: Any, names_prefix: str) -> dict[str, str]:
+    answer = cloudwatch.describe_alarms(AlarmNamePrefix=names_prefix)
+    return {a["AlarmName"]: a["StateValue"] for a in [*answer["MetricAlarms"], *answer.get("CompositeAlarms", [])]}

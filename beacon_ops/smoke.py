@@ -1,0 +1,332 @@
+"""`beacon smoke`: after `cdk deploy`, run the bundled smoke job on a team's stack and prove it.
+
+The targets (EKS, SageMaker) differ only in how the job is launched, watched and cleaned up. Reading
+the stack outputs, watching delivery to S3, verifying, and the report are shared here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+from beacon import contract
+from botocore.exceptions import BotoCoreError, ClientError
+
+from beacon_ops.alarms import ALARM, AlarmSet
+from beacon_ops.credentials import assume_role_credentials
+from beacon_ops.doctor import DoctorInputs, diagnose
+from beacon_ops.observe import read_run
+from beacon_ops.verify import Verification, verify_run
+from config import TeamConfig
+from workloads.manifests import SmokeJobSpec
+
+STACK_OUTPUTS = {
+    "artifacts": ("BucketName", "WriterRoleArn", "ReaderRoleArn", "KmsKeyArn"),
+    "cluster": ("ClusterName", "TrainingNamespace", "SmokeImageUri"),
+    "monitoring": ("AlarmTopicArn", "RunAlarmTemplateParameter"),
+}
+TEAM_ALARM_OUTPUT_SUFFIX = "AlarmName"
+EXPERIMENT = "smoke"
+SHOW_EVERY_S = 5.0
+Show = Callable[[str], None]
+
+
+class SmokeError(Exception):
+    """A one-line reason the smoke test cannot start or go on; it names the resource."""
+
+
+@dataclass(frozen=True)
+class TeamOutputs:
+    team: str
+    region: str
+    bucket: str
+    writer_role_arn: str
+    reader_role_arn: str
+    kms_key_arn: str
+    cluster_name: str
+    namespace: str
+    image_uri: str
+    alarm_topic_arn: str
+    run_alarm_parameter: str
+    team_alarm_names: tuple[str, ...]
+
+
+def _stack_outputs(cloudformation: Any, stack: str, region: str, team: str) -> dict[str, str]:
+    try:
+        answer = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
+    except ClientError as error:
+        if "does not exist" in str(error):
+            hint = f"deploy it first (make deploy TEAM={team})"
+            raise SmokeError(f"stack {stack} not found in {region}: {hint}") from None
+        raise SmokeError(f"stack {stack}: cannot describe it: {error}") from None
+    status = str(answer["StackStatus"])
+    if not status.endswith("_COMPLETE") or "ROLLBACK" in status or "DELETE" in status:
+        raise SmokeError(f"stack {stack} is {status}, not deployed cleanly: fix and redeploy it first")
+    return {o["OutputKey"]: o["OutputValue"] for o in answer.get("Outputs", [])}
+
+
+def read_outputs(cloudformation: Any, team: str, region: str) -> TeamOutputs:
+    """The team's stack outputs, or a SmokeError naming the stack and the output that is missing."""
+    values: dict[str, dict[str, str]] = {}
+    for component, keys in STACK_OUTPUTS.items():
+        stack = contract.stack_name(team, component)
+        outputs = _stack_outputs(cloudformation, stack, region, team)
+        missing = [key for key in keys if key not in outputs]
+        if missing:
+            raise SmokeError(f"stack {stack}: output {missing[0]} is missing; redeploy it with this version of Beacon")
+        values[component] = outputs
+    artifacts, cluster, monitoring = values["artifacts"], values["cluster"], values["monitoring"]
+    return TeamOutputs(
+        team=team,
+        region=region,
+        bucket=artifacts["BucketName"],
+        writer_role_arn=artifacts["WriterRoleArn"],
+        reader_role_arn=artifacts["ReaderRoleArn"],
+        kms_key_arn=artifacts["KmsKeyArn"],
+        cluster_name=cluster["ClusterName"],
+        namespace=cluster["TrainingNamespace"],
+        image_uri=cluster["SmokeImageUri"],
+        alarm_topic_arn=monitoring["AlarmTopicArn"],
+        run_alarm_parameter=monitoring["RunAlarmTemplateParameter"],
+        team_alarm_names=tuple(v for k, v in sorted(monitoring.items()) if k.endswith(TEAM_ALARM_OUTPUT_SUFFIX)),
+    )
+
+
+@dataclass
+class Access:
+    """The operator's session (control plane) and the team's reader role (what the run left)."""
+
+    operator: boto3.session.Session
+    reader: dict[str, str]
+
+    @classmethod
+    def open(cls, operator: boto3.session.Session, reader_role_arn: str) -> Access:
+        try:
+            return cls(operator, assume_role_credentials(operator.client("sts"), reader_role_arn, "beacon-smoke"))
+        except (ClientError, BotoCoreError) as error:
+            raise SmokeError(f"cannot assume the reader role {reader_role_arn}: {error}") from None
+
+    def client(self, service: str) -> Any:
+        return self.operator.client(service)
+
+    def as_reader(self, service: str) -> Any:
+        return self.operator.client(service, **self.reader)
+
+
+@dataclass
+class Delivery:
+    """What has reached S3 so far; read incrementally while the job runs."""
+
+    s3: Any
+    bucket: str
+    experiment: str
+    run: str
+    records: int = 0
+    last_step: int | None = None
+    finished: bool = False
+    _read: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of_run(cls, access: Access, outputs: TeamOutputs, run: str) -> Delivery:
+        return cls(access.as_reader("s3"), outputs.bucket, EXPERIMENT, run)
+
+    def poll(self) -> Delivery:
+        prefix = f"{contract.run_prefix(self.experiment, self.run)}{contract.EVENTS}/"
+        try:
+            pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+            keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+            for key in sorted(set(keys) - self._read):
+                body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+                steps = [int(json.loads(line)["step"]) for line in body.splitlines() if line.strip()]
+                self.records += len(steps)
+                self.last_step = max([*steps, *([self.last_step] if self.last_step is not None else [])])
+                self._read.add(key)
+            self.s3.head_object(Bucket=self.bucket, Key=contract.final_status_key(self.experiment, self.run))
+            self.finished = True
+        except (ClientError, BotoCoreError):
+            pass  # not there yet, or a transient error: the next poll tries again
+        return self
+
+    def describe(self) -> str:
+        step = "-" if self.last_step is None else str(self.last_step)
+        return f"last step {step}, {self.records} records in S3{', final status written' if self.finished else ''}"
+
+
+def wait_for_final_status(delivery: Delivery, *, grace_s: float, interval_s: float = 2.0) -> bool:
+    """The platform says the job ended; its last writes are at most a moment behind."""
+    deadline = time.monotonic() + grace_s
+    while not delivery.poll().finished and time.monotonic() < deadline:
+        time.sleep(interval_s)
+    return delivery.finished
+
+
+def run_alarm_names(team: str, run: str) -> list[str]:
+    return [contract.run_alarm_name(team, EXPERIMENT, run, kind) for kind in contract.RunAlarm]
+
+
+def alarm_set(access: Access, outputs: TeamOutputs, run: str) -> AlarmSet:
+    """The team's alarms as deployed, plus this run's alarms from the template the job itself used."""
+    cloudwatch = access.client("cloudwatch")
+    try:
+        template = access.client("ssm").get_parameter(Name=outputs.run_alarm_parameter)["Parameter"]["Value"]
+        deployed = cloudwatch.describe_alarms(AlarmNames=list(outputs.team_alarm_names))["MetricAlarms"]
+    except (ClientError, BotoCoreError) as error:
+        raise SmokeError(f"cannot read the alarm definitions ({outputs.run_alarm_parameter}): {error}") from None
+    rendered = contract.render_run_alarms(str(template), EXPERIMENT, run)
+    return AlarmSet.from_definitions([*deployed, *rendered["metric_alarms"]], [rendered["composite_alarm"]])
+
+
+def observed_alarms(cloudwatch: Any, names: list[str], since: datetime) -> dict[str, str]:
+    """CloudWatch's own verdicts: ALARM if an alarm went there since the run began, else its state now
+    ("deleted" for a run alarm the job removed on its clean exit)."""
+    try:
+        answer = cloudwatch.describe_alarms(AlarmNames=names)
+    except (ClientError, BotoCoreError) as error:
+        return {name: f"unreadable: {error}" for name in names}
+    now = {a["AlarmName"]: a["StateValue"] for a in [*answer["MetricAlarms"], *answer.get("CompositeAlarms", [])]}
+    states: dict[str, str] = {}
+    history_readable = True
+    for name in names:
+        history: list[dict[str, Any]] = []
+        if history_readable:
+            try:
+                history = cloudwatch.describe_alarm_history(
+                    AlarmName=name, HistoryItemType="StateUpdate", StartDate=since, MaxRecords=100
+                )["AlarmHistoryItems"]
+            except (ClientError, BotoCoreError):
+                history_readable = False  # no history API (the embedded AWS): the state now is what there is
+        went_to_alarm = any("to ALARM" in item.get("HistorySummary", "") for item in history)
+        states[name] = ALARM if went_to_alarm else now.get(name, "deleted")
+    return states
+
+
+@dataclass
+class SmokeReport:
+    target: str
+    team: str
+    region: str
+    run: str
+    experiment: str = EXPERIMENT
+    stack_outputs: dict[str, Any] = field(default_factory=dict)
+    launched: dict[str, Any] = field(default_factory=dict)
+    platform_state: str = ""
+    platform_succeeded: bool = False
+    platform_detail: str = ""
+    verification: Verification | None = None
+    alarms_observed: dict[str, str] = field(default_factory=dict)
+    logs: dict[str, str] = field(default_factory=dict)
+    doctor: list[dict[str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    cleaned_up: bool = False
+    wall_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.platform_succeeded
+            and self.verification is not None
+            and self.verification.ok
+            and ALARM not in self.alarms_observed.values()
+            and not self.problems
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "target": self.target,
+            "team": self.team,
+            "region": self.region,
+            "experiment": self.experiment,
+            "run": self.run,
+            "stack_outputs": self.stack_outputs,
+            "launched": self.launched,
+            "platform": {
+                "state": self.platform_state,
+                "succeeded": self.platform_succeeded,
+                "detail": self.platform_detail,
+            },
+            "verification": self.verification.as_dict() if self.verification else None,
+            "alarms_observed": self.alarms_observed,
+            "doctor": self.doctor,
+            "problems": self.problems,
+            "logs": self.logs,
+            "cleaned_up": self.cleaned_up,
+            "wall_seconds": round(self.wall_seconds, 1),
+        }
+
+
+def verify(report: SmokeReport, access: Access, outputs: TeamOutputs, *, steps: int, started: datetime) -> None:
+    """The checks both targets share; on a failure, also the doctor's verdicts for the run."""
+    report.stack_outputs = asdict(outputs)
+    s3, cloudwatch = access.as_reader("s3"), access.as_reader("cloudwatch")
+    try:
+        evidence = read_run(s3, outputs.bucket, EXPERIMENT, report.run)
+        report.verification = verify_run(
+            evidence,
+            s3=s3,
+            cloudwatch=cloudwatch,
+            bucket=outputs.bucket,
+            team=outputs.team,
+            steps=steps,
+            alarms=alarm_set(access, outputs, report.run),
+        )
+    except (ClientError, BotoCoreError) as error:
+        report.problems.append(f"verification could not read the run as the reader role: {error}")
+    report.alarms_observed = observed_alarms(
+        access.client("cloudwatch"), [*outputs.team_alarm_names, *run_alarm_names(outputs.team, report.run)], started
+    )
+    if not report.ok:
+        diagnosis = diagnose(
+            DoctorInputs(
+                team=outputs.team,
+                experiment=EXPERIMENT,
+                run=report.run,
+                bucket=outputs.bucket,
+                region=outputs.region,
+                s3=s3,
+                cloudwatch=cloudwatch,
+                probe_s3=None,
+            )
+        )
+        report.doctor = [asdict(v) for v in diagnosis.verdicts]
+
+
+def fresh_suffix(now: datetime | None = None) -> str:
+    """Each smoke run is a fresh Job and a fresh run prefix."""
+    return (now or datetime.now(UTC)).strftime("-%m%d%H%M%S")
+
+
+def fresh_spec(config: TeamConfig, outputs: TeamOutputs) -> SmokeJobSpec:
+    """The team's smoke job, for the deployed image and bucket, under a fresh run name."""
+    return config.smoke_job_spec(
+        image=outputs.image_uri, bucket=outputs.bucket, region=outputs.region, name_suffix=fresh_suffix()
+    )
+
+
+def conclude(
+    report: SmokeReport,
+    access: Access,
+    outputs: TeamOutputs,
+    delivery: Delivery,
+    *,
+    steps: int,
+    started: datetime,
+    collect_logs: Callable[[SmokeReport], None],
+    show: Show,
+) -> None:
+    """Once the platform gave its verdict: the run's last writes, its logs if it failed, the checks."""
+    if report.platform_succeeded and not wait_for_final_status(delivery, grace_s=60):
+        report.problems.append(f"the {report.target} job succeeded but the run's final status never reached S3")
+    if not report.platform_succeeded:
+        collect_logs(report)
+    show("verifying S3, CloudWatch metrics and alarms")
+    verify(report, access, outputs, steps=steps, started=started)
+
+
+def started_at() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,2 @@
+"""Beacon's training runtime: the library teams import in their own training. Imports nothing of
+Beacon's outside this package."""

@@ -1,0 +1,98 @@
+"""Progress as the heartbeat reports it: seconds since the loop last finished a step, not counting
+time spent in a named phase (setup, evaluation, a checkpoint): a long one is work, not a stall.
+
+The current phase is published too, so the heartbeat can say what a job that takes no steps is
+doing; the phase names are the contract's (`contract.Phase`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from beacon.contract import Phase
+
+
+class ProgressClock:
+    """The loop marks steps and enters and leaves phases; the heartbeat thread reads the age."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self._lock = threading.Lock()
+        self._last_step = now()
+        self._excluded = 0.0  # seconds in phases since the last step
+        self._phases: list[tuple[Phase, float]] = []  # open phases, outermost first, with start times
+        self._paused_since: float | None = None  # when the outermost open phase began
+        self.steps = 0
+
+    def step_finished(self) -> None:
+        with self._lock:
+            now = self._now()
+            self._last_step = now
+            self._excluded = 0.0
+            self._paused_since = now if self._phases else None
+            self.steps += 1
+
+    def enter(self, phase: Phase) -> None:
+        with self._lock:
+            now = self._now()
+            if not self._phases:
+                self._paused_since = now
+            self._phases.append((phase, now))
+
+    def leave(self, phase: Phase) -> float:
+        """End the innermost open `phase`; return its length in seconds (0 if it was not open)."""
+        with self._lock:
+            now = self._now()
+            for index in range(len(self._phases) - 1, -1, -1):
+                if self._phases[index][0] == phase:
+                    started = self._phases.pop(index)[1]
+                    break
+            else:
+                return 0.0
+            if not self._phases and self._paused_since is not None:
+                self._excluded += now - self._paused_since
+                self._paused_since = None
+            return now - started
+
+    @contextmanager
+    def phase(self, phase: Phase) -> Iterator[None]:
+        self.enter(phase)
+        try:
+            yield
+        finally:
+            self.leave(phase)
+
+    def phase_name(self) -> Phase:
+        """The innermost open phase; TRAINING when none is."""
+        with self._lock:
+            return self._phases[-1][0] if self._phases else Phase.TRAINING
+
+    def current_phase(self) -> tuple[Phase, float] | None:
+        """(innermost open phase, seconds in it so far); None while the loop is training."""
+        with self._lock:
+            if not self._phases:
+                return None
+            phase, started = self._phases[-1]
+            return phase, self._now() - started
+
+    def progress_age(self) -> float:
+        with self._lock:
+            now = self._now()
+            in_phase = now - self._paused_since if self._paused_since is not None else 0.0
+            return max(0.0, now - self._last_step - self._excluded - in_phase)
+
+    # The checkpoint window, as the alarm simulation (beacon/simulate.py) drives it.
+    def checkpoint_started(self) -> None:
+        self.enter(Phase.CHECKPOINT)
+
+    def checkpoint_finished(self) -> float:
+        """End the checkpoint window; return its length in seconds."""
+        return self.leave(Phase.CHECKPOINT)
+
+    def checkpoint_seconds(self) -> float:
+        """Seconds the current checkpoint has run so far; 0 when none is in flight."""
+        with self._lock:
+            return next((self._now() - s for p, s in reversed(self._phases) if p == Phase.CHECKPOINT), 0.0)

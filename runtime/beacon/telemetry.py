@@ -1,0 +1,498 @@
+"""Telemetry that cannot be lost: spool → S3 (create-only, synchronous), CloudWatch, TensorBoard,
+and a heartbeat thread that runs whatever the loop is doing.
+
+The training thread only appends to a queue (`record`), so its cost per step is microseconds.
+The uploader thread makes records durable in the spool, seals chunks and uploads each closed chunk
+synchronously; the heartbeat thread sends one PutMetricData per interval and touches the liveness
+file. Failures never stop training: they count as UploadFailures and grow SpoolBacklog.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+from torch.utils.tensorboard import SummaryWriter  # at import: seconds the spool thread must not spend
+
+from beacon import contract, kill_points
+from beacon.config import JobConfig
+from beacon.progress import ProgressClock
+from beacon.reconcile import RunConflictError
+from beacon.run_alarms import RunAlarms
+from beacon.spool import Chunk, Spool, SpoolFullError, on_spool_disk
+
+log = logging.getLogger("beacon.telemetry")
+
+UPLOAD_POLL_S = 0.25
+MAX_BACKOFF_S = 30.0
+MAX_DATA_PER_REQUEST = 1000  # PutMetricData's limit
+
+
+def cloudwatch_accepts(value: float) -> bool:
+    return math.isfinite(value) and abs(value) <= contract.CLOUDWATCH_VALUE_LIMIT
+
+
+def datum_is_valid(datum: dict[str, Any]) -> bool:
+    """CloudWatch refuses a whole request for one bad value: drop the datum, keep the heartbeat."""
+    values = [datum["Value"]] if "Value" in datum else list(datum.get("StatisticValues", {}).values())
+    return all(cloudwatch_accepts(float(v)) for v in values)
+
+
+@dataclass
+class WindowStats:
+    """Per-step values aggregated between two metric batches."""
+
+    losses: list[float] = field(default_factory=list)
+    last_step: int = -1
+    upload_latencies_ms: list[float] = field(default_factory=list)
+    upload_failures: int = 0
+    checkpoint_seconds: list[float] = field(default_factory=list)
+
+
+def statistic_set(values: list[float]) -> dict[str, float]:
+    return {"SampleCount": float(len(values)), "Sum": sum(values), "Minimum": min(values), "Maximum": max(values)}
+
+
+@dataclass
+class DeliveryReport:
+    records: int = 0
+    chunks_uploaded: int = 0
+    already_present: int = 0
+    upload_failures: int = 0
+    metric_batches: int = 0
+    metric_failures: int = 0
+    tensorboard_files: int = 0
+    pending_chunks: int = 0
+    unacknowledged_records: int = 0
+
+
+class NullTelemetry:
+    """What ranks other than 0 get: no sink is ever touched."""
+
+    def start(self) -> None: ...
+
+    def record(self, step: int, loss: float) -> None: ...
+
+    def checkpoint_finished(self, seconds: float) -> None: ...
+
+    def wait_durable(self, step: int, timeout: float) -> bool:
+        return True
+
+    def close(self, budget: float) -> DeliveryReport:
+        return DeliveryReport()
+
+    def publish_final(self, summary: dict[str, Any]) -> None: ...
+
+
+class Telemetry(NullTelemetry):
+    def __init__(
+        self,
+        config: JobConfig,
+        *,
+        s3: Any,
+        cloudwatch: Any,
+        progress: ProgressClock,
+        spool: Spool,
+        run_alarms: RunAlarms | None,
+        resumed_after_step: int,
+    ) -> None:
+        self.config = config
+        self.s3, self.cloudwatch = s3, cloudwatch
+        self.progress = progress
+        self.spool = spool
+        self.run_alarms = run_alarms
+        self.resumed_after_step = resumed_after_step
+        self.report = DeliveryReport()
+        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._window = WindowStats()
+        self._window_lock = threading.Lock()
+        self._stop = threading.Event()  # the loop is over: seal what is left, then stop
+        self._spool_done = threading.Event()  # nothing new will reach the pending set
+        self._beats_done = threading.Event()  # uploads are over: the final beat, then stop
+        self._upload_wake = threading.Event()
+        self._deadline: float | None = None
+        self._durable = threading.Condition()
+        self._chunk_opened_at: float | None = None
+        self._backoff_until = 0.0
+        self._backoff = 1.0
+        self._tensorboard: Any = None
+        self._tensorboard_dir = spool.directory / "tensorboard"
+        self._first_beat_at: float | None = None
+        self._last_rate_sample = (time.monotonic(), progress.steps)
+        self._fatal: BaseException | None = None
+        # Disk and network never share a thread: a slow S3 cannot delay durability, and a slow
+        # CloudWatch cannot delay an upload.
+        self._spool_thread = threading.Thread(target=self._spool_loop, name="beacon-spool", daemon=True)
+        self._upload_thread = threading.Thread(target=self._upload_loop, name="beacon-uploader", daemon=True)
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="beacon-heartbeat", daemon=True)
+        self._threads = [self._spool_thread, self._upload_thread, self._heartbeat_thread]
+        self._seal_leftover_tensorboard()
+
+    # --- the training thread's side: cheap -------------------------------------------------
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def record(self, step: int, loss: float) -> None:
+        if step <= self.resumed_after_step:
+            return  # a step replayed after resuming from a checkpoint was recorded before
+        if self._fatal is not None:
+            raise self._fatal
+        self._queue.append(
+            {
+                "run": self.config.run,
+                "experiment": self.config.experiment,
+                "rank": 0,
+                "step": step,
+                "loss": loss,
+                "wall_time": time.time(),
+            }
+        )
+        with self._window_lock:
+            self._window.losses.append(loss)
+            self._window.last_step = step
+
+    def checkpoint_finished(self, seconds: float) -> None:
+        with self._window_lock:
+            self._window.checkpoint_seconds.append(seconds)
+
+    def wait_durable(self, step: int, timeout: float) -> bool:
+        """Block (a checkpoint thread, never the loop) until records through `step` are fsync'd."""
+        deadline = time.monotonic() + timeout
+        with self._durable:
+            while self.spool.durable_step < step and step > self.resumed_after_step:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._spool_done.is_set():
+                    return self.spool.durable_step >= step
+                self._durable.wait(min(remaining, UPLOAD_POLL_S))
+        return True
+
+    def _remaining(self) -> float:
+        return float("inf") if self._deadline is None else self._deadline - time.monotonic()
+
+    # --- the spool thread: disk only ------------------------------------------------------------
+    def _spool_loop(self) -> None:
+        try:
+            while True:
+                stopping = self._stop.is_set()
+                try:
+                    self._persist(final=stopping)
+                except SpoolFullError as error:
+                    self._fatal = error
+                    log.error("%s: the spool is full; stopping before anything acknowledged can be lost", error)
+                    return
+                except Exception:  # keep persisting whatever happens (a record is durable only once fsync'd)
+                    log.exception("spool cycle failed; retrying")
+                    if stopping:
+                        return
+                if stopping:
+                    return
+                self._stop.wait(UPLOAD_POLL_S)
+        finally:
+            self._spool_done.set()
+            self._upload_wake.set()
+            with self._durable:
+                self._durable.notify_all()
+
+    def _drain(self) -> list[dict[str, Any]]:
+        drained = []
+        while self._queue:
+            drained.append(self._queue.popleft())
+        return drained
+
+    def _persist(self, *, final: bool) -> None:
+        records = self._drain()
+        if records:
+            if self._chunk_opened_at is None:
+                self._chunk_opened_at = time.monotonic()
+            self.spool.append(records)
+            self.spool.sync()
+            self.report.records += len(records)
+            with on_spool_disk(self.spool.directory):
+                self._write_tensorboard(records)
+            with self._durable:
+                self._durable.notify_all()
+        due = self._chunk_opened_at is not None and (
+            time.monotonic() - self._chunk_opened_at >= self.config.flush_interval
+            or self.spool.open_records >= self.config.chunk_records
+        )
+        if due or final:
+            if self.spool.seal() is not None:
+                self._upload_wake.set()
+            self._chunk_opened_at = None
+            with on_spool_disk(self.spool.directory):
+                self._rotate_tensorboard()
+
+    # --- the uploader thread: S3 only -------------------------------------------------------------
+    def _upload_loop(self) -> None:
+        while self._fatal is None or not isinstance(self._fatal, RunConflictError):
+            draining = self._spool_done.is_set()
+            if time.monotonic() >= self._backoff_until:
+                try:
+                    self._upload_pending()
+                except Exception:  # keep delivering whatever happens; the spool keeps the chunks
+                    log.exception("upload cycle failed; retrying")
+            if draining and not self._has_pending():
+                return
+            if self._remaining() <= 0:
+                return
+            self._upload_wake.wait(min(UPLOAD_POLL_S, max(0.0, self._remaining())))
+            self._upload_wake.clear()
+
+    def _has_pending(self) -> bool:
+        return bool(self.spool.pending()) or any(self._tensorboard_dir.glob("*.sealed"))
+
+    def _upload_pending(self) -> None:
+        for chunk in self.spool.pending():
+            if self._remaining() <= 0:
+                return
+            if not self._upload_chunk(chunk):
+                self._back_off()
+                return
+            self._backoff = 1.0
+        for path in sorted(self._tensorboard_dir.glob("*.sealed")):
+            if self._remaining() <= 0 or not self._upload_tensorboard(path):
+                return
+
+    def _back_off(self) -> None:
+        # While draining, retry often: the shutdown budget is short.
+        ceiling = 1.0 if self._deadline is not None else MAX_BACKOFF_S
+        self._backoff_until = time.monotonic() + min(self._backoff, ceiling)
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
+
+    def _upload_chunk(self, chunk: Chunk) -> bool:
+        key = contract.events_key(self.config.experiment, self.config.run, chunk.sequence)
+        try:
+            body = chunk.body()
+        except FileNotFoundError:  # acknowledged meanwhile (a drain's last pass): nothing to send
+            return True
+        started = time.monotonic()
+        try:
+            self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=body, IfNoneMatch="*")
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "PreconditionFailed":
+                return self._upload_failed(key, error)
+            if not self._same_object(key, body):
+                # Durable bytes disagree: no retry can fix it. Stop the job (it drains, exits non-zero,
+                # and its restart is refused by the start-up reconciliation, naming the run).
+                conflict = RunConflictError(
+                    f"run {self.config.run!r}: s3://{self.config.bucket}/{key} holds another chunk than "
+                    f"{chunk.path}: another job writes this run id"
+                )
+                self._fatal = conflict
+                return self._upload_failed(key, conflict)
+            self.report.already_present += 1  # a retry of an upload S3 had already taken
+        except (BotoCoreError, OSError) as error:
+            return self._upload_failed(key, error)
+        kill_points.hit(kill_points.UPLOADED_NOT_ACKNOWLEDGED)
+        with self._window_lock:
+            self._window.upload_latencies_ms.append((time.monotonic() - started) * 1000)
+        self.spool.acknowledge(chunk)
+        self.report.chunks_uploaded += 1
+        return True
+
+    def _same_object(self, key: str, body: bytes) -> bool:
+        try:
+            existing = self.s3.get_object(Bucket=self.config.bucket, Key=key)["Body"].read()
+        except (ClientError, BotoCoreError, OSError):
+            return False
+        return bool(hashlib.sha256(existing).digest() == hashlib.sha256(body).digest())
+
+    def _upload_failed(self, key: str, error: BaseException) -> bool:
+        log.warning("upload of s3://%s/%s failed after retries: %s", self.config.bucket, key, error)
+        self.report.upload_failures += 1
+        with self._window_lock:
+            self._window.upload_failures += 1
+        return False
+
+    # --- TensorBoard: one whole file per flush, never a growing one ------------------------------
+    def _write_tensorboard(self, records: list[dict[str, Any]]) -> None:
+        if self._tensorboard is None:
+            self._tensorboard_dir.mkdir(parents=True, exist_ok=True)
+            self._tensorboard = SummaryWriter(
+                log_dir=str(self._tensorboard_dir / f"part-{self.spool.next_chunk:08d}"), flush_secs=3600
+            )
+        for record in records:
+            self._tensorboard.add_scalar("loss", record["loss"], record["step"], walltime=record["wall_time"])
+
+    def _rotate_tensorboard(self) -> None:
+        if self._tensorboard is None:
+            return
+        log_dir = Path(self._tensorboard.log_dir)
+        self._tensorboard.close()
+        self._tensorboard = None
+        self._seal_tensorboard_part(log_dir)
+
+    def _seal_tensorboard_part(self, log_dir: Path) -> None:
+        for event_file in log_dir.glob("events.out.tfevents.*"):
+            event_file.rename(self._tensorboard_dir / f"{log_dir.name}.{event_file.name}.sealed")
+        log_dir.rmdir()
+
+    def _seal_leftover_tensorboard(self) -> None:
+        """A part a crash left open is sealed and uploaded like any other: its points happened."""
+        for log_dir in sorted(self._tensorboard_dir.glob("part-*")):
+            if log_dir.is_dir():
+                with on_spool_disk(self.spool.directory):
+                    self._seal_tensorboard_part(log_dir)
+
+    def _upload_tensorboard(self, path: Path) -> bool:
+        name = path.name.removesuffix(".sealed")
+        key = contract.tensorboard_key(self.config.experiment, self.config.run, name)
+        try:
+            self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "PreconditionFailed":
+                return self._upload_failed(key, error)
+        except (BotoCoreError, OSError) as error:
+            return self._upload_failed(key, error)
+        path.unlink()
+        self.report.tensorboard_files += 1
+        return True
+
+    # --- the heartbeat thread: CloudWatch only -----------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                self.beat()
+            except Exception:  # a heartbeat thread that dies makes a live job look silent
+                log.exception("heartbeat failed; the next one follows")
+            if self._beats_done.wait(self.config.heartbeat_interval):
+                break
+        if self._remaining() > 0:
+            try:
+                self.beat(final=True)
+            except Exception:
+                log.exception("final heartbeat failed")
+
+    def beat(self, *, final: bool = False) -> None:
+        now = time.time()
+        data, window = self._metric_batch(now)
+        try:
+            for start in range(0, len(data), MAX_DATA_PER_REQUEST):
+                self.cloudwatch.put_metric_data(
+                    Namespace=self.config.namespace, MetricData=data[start : start + MAX_DATA_PER_REQUEST]
+                )
+            self.report.metric_batches += 1
+        except (ClientError, BotoCoreError, OSError) as error:
+            self.report.metric_failures += 1
+            self._restore_window(window)  # counted in the next batch rather than lost
+            log.warning("PutMetricData to %s failed: %s", self.config.namespace, error)
+            return
+        if self._first_beat_at is None:
+            self._first_beat_at = now
+        if (
+            not final
+            and self.run_alarms is not None
+            and not self.run_alarms.armed
+            and now >= contract.run_alarms_arm_at(self._first_beat_at)
+        ):
+            try:
+                self.run_alarms.arm()
+            except (ClientError, BotoCoreError) as error:
+                log.error("cannot create this run's alarms: %s", error)
+
+    def _restore_window(self, sent: WindowStats) -> None:
+        with self._window_lock:
+            current = self._window
+            current.losses[:0] = sent.losses
+            current.last_step = max(current.last_step, sent.last_step)
+            current.upload_latencies_ms[:0] = sent.upload_latencies_ms
+            current.upload_failures += sent.upload_failures
+            current.checkpoint_seconds[:0] = sent.checkpoint_seconds
+
+    def _metric_batch(self, now: float) -> tuple[list[dict[str, Any]], WindowStats]:
+        with self._window_lock:
+            window, self._window = self._window, WindowStats()
+        timestamp = datetime.fromtimestamp(now, UTC)
+        run_dims = contract.run_dimensions(self.config.team, self.config.experiment, self.config.run)
+        team_dims = contract.team_dimensions(self.config.team)
+
+        def datum(metric: contract.Metric, dims: dict[str, str], **value: Any) -> dict[str, Any]:
+            return {
+                "MetricName": metric.name,
+                "Dimensions": [{"Name": k, "Value": v} for k, v in dims.items()],
+                "Timestamp": timestamp,
+                "Unit": metric.unit.value,
+                "StorageResolution": metric.storage_resolution,
+                **value,
+            }
+
+        mono, steps = time.monotonic(), self.progress.steps
+        last_mono, last_steps = self._last_rate_sample
+        self._last_rate_sample = (mono, steps)
+        backlog = float(self.spool.unacknowledged_records() + len(self._queue))
+        data = [
+            datum(contract.HEARTBEAT, run_dims, Value=1.0),
+            datum(contract.PROGRESS_AGE, run_dims, Value=self.progress.progress_age()),
+            datum(contract.STEPS_PER_SECOND, run_dims, Value=(steps - last_steps) / max(mono - last_mono, 1e-6)),
+        ]
+        phase = self.progress.current_phase()  # setup, evaluation, checkpoint: work, not a stall
+        if phase is not None:
+            phase_dims = contract.phase_dimensions(self.config.team, self.config.experiment, self.config.run, phase[0])
+            data.append(datum(contract.PHASE_SECONDS, phase_dims, Value=phase[1]))
+        for dims in (run_dims, team_dims):
+            data.append(datum(contract.SPOOL_BACKLOG, dims, Value=backlog))
+            data.append(datum(contract.UPLOAD_FAILURES, dims, Value=float(window.upload_failures)))
+        sendable = [v for v in window.losses if cloudwatch_accepts(v)]
+        if sendable:
+            data.append(datum(contract.LOSS, run_dims, StatisticValues=statistic_set(sendable)))
+        if len(sendable) < len(window.losses):
+            data.append(datum(contract.NON_FINITE_LOSS, run_dims, Value=float(len(window.losses) - len(sendable))))
+        if window.last_step >= 0:
+            data.append(datum(contract.STEP, run_dims, Value=float(window.last_step)))
+        if window.upload_latencies_ms:
+            data.append(
+                datum(contract.UPLOAD_LATENCY, run_dims, StatisticValues=statistic_set(window.upload_latencies_ms))
+            )
+        if window.checkpoint_seconds:
+            data.append(
+                datum(contract.CHECKPOINT_SECONDS, run_dims, StatisticValues=statistic_set(window.checkpoint_seconds))
+            )
+        return [d for d in data if datum_is_valid(d)], window
+
+    def publish_final(self, summary: dict[str, Any]) -> None:
+        """Tell `beacon doctor` the run finished (rather than went silent)."""
+        key = contract.final_status_key(self.config.experiment, self.config.run)
+        try:
+            self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=json.dumps(summary).encode())
+        except (ClientError, BotoCoreError) as error:
+            log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
+
+    # --- shutdown ---------------------------------------------------------------------------------
+    def close(self, budget: float) -> DeliveryReport:
+        """Drain: make every record durable, upload every chunk and the last TensorBoard file, send a
+        final metric batch and remove this run's alarms (a clean exit). Bounded by `budget` seconds.
+
+        Each thread finishes its own work; nothing here drives the spool or S3 from this thread, so
+        a call still in flight when the budget ends can never be repeated beside it."""
+        self._deadline = time.monotonic() + budget
+        self._backoff_until, self._backoff = 0.0, 1.0  # an outage's long backoff must not eat the budget
+        self._stop.set()
+        self._spool_thread.join(timeout=max(0.0, self._remaining()))
+        if self._spool_thread.is_alive():
+            log.error("the spool did not finish within the shutdown budget (a stuck disk?)")
+        self._upload_wake.set()
+        self._upload_thread.join(timeout=max(0.0, self._remaining()))
+        self._beats_done.set()
+        self._heartbeat_thread.join(timeout=max(0.0, self._remaining()))
+        pending = self.spool.pending()
+        self.report.pending_chunks = len(pending)
+        self.report.unacknowledged_records = self.spool.unacknowledged_records() + len(self._queue)
+        if self.run_alarms is not None and self.run_alarms.armed and not self.report.unacknowledged_records:
+            try:
+                self.run_alarms.disarm()
+            except (ClientError, BotoCoreError) as error:
+                log.error("cannot delete this run's alarms (they will fire): %s", error)
+        if not self._spool_thread.is_alive():
+            self.spool.close()
+        return self.report

@@ -1,1 +1,0 @@
-"""What runs in the training image. Imports nothing of Beacon's outside this package."""

@@ -1,0 +1,325 @@
+"""Kubernetes objects for the smoke Job, its volume and its service account, as plain dicts.
+
+The cluster stack and `beacon smoke` both build their Jobs here, so a post-deploy smoke test runs
+exactly what the stack runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from beacon import contract
+
+TRAINING_SERVICE_ACCOUNT = "training"
+ARTIFACTS_CLAIM = "beacon-artifacts"
+ARTIFACTS_VOLUME = "beacon-artifacts"
+STORAGE_CLASS = "beacon-efs"
+ARTIFACTS_MOUNT = "/artifacts"
+RUNTIME_DIR = "/var/run/beacon"
+HEARTBEAT_FILE = f"{RUNTIME_DIR}/heartbeat"
+RENDEZVOUS_PORT = 29500
+HEARTBEAT_TOLERANCE_S = contract.SILENT_BUDGET_S  # never the 30 s default
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+POOL_LABEL = "beacon/pool"
+GPU_POOL, CPU_POOL = "gpu-training", "cpu-smoke"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+# Bad input (2) and a failed preflight (3) will not get better with a retry.
+NON_RETRIABLE_EXIT_CODES = [2, 3]
+# torchrun, keeping the job's exit code (beacon/launch.py); the image has no other entry point.
+LAUNCH_COMMAND = ["python", "-m", "beacon.launch"]
+
+
+def namespace(name: str = contract.TRAINING_NAMESPACE) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"beacon/managed": "true"}}}
+
+
+def service_account(name: str = TRAINING_SERVICE_ACCOUNT, ns: str = contract.TRAINING_NAMESPACE) -> dict[str, Any]:
+    # No IRSA annotation: EKS Pod Identity binds the writer role to this account.
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}}
+
+
+def storage_class() -> dict[str, Any]:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": STORAGE_CLASS},
+        "provisioner": "efs.csi.aws.com",
+        "reclaimPolicy": "Retain",
+        "volumeBindingMode": "Immediate",
+    }
+
+
+EFS_MOUNT_OPTIONS = ("iam", "tls")
+EFS_CSI_NODE_SERVICE_ACCOUNT = "efs-csi-node-sa"  # the driver's node pods mount; `iam` uses their identity
+
+
+def persistent_volume(file_system_id: str, access_point_id: str) -> dict[str, Any]:
+    """A static volume on the access point, so every write is owned by the training uid/gid."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": ARTIFACTS_VOLUME},
+        "spec": {
+            "capacity": {"storage": "1Ti"},  # EFS is elastic; Kubernetes needs a number
+            "volumeMode": "Filesystem",
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": STORAGE_CLASS,
+            # The file system refuses anonymous clients: mount as the driver's IAM identity, over TLS.
+            "mountOptions": list(EFS_MOUNT_OPTIONS),
+            "csi": {"driver": "efs.csi.aws.com", "volumeHandle": f"{file_system_id}::{access_point_id}"},
+        },
+    }
+
+
+def persistent_volume_claim(ns: str = contract.TRAINING_NAMESPACE) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": ARTIFACTS_CLAIM, "namespace": ns},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": STORAGE_CLASS,
+            "volumeName": ARTIFACTS_VOLUME,
+            "resources": {"requests": {"storage": "1Ti"}},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class SmokeJobSpec:
+    team: str
+    image: str
+    bucket: str
+    region: str
+    uid: int
+    gid: int
+    steps: int = 200
+    nodes: int = 1
+    processes_per_node: int = 1
+    gpu: bool = False
+    experiment: str = "smoke"
+    heartbeat_interval: int = 15
+    shutdown_budget: int = 60
+    workers: int = 2
+    namespace: str = contract.TRAINING_NAMESPACE
+    name_suffix: str = ""
+    min_duration: float = 0.0  # seconds the run spans at least, so its run alarms arm
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the Job's settings; `name_suffix` carries the image's identity."""
+        settings = {k: v for k, v in asdict(self).items() if k not in ("image", "name_suffix")}
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+
+    @property
+    def name(self) -> str:
+        return f"beacon-smoke-{self.fingerprint}{self.name_suffix}"
+
+    @property
+    def service_name(self) -> str:
+        return f"{self.name}-ranks"
+
+
+def _torchrun_args(spec: SmokeJobSpec) -> list[str]:
+    if spec.nodes == 1:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = [
+            f"--nnodes={spec.nodes}",
+            "--node-rank=$(JOB_COMPLETION_INDEX)",
+            f"--master-addr={spec.name}-0.{spec.service_name}.{spec.namespace}.svc",
+            f"--master-port={RENDEZVOUS_PORT}",
+        ]
+    return [*rendezvous, f"--nproc-per-node={spec.processes_per_node}", "-m", "smoke_job.train"]
+
+
+def _environment(
+    spec: SmokeJobSpec,
+    *,
+    volume: str = ARTIFACTS_MOUNT,
+    heartbeat_file: str = HEARTBEAT_FILE,
+) -> dict[str, str]:
+    return {
+        "BEACON_TEAM": spec.team,
+        "BEACON_EXPERIMENT": spec.experiment,
+        "BEACON_RUN_ID": spec.name,  # restarts of this Job resume the same run
+        "BEACON_STEPS": str(spec.steps),
+        "BEACON_BUCKET": spec.bucket,
+        "BEACON_SPOOL_DIR": f"{volume}/spool",
+        "BEACON_CHECKPOINT_DIR": f"{volume}/checkpoints",
+        "BEACON_HEARTBEAT_INTERVAL": str(spec.heartbeat_interval),
+        "BEACON_HEARTBEAT_FILE": heartbeat_file,
+        "BEACON_SHUTDOWN_BUDGET": str(spec.shutdown_budget),
+        "BEACON_WORKERS": str(spec.workers),
+        "BEACON_MIN_DURATION": f"{spec.min_duration:g}",
+        "AWS_REGION": spec.region,
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def liveness_files(processes_per_node: int) -> list[str]:
+    """One pod-local file per local rank: every rank of every pod shows its own sign of life."""
+    return [contract.liveness_file(HEARTBEAT_FILE, rank) for rank in range(processes_per_node)]
+
+
+def _all_ranks_started(processes_per_node: int) -> list[str]:
+    return ["sh", "-c", " && ".join(f"test -f {path}" for path in liveness_files(processes_per_node))]
+
+
+def _all_ranks_alive(processes_per_node: int, tolerance: int) -> list[str]:
+    checks = " && ".join(
+        f"test $(( now - $(stat -c %Y {path}) )) -lt {tolerance}" for path in liveness_files(processes_per_node)
+    )
+    return ["sh", "-c", f"now=$(date +%s) && {checks}"]
+
+
+def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
+    """The smoke Job (an Indexed Job; with several nodes, also the headless Service for rendezvous)."""
+    labels = {"app.kubernetes.io/name": "beacon-smoke", "beacon/team": spec.team}
+    resources: dict[str, Any] = {
+        "requests": {"cpu": "1", "memory": "2Gi"},
+        "limits": {"memory": "4Gi"},
+    }
+    if spec.gpu:
+        resources["requests"]["nvidia.com/gpu"] = str(spec.processes_per_node)
+        resources["limits"]["nvidia.com/gpu"] = str(spec.processes_per_node)
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": TRAINING_SERVICE_ACCOUNT,
+        "restartPolicy": "Never",  # podFailurePolicy requires it; the Job decides on retries
+        "terminationGracePeriodSeconds": spec.shutdown_budget + 60,
+        "securityContext": {
+            "runAsUser": spec.uid,
+            "runAsGroup": spec.gid,
+            "fsGroup": spec.gid,
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "nodeSelector": {POOL_LABEL: GPU_POOL if spec.gpu else CPU_POOL},
+        "initContainers": [
+            {
+                "name": "volume-check",
+                "image": spec.image,
+                # A volume the training uid cannot write loses every record: fail here, with one line, before training.
+                "command": [
+                    "sh",
+                    "-c",
+                    f"touch {ARTIFACTS_MOUNT}/.beacon-write-check && rm {ARTIFACTS_MOUNT}/.beacon-write-check "
+                    f'|| {{ echo "{ARTIFACTS_MOUNT} is not writable by uid $(id -u): check the access point '
+                    f'and fsGroup" >&2; exit 1; }}',
+                ],
+                "volumeMounts": [{"name": "artifacts", "mountPath": ARTIFACTS_MOUNT}],
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            }
+        ],
+        "containers": [
+            {
+                "name": "train",
+                "image": spec.image,
+                "command": LAUNCH_COMMAND,
+                "args": _torchrun_args(spec),
+                "env": [{"name": k, "value": v} for k, v in _environment(spec).items()],
+                "resources": resources,
+                "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}],
+                "startupProbe": {
+                    "exec": {"command": _all_ranks_started(spec.processes_per_node)},
+                    "periodSeconds": 10,
+                    "failureThreshold": 30,
+                },
+                "livenessProbe": {
+                    "exec": {"command": _all_ranks_alive(spec.processes_per_node, HEARTBEAT_TOLERANCE_S)},
+                    "periodSeconds": 20,
+                    "timeoutSeconds": 5,
+                    "failureThreshold": 1,
+                },
+                "volumeMounts": [
+                    {"name": "artifacts", "mountPath": ARTIFACTS_MOUNT},
+                    {"name": "runtime", "mountPath": RUNTIME_DIR},
+                    {"name": "shm", "mountPath": "/dev/shm"},
+                ],
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            }
+        ],
+        "volumes": [
+            {"name": "artifacts", "persistentVolumeClaim": {"claimName": ARTIFACTS_CLAIM}},
+            {"name": "runtime", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},  # DataLoader workers
+        ],
+    }
+    if spec.gpu:
+        pod_spec["tolerations"] = [{**GPU_TAINT, "operator": "Equal"}]
+    if spec.nodes > 1:
+        pod_spec["subdomain"] = spec.service_name
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": spec.nodes,
+            "parallelism": spec.nodes,
+            "backoffLimit": 2,
+            "ttlSecondsAfterFinished": 86400,
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": "train", "operator": "In", "values": NON_RETRIABLE_EXIT_CODES},
+                    },
+                ]
+            },
+            "template": {
+                "metadata": {"labels": labels, "annotations": {DO_NOT_DISRUPT: "true"}},
+                "spec": pod_spec,
+            },
+        },
+    }
+    objects = [job]
+    if spec.nodes > 1:
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": spec.service_name, "namespace": spec.namespace, "labels": labels},
+                "spec": {
+                    "clusterIP": "None",
+                    "selector": {"batch.kubernetes.io/job-name": spec.name},
+                    "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}],
+                    "publishNotReadyAddresses": True,
+                },
+            }
+        )
+    return objects
+
+
+# --- the same job as a SageMaker training job ------------------------------------------------
+# SageMaker syncs this directory to the checkpoint S3 URI while the job runs and restores it on a
+# restart (spot interruption): on SageMaker it is the persistent volume the spool needs.
+SAGEMAKER_VOLUME = "/opt/ml/checkpoints"
+SAGEMAKER_VOLUME_KIND = contract.SAGEMAKER_VOLUME  # under the run prefix, beside what the job writes itself
+
+
+@dataclass(frozen=True)
+class SageMakerContainer:
+    entrypoint: list[str]
+    arguments: list[str]
+    environment: dict[str, str]
+    checkpoint_s3_uri: str
+    checkpoint_local_path: str = SAGEMAKER_VOLUME
+
+
+def sagemaker_container(spec: SmokeJobSpec) -> SageMakerContainer:
+    """The smoke Job's container, entry point and settings as a SageMaker training job runs them."""
+    if spec.nodes != 1:
+        raise ValueError(f"nodes: a SageMaker smoke job runs on one instance, got {spec.nodes}")
+    run_prefix = contract.run_prefix(spec.experiment, spec.name)
+    return SageMakerContainer(
+        entrypoint=LAUNCH_COMMAND,
+        arguments=_torchrun_args(spec),
+        environment=_environment(spec, volume=SAGEMAKER_VOLUME, heartbeat_file="/tmp/beacon-heartbeat"),
+        checkpoint_s3_uri=f"s3://{spec.bucket}/{run_prefix}{SAGEMAKER_VOLUME_KIND}/",
+    )
