@@ -100,7 +100,7 @@ def diagnose(inputs: DoctorInputs) -> Diagnosis:
     elif by_check["job"].verdict == "not started":
         cause = "not-started"
     else:
-        cause = "finished" if evidence.final is not None else "healthy"
+        cause = evidence.final_state or "healthy"
     return Diagnosis(inputs.team, inputs.experiment, inputs.run, cause, verdicts, heartbeat_age, progress_age)
 
 
@@ -125,9 +125,7 @@ def _job_state(evidence: RunEvidence) -> Verdict:
         )
     restarted = f", restarted {attempts - 1} time(s)" if attempts > 1 else ""
     if evidence.final is not None:
-        return Verdict(
-            "job", OK, "succeeded", f"final status written at step {evidence.final.get('last_step')}{restarted}"
-        )
+        return _final_state(evidence, restarted)
     return Verdict(
         "job",
         OK if attempts == 1 else WARN,
@@ -137,11 +135,35 @@ def _job_state(evidence: RunEvidence) -> Verdict:
     )
 
 
+def _final_state(evidence: RunEvidence, restarted: str) -> Verdict:
+    final = evidence.final or {}
+    at = f"at step {final.get('last_step')}{restarted}"
+    if evidence.final_state == contract.FinalState.FAILED:
+        return Verdict(
+            "job",
+            FAIL,
+            "failed",
+            f"the run failed {at}: {final.get('error') or 'an exception'}",
+            "read the container log around the failure; a rerun with the same run id resumes from the last checkpoint",
+        )
+    if evidence.final_state == contract.FinalState.PREEMPTED:
+        return Verdict(
+            "job",
+            WARN,
+            "preempted",
+            f"stopped by {final.get('signal') or 'SIGTERM'} {at}, drained first",
+            "a spot interruption, an eviction or a stop: rerun with the same run id to resume",
+        )
+    return Verdict("job", OK, "succeeded", f"final state written {at}")
+
+
 def _liveness(
     evidence: RunEvidence, heartbeat_age: float | None, progress_age: float | None, interval: float, stall_after: float
 ) -> Verdict:
     if evidence.final is not None:
-        return Verdict("liveness", OK, "finished", "the run exited cleanly; its heartbeat stopped on purpose")
+        return Verdict(
+            "liveness", OK, "finished", f"the run ended ({evidence.final_state}); its heartbeat stopped on purpose"
+        )
     silent_after = SILENT_BEATS * interval
     if heartbeat_age is None:
         return Verdict(

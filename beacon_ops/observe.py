@@ -15,7 +15,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 class RunEvidence:
     experiment: str
     run: str
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[contract.Record] = field(default_factory=list)
     chunk_keys: list[str] = field(default_factory=list)
     preflights: list[dict[str, Any]] = field(default_factory=list)
     final: dict[str, Any] | None = None
@@ -25,7 +25,7 @@ class RunEvidence:
 
     @property
     def steps(self) -> list[int]:
-        return sorted(int(r["step"]) for r in self.records)
+        return sorted(r.step for r in self.records)
 
     @property
     def last_step(self) -> int | None:
@@ -37,7 +37,16 @@ class RunEvidence:
 
     @property
     def writer_ranks(self) -> list[int]:
-        return sorted({int(r["rank"]) for r in self.records})
+        return sorted({r.rank for r in self.records})
+
+    @property
+    def final_state(self) -> str | None:
+        """How the run ended (`contract.FinalState`), or None while no final state is written."""
+        return None if self.final is None else str(self.final.get("state", contract.FinalState.FINISHED))
+
+    @property
+    def finished(self) -> bool:
+        return self.final_state == contract.FinalState.FINISHED
 
     @property
     def preflight(self) -> dict[str, Any] | None:
@@ -68,7 +77,7 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str) -> RunEvidence:
         if kind == contract.EVENTS:
             evidence.chunk_keys.append(key)
             body = _read(s3, bucket, key)
-            evidence.records.extend(json.loads(line) for line in body.splitlines() if line.strip())
+            evidence.records.extend(contract.records_of(body))
         elif kind == contract.PREFLIGHT:
             evidence.preflights.append(json.loads(_read(s3, bucket, key)))
         elif kind == contract.STATUS and key == contract.final_status_key(experiment, run):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import matplotlib
+from beacon import contract
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -13,13 +13,13 @@ import matplotlib.pyplot as plt
 
 def render_png(
     path: Path,
-    records: list[dict[str, Any]],
+    records: list[contract.Record],
     heartbeats: list[tuple[float, float]],
     progress: list[tuple[float, float]],
 ) -> Path:
     figure, (loss_axis, time_axis) = plt.subplots(1, 2, figsize=(11, 4))
-    ordered = sorted(records, key=lambda r: r["step"])
-    loss_axis.plot([r["step"] for r in ordered], [r["loss"] for r in ordered], color="tab:blue")
+    ordered = sorted((r for r in records if r.loss is not None), key=lambda r: r.step)
+    loss_axis.plot([r.step for r in ordered], [r.loss for r in ordered], color="tab:blue")
     loss_axis.set(title="Loss (every record, read back from S3)", xlabel="step", ylabel="cross-entropy")
     start = min([t for t, _ in heartbeats] + [t for t, _ in progress] or [0.0])
     time_axis.plot(

@@ -129,6 +129,7 @@ class Delivery:
     records: int = 0
     last_step: int | None = None
     finished: bool = False
+    final_state: str = ""
     _read: set[str] = field(default_factory=set)
 
     @classmethod
@@ -142,11 +143,12 @@ class Delivery:
             keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
             for key in sorted(set(keys) - self._read):
                 body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-                steps = [int(json.loads(line)["step"]) for line in body.splitlines() if line.strip()]
+                steps = [record.step for record in contract.records_of(body)]
                 self.records += len(steps)
                 self.last_step = max([*steps, *([self.last_step] if self.last_step is not None else [])])
                 self._read.add(key)
-            self.s3.head_object(Bucket=self.bucket, Key=contract.final_status_key(self.experiment, self.run))
+            final = self.s3.get_object(Bucket=self.bucket, Key=contract.final_status_key(self.experiment, self.run))
+            self.final_state = str(json.loads(final["Body"].read()).get("state", contract.FinalState.FINISHED))
             self.finished = True
         except (ClientError, BotoCoreError):
             pass  # not there yet, or a transient error: the next poll tries again
@@ -154,7 +156,8 @@ class Delivery:
 
     def describe(self) -> str:
         step = "-" if self.last_step is None else str(self.last_step)
-        return f"last step {step}, {self.records} records in S3{', final status written' if self.finished else ''}"
+        ended = f", final state {self.final_state}" if self.finished else ""
+        return f"last step {step}, {self.records} records in S3{ended}"
 
 
 def wait_for_final_status(delivery: Delivery, *, grace_s: float, interval_s: float = 2.0) -> bool:

@@ -121,6 +121,6 @@ def verify_run(
         metrics_missing=missing,
         cloudwatch_datapoints=datapoints,
         alarms=states,
-        succeeded=evidence.final is not None,
+        succeeded=evidence.finished,
         bucket_versioning=str(s3.get_bucket_versioning(Bucket=bucket).get("Status", "Disabled")),
     )

@@ -2,11 +2,11 @@
 
 torchrun starts one rank per GPU (at least one). BEACON_FORCE_PROCESS_GROUP=1 makes a process group
 even for one rank, so a one-GPU machine still takes every collective path (the stop flag, the
-broadcasts, DDP) on a "cpu:gloo,cuda:nccl" group. Each rank runs the real job with
-`Telemetry.record` under `torch.cuda.set_sync_debug_mode("error")`, so a host-device
-synchronisation added to it fails the check. The script then checks the loop finished and delivered,
-the checkpoint staging is pinned memory, and the heartbeat ran; it prints one JSON line and exits 0
-only when all of that holds. Without a GPU it exits 1 with one line.
+broadcasts, DDP) on a "cpu:gloo,cuda:nccl" group. Each rank runs the real job with `run.log`
+(which the job hands the loss as a CUDA tensor) under `torch.cuda.set_sync_debug_mode("error")`,
+so a host-device synchronisation on the training thread fails the check. The script then checks
+the loop finished and delivered, the checkpoint staging is pinned memory, and the heartbeat ran;
+it prints one JSON line and exits 0 only when all of that holds. Without a GPU it exits 1 with one line.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import beacon
 import torch
 import torch.distributed as dist
 from beacon import contract
-from beacon.config import generated_run_id, parse_args
-from beacon.distributed import backend_for, world_from_environment
+from beacon.distributed import backend_for
+from smoke_job.config import parse_args
 from smoke_job.job import Job
-from smoke_job.train import install_stop_handlers
 
 from beacon_ops.embedded_aws import ADMIN, REGION, EmbeddedAws
 
@@ -42,22 +42,22 @@ CHECKPOINT_INTERVAL = 20
 RUN_TIMEOUT_S = 420
 
 
-def guard_record(telemetry: Any) -> dict[str, Any]:
-    """Run every `record` call in sync-debug mode "error"; count the calls and the synchronisations."""
-    original = telemetry.record
+def guard_log(run: beacon.Run) -> dict[str, Any]:
+    """Run every `run.log` call in sync-debug mode "error"; count the calls and the synchronisations."""
+    original = run.log
     counts: dict[str, Any] = {"calls": 0, "syncs": []}
 
-    def record(step: int, loss: float) -> None:
+    def log(metrics: Any, step: int) -> None:
         counts["calls"] += 1
         torch.cuda.set_sync_debug_mode("error")
         try:
-            original(step, loss)
+            original(metrics, step)
         except RuntimeError as error:  # the check reports it; the run goes on to report the rest
             counts["syncs"].append(str(error).splitlines()[0])
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
-    setattr(telemetry, "record", record)  # noqa: B010  (replacing a bound method)
+    setattr(run, "log", log)  # noqa: B010  (replacing a bound method)
     return counts
 
 
@@ -75,33 +75,32 @@ def sync_detector_works() -> bool:
 
 
 def rank_worker(argv: list[str]) -> int:
-    """One rank: smoke_job.train's main, with the record guard and a result line."""
+    """One rank: smoke_job.train's main, with the log guard and a result line."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("botocore").setLevel(logging.WARNING)
     config = parse_args(argv)
-    stop = install_stop_handlers()
-    with world_from_environment() as world:
-        config = config.with_run(world.broadcast(config.run or generated_run_id()))
-        job = Job.build(config, world, stop)
-        counts = guard_record(job.telemetry)
-        summary = job.run()
-        staged = job.checkpointer.staged_tensors() if job.checkpointer is not None else []
-        result = {
-            "rank": world.rank,
-            "device": str(world.device),
-            "process_group": dist.get_backend_config() if dist.is_initialized() else None,
-            "expected_process_group": backend_for(world.device),
-            "exit_code": summary["exit_code"],
-            "last_step": summary["last_step"],
-            "checkpoints": summary["checkpoints"],
-            "staged_tensors": len(staged),
-            "staging_pinned": bool(staged) and all(t.is_pinned() for t in staged),
-            "record_calls": counts["calls"],
-            "record_syncs": counts["syncs"][:3],
-            "sync_detector_works": sync_detector_works(),
-            "unacknowledged_records": summary["delivery"]["unacknowledged_records"],
-            "metric_batches": summary["delivery"]["metric_batches"],
-        }
+    run = beacon.init(settings=config.settings)
+    counts = guard_log(run)
+    world = run.world
+    process_group = dist.get_backend_config() if dist.is_initialized() else None
+    summary = Job(config, run).train()
+    staged = run.checkpointer.staged_tensors() if run.checkpointer is not None else []
+    result = {
+        "rank": world.rank,
+        "device": str(world.device),
+        "process_group": process_group,
+        "expected_process_group": backend_for(world.device),
+        "exit_code": summary["exit_code"],
+        "last_step": summary["last_step"],
+        "checkpoints": summary["checkpoints"],
+        "staged_tensors": len(staged),
+        "staging_pinned": bool(staged) and all(t.is_pinned() for t in staged),
+        "record_calls": counts["calls"],
+        "record_syncs": counts["syncs"][:3],
+        "sync_detector_works": sync_detector_works(),
+        "unacknowledged_records": summary["delivery"]["unacknowledged_records"],
+        "metric_batches": summary["delivery"]["metric_batches"],
+    }
     print(RANK_RESULT + json.dumps(result), flush=True)
     return int(summary["exit_code"])
 
@@ -119,7 +118,7 @@ def verdicts(ranks: list[dict[str, Any]], gpus: int, heartbeat: Path, started: f
         if r["exit_code"] != 0 or r["last_step"] != STEPS - 1:
             failed.append(f"{tag}: exit {r['exit_code']} at step {r['last_step']}")
         if r["record_syncs"] or not r["sync_detector_works"]:
-            failed.append(f"{tag}: Telemetry.record synchronised: {r['record_syncs'] or 'detector inactive'}")
+            failed.append(f"{tag}: run.log synchronised: {r['record_syncs'] or 'detector inactive'}")
     writer = next((r for r in ranks if r["rank"] == 0), None)
     if writer is not None:
         if not writer["checkpoints"] or not writer["staging_pinned"]:

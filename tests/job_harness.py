@@ -136,13 +136,13 @@ def signal_group(process: subprocess.Popen[str], signum: signal.Signals) -> None
         os.killpg(process.pid, signum)
 
 
-def delivered_records(s3: Any, bucket: str, experiment: str, run: str) -> list[dict[str, Any]]:
+def delivered_records(s3: Any, bucket: str, experiment: str, run: str) -> list[contract.Record]:
     prefix = contract.run_prefix(experiment, run) + contract.EVENTS + "/"
-    records: list[dict[str, Any]] = []
+    records: list[contract.Record] = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
             body = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
-            records.extend(json.loads(line) for line in body.splitlines() if line.strip())
+            records.extend(contract.records_of(body))
     return records
 
 

@@ -14,9 +14,11 @@ import pytest
 import torch
 import torch.distributed as dist
 from beacon.distributed import World, backend_for
+from beacon.liveness import Liveness
 from beacon.progress import ProgressClock
+from beacon.run import Run
+from beacon.settings import RunSettings
 from beacon.telemetry import NullTelemetry
-from smoke_job.job import Job
 
 from tests.emulated_nccl import emulated_with_gloo, gpu_backend_on_cpu
 from tests.job_harness import JobResult
@@ -52,19 +54,21 @@ def gpu_shaped_group() -> Iterator[World]:
         dist.destroy_process_group()
 
 
-def test_the_stop_flag_collective_works_on_a_gpu_shaped_group(gpu_shaped_group: World) -> None:
-    job = Job(
-        config=None,  # type: ignore[arg-type]  # the stop decision reads only the world and the event
+def test_the_stop_flag_collective_works_on_a_gpu_shaped_group(gpu_shaped_group: World, tmp_path: Path) -> None:
+    run = Run(
+        settings=RunSettings(telemetry=False),
         world=gpu_shaped_group,
-        stop=threading.Event(),
         progress=ProgressClock(),
         telemetry=NullTelemetry(),
         checkpointer=None,
+        resume_limit=None,
         resumed_after_step=-1,
+        liveness=Liveness(tmp_path / "heartbeat", local_rank=0, interval=1.0),
+        stop=threading.Event(),
     )
-    assert job._should_stop() is False
-    job.stop.set()
-    assert job._should_stop() is True
+    assert run.should_stop() is False
+    run.stop.set()
+    assert run.should_stop() is True
 
 
 def test_rank_0s_values_are_broadcast_on_a_gpu_shaped_group(gpu_shaped_group: World) -> None:

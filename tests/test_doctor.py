@@ -151,7 +151,7 @@ def test_two_writers_on_one_run_is_a_rank_collision(
     harness: JobHarness, as_writer: WriterSession, reader: dict[str, str]
 ) -> None:
     assert harness.run("--run-id", "doc-ranks", "--steps", "10").returncode == 0
-    stray = json.dumps({"run": "doc-ranks", "rank": 1, "step": 3, "loss": 1.0, "wall_time": 0, "seq": 0})
+    stray = contract.Record("smoke", "doc-ranks", 3, {"loss": 1.0}, 0.0, seq=0, rank=1).to_line().decode()
     as_writer.client("s3").put_object(
         Bucket=as_writer.bucket,
         Key=contract.events_key("smoke", "doc-ranks", 999),

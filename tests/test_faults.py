@@ -45,8 +45,8 @@ def proxies() -> Iterator[list[FaultProxy]]:
 
 def assert_exactly_once(as_writer: WriterSession, run: str, steps: int) -> None:
     records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", run)
-    assert sorted(r["step"] for r in records) == list(range(steps)), "no record lost, none duplicated"
-    assert sorted(r["seq"] for r in records) == list(range(steps))
+    assert sorted(r.step for r in records) == list(range(steps)), "no record lost, none duplicated"
+    assert sorted(r.seq for r in records) == list(range(steps))
 
 
 def twenty_percent(**overrides: Any) -> FaultPlan:
@@ -205,7 +205,7 @@ def test_a_full_spool_disk_while_s3_is_unreachable_stops_the_job_clearly_and_los
     assert "No space left on device" in result.stderr, result.stderr[-3000:]
     assert "records already acknowledged are safe" in result.stderr, result.stderr[-3000:]
     records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "fault-full")
-    steps = sorted(r["step"] for r in records)
+    steps = sorted(r.step for r in records)
     assert steps == list(range(len(steps))), "what S3 acknowledged is intact: contiguous, no duplicate"
     pending = list((small_filesystem / "smoke" / "fault-full" / "sealed").glob("chunk-*.jsonl"))
     assert pending, "what S3 did not acknowledge is still in the spool"

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from beacon import contract, kill_points
@@ -32,11 +31,11 @@ def harness(as_writer: WriterSession, strict_aws: str, tmp_path: Path) -> JobHar
     return JobHarness(strict_aws, as_writer.bucket, tmp_path, as_writer.credentials)
 
 
-def assert_exactly_once(records: list[dict[str, Any]], steps: int) -> None:
-    assert sorted(r["step"] for r in records) == list(range(steps)), "every step once, no gap, no duplicate"
-    assert sorted(r["seq"] for r in records) == list(range(steps)), "the record sequence has no gap"
-    assert {r["rank"] for r in records} == {0}
-    assert all({"run", "rank", "step", "loss", "wall_time"} <= set(r) for r in records)
+def assert_exactly_once(records: list[contract.Record], steps: int) -> None:
+    assert sorted(r.step for r in records) == list(range(steps)), "every step once, no gap, no duplicate"
+    assert sorted(r.seq for r in records) == list(range(steps)), "the record sequence has no gap"
+    assert {r.rank for r in records} == {0}
+    assert all(r.run and r.wall_time > 0 and r.loss is not None for r in records)
 
 
 def test_a_smoke_run_delivers_every_record_once_and_its_loss_goes_down(
@@ -47,7 +46,7 @@ def test_a_smoke_run_delivers_every_record_once_and_its_loss_goes_down(
     summary = result.summary
     records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "smoke-1")
     assert_exactly_once(records, 200)
-    losses = [float(r["loss"]) for r in sorted(records, key=lambda r: r["step"])]
+    losses = [float(r.metrics["loss"]) for r in sorted(records, key=lambda r: r.step)]
     # The stored loss band for seed 1234: ~2.3 at the start, under 0.3 by the end.
     assert 2.0 < sum(losses[:20]) / 20 < 2.6
     assert sum(losses[-20:]) / 20 < 0.3
@@ -85,7 +84,7 @@ def test_only_rank_0_touches_the_sinks_with_two_ranks_on_cpu(harness: JobHarness
     assert by_rank[0]["aws_requests"] > 0
     records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "ddp-1")
     assert_exactly_once(records, 120)
-    losses = [float(r["loss"]) for r in sorted(records, key=lambda r: r["step"])]
+    losses = [float(r.metrics["loss"]) for r in sorted(records, key=lambda r: r.step)]
     assert sum(losses[-20:]) / 20 < sum(losses[:20]) / 20 - 0.5, "the loss went down"
     prefix = contract.run_prefix("smoke", "ddp-1")
     assert keys_under(as_writer.client("s3"), as_writer.bucket, prefix + "checkpoints/"), "a checkpoint exists"
@@ -302,9 +301,7 @@ def test_a_spool_whose_pending_chunk_conflicts_with_s3_is_refused_at_once_naming
     other = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path / "two", as_writer.credentials)
     sealed = tmp_path / "two" / "spool" / "smoke" / "twice" / "sealed"
     sealed.mkdir(parents=True)
-    (sealed / "chunk-00000000.jsonl").write_text(
-        '{"run":"twice","experiment":"smoke","rank":0,"step":0,"loss":9.0,"wall_time":0.0,"seq":0}\n'
-    )
+    (sealed / "chunk-00000000.jsonl").write_bytes(contract.Record("smoke", "twice", 0, {"loss": 9.0}, 0.0, 0).to_line())
     result = other.run("--run-id", "twice", "--steps", "30", timeout=60)
     assert result.returncode == 3, result.stderr[-3000:]
     assert result.seconds < 20
@@ -329,7 +326,7 @@ def test_a_restore_that_brings_back_checkpoints_but_not_the_spool_replays_the_st
         s3 = as_writer.client("s3")
         assert wait_for(lambda: len(keys_under(s3, as_writer.bucket, prefix)) >= 2, timeout=90)
         proxy.unreachable(600, services=("s3",))
-        delivered = max((r["step"] for r in delivered_records(s3, as_writer.bucket, "smoke", "restored")), default=-1)
+        delivered = max((r.step for r in delivered_records(s3, as_writer.bucket, "smoke", "restored")), default=-1)
         latest = tmp_path / "checkpoints" / "smoke" / "restored" / "latest.json"
         ahead = lambda: latest.exists() and json.loads(latest.read_text())["step"] > delivered + 40  # noqa: E731
         assert wait_for(ahead, timeout=90), "checkpoints advanced past what S3 holds"

@@ -15,9 +15,9 @@ from urllib.parse import urlparse
 import boto3
 import pytest
 from beacon import contract
-from beacon.config import parse_args
 from beacon.preflight import PREFLIGHT_BUDGET_S, Retrying, run_preflight
 from botocore.config import Config
+from smoke_job.config import parse_args
 
 from tests.conftest import WriterSession
 from tests.fault_proxy import FaultPlan, FaultProxy
@@ -126,7 +126,7 @@ def test_a_refused_connection_that_clears_within_its_budget_passes_preflight(
             **as_writer.credentials,
         )
 
-    config = parse_args(["--bucket", as_writer.bucket, "--run-id", "pre-late", "--alarms", "false"])
+    config = parse_args(["--bucket", as_writer.bucket, "--run-id", "pre-late", "--alarms", "false"]).settings
     try:
         record = run_preflight(
             config,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from beacon import contract
-from beacon.config import parse_args
+from smoke_job.config import parse_args
 
 from beacon_ops.templates import kubernetes_objects
 from config import TeamConfig

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from beacon.config import parse_args
 from beacon.preflight import PREFLIGHT_BUDGET_S, REFUSED_BUDGET_S, PreflightError, Retrying, check_spool
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
+from smoke_job.config import parse_args
 
 LOCAL = SimpleNamespace(meta=SimpleNamespace(endpoint_url="http://127.0.0.1:9"))
 UNRESOLVABLE = SimpleNamespace(meta=SimpleNamespace(endpoint_url="https://s3.beacon-test.invalid"))
@@ -107,7 +107,7 @@ def test_transient_errors_are_retried_only_within_one_budget_for_the_whole_prefl
 
 # --- the spool --------------------------------------------------------------------------------------
 def config(*extra: str) -> Any:
-    return parse_args(["--bucket", "b", *extra])
+    return parse_args(["--bucket", "b", *extra]).settings
 
 
 def test_a_full_disk_is_reported_as_a_full_disk_not_as_ownership(tmp_path: Path, monkeypatch: Any) -> None:

@@ -6,7 +6,6 @@ would hurt, with a hook or a stub, never with a sleep and luck."""
 from __future__ import annotations
 
 import io
-import json
 import math
 import threading
 import time
@@ -15,13 +14,13 @@ from typing import Any
 
 import pytest
 from beacon import contract, kill_points
-from beacon.config import parse_args
 from beacon.liveness import Liveness
 from beacon.progress import ProgressClock
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.spool import OPEN, Spool
 from beacon.telemetry import Telemetry
 from botocore.exceptions import ClientError
+from smoke_job.config import parse_args
 
 from beacon_ops.embedded_aws import strict_metric_data
 from tests.moto_server import MotoServer
@@ -31,8 +30,8 @@ class Killed(BaseException):
     """Stands in for SIGKILL inside this process: nothing after the kill point runs."""
 
 
-def records(steps: range) -> list[dict[str, object]]:
-    return [{"run": "r", "rank": 0, "step": s, "loss": 1.0, "wall_time": 0.0} for s in steps]
+def records(steps: range) -> list[contract.Record]:
+    return [contract.Record("e", "r", s, {"loss": 1.0}, 0.0) for s in steps]
 
 
 @pytest.fixture
@@ -93,7 +92,7 @@ def test_a_kill_inside_seal_then_the_uploader_acknowledging_leaves_a_position_th
     restarted.append(records(range(6, 7)))
     sealed = restarted.seal()
     assert sealed is not None and sealed.sequence == 2
-    assert json.loads(sealed.body())["seq"] == 6
+    assert contract.Record.from_line(sealed.body()).seq == 6
 
 
 def test_a_restore_that_returns_the_state_file_but_not_a_chunk_it_counts_never_skips_that_chunks_steps(
@@ -216,7 +215,7 @@ class RecordingCloudWatch:
 
 def telemetry(tmp_path: Path, *, s3: Any, cloudwatch: Any, **flags: str) -> Telemetry:
     args = {"--bucket": "b", "--run-id": "r1", "--flush-interval": "0.05", "--heartbeat-interval": "0.1", **flags}
-    config = parse_args([part for pair in args.items() for part in pair])
+    config = parse_args([part for pair in args.items() for part in pair]).settings
     spool = Spool(tmp_path / "spool")
     return Telemetry(
         config,
@@ -237,7 +236,7 @@ def test_a_drain_whose_upload_outlives_the_budget_returns_on_time_and_puts_no_ch
     sink = telemetry(tmp_path, s3=s3, cloudwatch=RecordingCloudWatch())
     sink.start()
     for step in range(20):
-        sink.record(step, 1.0)
+        sink.log(step, {"loss": 1.0})
     assert s3.in_flight.wait(timeout=10), "the first chunk is sealed and its PUT is in flight"
     started = time.monotonic()
     report = sink.close(budget=0.5)
@@ -251,7 +250,8 @@ def test_a_diverging_loss_keeps_the_heartbeat_flowing_is_counted_and_is_stored_f
     cloudwatch = RecordingCloudWatch()
     sink = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=cloudwatch)
     for step, value in enumerate([1.0, math.nan, math.inf, -math.inf, 2.0**400, 0.5]):
-        sink.record(step, value)
+        sink.log(step, {"loss": value})
+    sink._persist(final=False)  # the spool thread reads the logged values into the window
     sink.beat()
     assert cloudwatch.data(contract.HEARTBEAT), "the request was valid: the heartbeat arrived"
     (loss,) = cloudwatch.data(contract.LOSS)
@@ -260,7 +260,7 @@ def test_a_diverging_loss_keeps_the_heartbeat_flowing_is_counted_and_is_stored_f
     assert diverged["Value"] == 4
     sink._persist(final=True)
     (chunk,) = sink.spool.pending()
-    stored = [json.loads(line)["loss"] for line in chunk.body().splitlines()]
+    stored = [record.metrics["loss"] for record in contract.records_of(chunk.body())]
     assert math.isnan(stored[1]) and stored[2] == math.inf and stored[3] == -math.inf and stored[4] == 2.0**400
 
 
@@ -268,7 +268,8 @@ def test_a_failed_metric_batch_is_counted_in_the_next_one_rather_than_thrown_awa
     cloudwatch = RecordingCloudWatch(fail_first=1)
     sink = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=cloudwatch)
     sink._window.upload_failures = 3
-    sink.record(0, 1.0)
+    sink.log(0, {"loss": 1.0})
+    sink._persist(final=False)  # the spool thread reads the logged values into the window
     sink.beat()
     sink.beat()
     (failures,) = [d for d in cloudwatch.data(contract.UPLOAD_FAILURES) if len(d["Dimensions"]) == 3]
@@ -301,7 +302,7 @@ def test_a_cloudwatch_that_never_answers_delays_neither_durability_nor_uploads_n
     try:
         sink.start()
         for step in range(10):
-            sink.record(step, 1.0)
+            sink.log(step, {"loss": 1.0})
         assert sink.wait_durable(9, timeout=5), "durable while CloudWatch hangs"
         deadline = time.monotonic() + 5
         while not s3.puts and time.monotonic() < deadline:
@@ -322,10 +323,10 @@ def test_a_slow_s3_does_not_delay_durability(tmp_path: Path) -> None:
     sink.start()
     try:
         for step in range(5):
-            sink.record(step, 1.0)
+            sink.log(step, {"loss": 1.0})
         assert sink.s3.in_flight.wait(timeout=10), "a chunk is sealed; its PUT now takes 3 s"
         for step in range(5, 10):
-            sink.record(step, 1.0)
+            sink.log(step, {"loss": 1.0})
         started = time.monotonic()
         assert sink.wait_durable(9, timeout=2)
         assert time.monotonic() - started < 1
@@ -336,7 +337,7 @@ def test_a_slow_s3_does_not_delay_durability(tmp_path: Path) -> None:
 # --- defect 12: a TensorBoard part left open by a crash ------------------------------------------
 def test_a_tensorboard_part_a_crash_left_open_is_sealed_and_uploaded_on_restart(tmp_path: Path) -> None:
     first = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=RecordingCloudWatch())
-    first.record(0, 1.0)
+    first.log(0, {"loss": 1.0})
     first._persist(final=False)  # the part is open, its points on disk; then the process dies
     (part,) = (tmp_path / "spool" / "tensorboard").glob("part-*")
     assert any(part.glob("events.out.tfevents.*"))
@@ -366,12 +367,12 @@ def test_a_conflict_that_appears_mid_run_stops_the_job_instead_of_retrying_forev
     sink = telemetry(tmp_path, s3=s3, cloudwatch=RecordingCloudWatch())
     sink.start()
     try:
-        sink.record(0, 1.0)
+        sink.log(0, {"loss": 1.0})
         deadline = time.monotonic() + 10
         while sink._fatal is None and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(RunConflictError, match="another job writes this run id"):
-            sink.record(1, 1.0)
+            sink.log(1, {"loss": 1.0})
         puts = s3.puts
         time.sleep(1.5)  # several upload polls and backoffs
         assert s3.puts == puts, "no retry loop against a key another writer holds"

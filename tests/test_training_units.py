@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +13,20 @@ import pytest
 import torch
 from beacon import contract
 from beacon.checkpoint import AsyncCheckpointer, latest_checkpoint, load_resume_point
-from beacon.config import parse_args
 from beacon.contract import Phase
 from beacon.distributed import World, backend_for
+from beacon.liveness import Liveness
 from beacon.progress import ProgressClock
+from beacon.run import Run
 from beacon.spool import OPEN, Spool, SpoolFullError
 from beacon.telemetry import DeliveryReport, NullTelemetry
+from smoke_job.config import parse_args
 from smoke_job.job import EXIT_CRASHED, Job
 from smoke_job.model import StepSampler, SyntheticImages
 
 
-def records(steps: range) -> list[dict[str, object]]:
-    return [{"run": "r", "rank": 0, "step": s, "loss": 1.0, "wall_time": 0.0} for s in steps]
+def records(steps: range) -> list[contract.Record]:
+    return [contract.Record("e", "r", s, {"loss": 1.0}, 0.0) for s in steps]
 
 
 def test_sealed_chunks_are_numbered_and_leave_only_when_acknowledged(tmp_path: Path) -> None:
@@ -38,7 +40,7 @@ def test_sealed_chunks_are_numbered_and_leave_only_when_acknowledged(tmp_path: P
     assert spool.unacknowledged_records() == 5
     spool.acknowledge(first)
     assert [c.sequence for c in spool.pending()] == [1]
-    assert [json.loads(line)["seq"] for line in second.body().splitlines()] == [3, 4]
+    assert [record.seq for record in contract.records_of(second.body())] == [3, 4]
 
 
 def test_after_a_crash_the_open_chunk_is_sealed_without_its_torn_line_and_numbering_continues(tmp_path: Path) -> None:
@@ -56,7 +58,7 @@ def test_after_a_crash_the_open_chunk_is_sealed_without_its_torn_line_and_number
     recovered.append(records(range(7, 8)))
     chunk = recovered.seal()
     assert chunk is not None and chunk.sequence == 2
-    assert json.loads(chunk.body())["seq"] == 7
+    assert contract.Record.from_line(chunk.body()).seq == 7
 
 
 def test_progress_age_grows_when_steps_stop_but_not_during_a_checkpoint() -> None:
@@ -217,7 +219,7 @@ class FailingTelemetry(NullTelemetry):
         self.recorded: list[int] = []
         self.closed = False
 
-    def record(self, step: int, loss: float) -> None:
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if step == self.failing_step:
             raise RuntimeError("[Gloo] Timed out waiting 1800000ms for recv operation")
         self.recorded.append(step)
@@ -233,8 +235,17 @@ def test_any_error_in_the_loop_still_drains_telemetry_and_exits_non_zero(tmp_pat
     flags = ["--telemetry", "false", "--steps", "10", "--batch-size", "4", "--workers", "0"]
     config = parse_args([*flags, "--checkpoint-dir", str(tmp_path), "--heartbeat-file", str(tmp_path / "hb")])
     telemetry = FailingTelemetry(failing_step=3)
-    world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"))
-    job = Job(config, world, threading.Event(), ProgressClock(), telemetry, None, -1)
-    summary = job.run()
+    run = Run(
+        settings=config.settings,
+        world=World(rank=0, local_rank=0, size=1, device=torch.device("cpu")),
+        progress=ProgressClock(),
+        telemetry=telemetry,
+        checkpointer=None,
+        resume_limit=None,
+        resumed_after_step=-1,
+        liveness=Liveness(tmp_path / "hb", local_rank=0, interval=1.0),
+        stop=threading.Event(),
+    )
+    summary = Job(config, run).train()
     assert summary["exit_code"] == EXIT_CRASHED
     assert telemetry.closed and telemetry.recorded == [0, 1, 2]

@@ -58,7 +58,7 @@ def preflight_key(experiment: str, run: str, probe: str) -> str:
 
 
 def final_status_key(experiment: str, run: str) -> str:
-    """Written once a run exits cleanly with everything delivered; a later restart rewrites it."""
+    """The run's final state (`FinalState`), written at its end; a later restart rewrites it."""
     return f"{run_prefix(experiment, run)}{STATUS}/final.json"
 
 
@@ -69,6 +69,94 @@ def overwritable_resource_patterns() -> list[str]:
     copy of the volume (``.../sagemaker-volume/.../events/...``): the exemptions are the precise list.
     """
     return [f"{EXPERIMENTS_PREFIX}*/*/{kind}/*" for kind in OVERWRITABLE_KINDS]
+
+
+# --- Records ------------------------------------------------------------------------------
+# JSON has no NaN or infinity; a strict reader (jq, a browser, Athena) refuses Python's bare `NaN`.
+# Non-finite values are therefore written as these strings and read back as the floats they were.
+_NON_FINITE_TEXT = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _encode_value(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _decode_value(value: float | int | str) -> float:
+    if isinstance(value, str):
+        if value not in _NON_FINITE_TEXT:
+            raise ValueError(f"metric value {value!r} is neither a number nor NaN/Infinity/-Infinity")
+        return _NON_FINITE_TEXT[value]
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One logged step: every metric of it, faithful (NaN stays NaN). The unit of the spool, of an
+    event chunk in S3, and of every reader; `seq` is the spool's gapless sequence number."""
+
+    experiment: str
+    run: str
+    step: int
+    metrics: dict[str, float]
+    wall_time: float
+    seq: int = -1
+    rank: int = 0  # the rank that wrote it: only rank 0 writes
+
+    @property
+    def loss(self) -> float | None:
+        return self.metrics.get(LOSS_KEY)
+
+    def with_seq(self, seq: int) -> Record:
+        return Record(self.experiment, self.run, self.step, self.metrics, self.wall_time, seq, self.rank)
+
+    def to_line(self) -> bytes:
+        body = {
+            "experiment": self.experiment,
+            "run": self.run,
+            "rank": self.rank,
+            "step": self.step,
+            "seq": self.seq,
+            "wall_time": self.wall_time,
+            "metrics": {name: _encode_value(value) for name, value in self.metrics.items()},
+        }
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+    @classmethod
+    def from_line(cls, line: bytes | str) -> Record:
+        body = json.loads(line)
+        return cls(
+            experiment=str(body["experiment"]),
+            run=str(body["run"]),
+            step=int(body["step"]),
+            metrics={str(name): _decode_value(value) for name, value in body["metrics"].items()},
+            wall_time=float(body["wall_time"]),
+            seq=int(body["seq"]),
+            rank=int(body.get("rank", 0)),
+        )
+
+
+def records_of(body: bytes | str) -> list[Record]:
+    """Every record of one event chunk (or spool file), in order."""
+    lines = body.splitlines() if isinstance(body, str) else body.decode().splitlines()
+    return [Record.from_line(line) for line in lines if line.strip()]
+
+
+# The metric every record of a training loop is expected to carry; the loss curve, the loss alarms
+# and the doctor's divergence verdict read it.
+LOSS_KEY = "loss"
+# What a metric name may be: a CloudWatch metric name and a TensorBoard tag alike.
+METRIC_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:/-]{1,250}$")
+
+
+class FinalState(StrEnum):
+    """How a run ended, written once at its end (`final_status_key`). A run with none and no
+    heartbeat had no clean exit: killed, its node lost, or its process hung until it was removed."""
+
+    FINISHED = "finished"
+    FAILED = "failed"  # with the exception's type
+    PREEMPTED = "preempted"  # SIGTERM: spot interruption, eviction, a stopped SageMaker job
 
 
 # --- Stacks ------------------------------------------------------------------------------
@@ -199,8 +287,17 @@ def team_dimensions(team: str) -> dict[str, str]:
     return {Dim.TEAM.value: team}
 
 
-def phase_dimensions(team: str, experiment: str, run: str, phase: Phase) -> dict[str, str]:
-    return {**run_dimensions(team, experiment, run), Dim.PHASE.value: phase.value}
+def phase_dimensions(team: str, experiment: str, run: str, phase: str) -> dict[str, str]:
+    return {**run_dimensions(team, experiment, run), Dim.PHASE.value: str(phase)}
+
+
+def team_metric(name: str) -> Metric:
+    """A metric the team logs and lists for CloudWatch (`cloudwatch_metrics`), beside the contract's."""
+    return Metric(name, Unit.NONE)
+
+
+def reserved_metric_names() -> frozenset[str]:
+    return frozenset(metric.name for metric in (*JOB_METRICS, *EVENT_METRICS))
 
 
 # Container Insights (the CloudWatch Observability add-on) publishes these.

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,18 @@ class World:
     size: int
     device: torch.device
     grouped: bool = False  # a process group exists (always when size > 1)
+    # Beacon's own collectives carry CPU values. None: the default group serves CPU tensors (it was
+    # made here, gloo beside nccl); else a gloo group beside a group the framework made (maybe nccl only).
+    group: Any = None
+
+    @classmethod
+    def of_current_group(cls) -> World:
+        """The ranks of a process group something else made (Lightning, Accelerate, a team's own
+        init_process_group), with a gloo group of Beacon's own for its CPU collectives."""
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        gloo = dist.new_group(backend="gloo")  # a collective: every rank calls beacon.init
+        return cls(dist.get_rank(), local_rank, dist.get_world_size(), device, grouped=True, group=gloo)
 
     @property
     def is_writer(self) -> bool:
@@ -50,7 +63,7 @@ class World:
             return
         arrived = torch.ones(1, dtype=torch.int32)
         try:
-            dist.all_reduce(arrived, async_op=True).wait(timeout=timedelta(seconds=timeout_s))
+            dist.all_reduce(arrived, group=self.group, async_op=True).wait(timeout=timedelta(seconds=timeout_s))
         except RuntimeError as error:  # DistBackendError too: a peer gone or late
             logging.getLogger("beacon.distributed").error("ranks did not finish together: %s", error)
 
@@ -60,7 +73,7 @@ class World:
             return value
         holder: list[object] = [value]
         # Pickled objects travel as CPU bytes: the group's CPU backend carries them.
-        dist.broadcast_object_list(holder, src=0, device=torch.device("cpu"))
+        dist.broadcast_object_list(holder, src=0, group=self.group, device=torch.device("cpu"))
         return str(holder[0])
 
     def any_rank(self, flag: bool) -> bool:
@@ -69,7 +82,7 @@ class World:
         if not self.distributed:
             return flag
         tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)  # CPU: no device sync per step
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
         return bool(tensor.item())
 
 

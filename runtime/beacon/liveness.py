@@ -46,4 +46,5 @@ class Liveness:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.interval + 1)
+        if self._thread.ident is not None:  # started
+            self._thread.join(timeout=self.interval + 1)

@@ -33,7 +33,7 @@ from botocore.exceptions import (
 )
 
 from beacon import contract
-from beacon.config import JobConfig
+from beacon.settings import RunSettings
 
 log = logging.getLogger("beacon.preflight")
 T = TypeVar("T")
@@ -139,7 +139,7 @@ def on_the_nodes_disk(spool: Mount, mounts: list[Mount]) -> bool:
 
 
 def check_spool(
-    config: JobConfig, spool_dir: Path, *, mounts_table: Path = PROC_MOUNTS, kubernetes: bool | None = None
+    config: RunSettings, spool_dir: Path, *, mounts_table: Path = PROC_MOUNTS, kubernetes: bool | None = None
 ) -> tuple[str, bool]:
     try:
         spool_dir.mkdir(parents=True, exist_ok=True)
@@ -282,7 +282,7 @@ def _put_once(s3: Any, bucket: str, key: str, body: bytes) -> None:
 
 
 def run_preflight(
-    config: JobConfig,
+    config: RunSettings,
     *,
     spool_dir: Path,
     world_size: int,

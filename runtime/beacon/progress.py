@@ -2,7 +2,7 @@
 time spent in a named phase (setup, evaluation, a checkpoint): a long one is work, not a stall.
 
 The current phase is published too, so the heartbeat can say what a job that takes no steps is
-doing; the phase names are the contract's (`contract.Phase`).
+doing: the contract's (`contract.Phase`) or a team's own name (`run.phase("warmup")`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class ProgressClock:
         self._lock = threading.Lock()
         self._last_step = now()
         self._excluded = 0.0  # seconds in phases since the last step
-        self._phases: list[tuple[Phase, float]] = []  # open phases, outermost first, with start times
+        self._phases: list[tuple[str, float]] = []  # open phases, outermost first, with start times
         self._paused_since: float | None = None  # when the outermost open phase began
         self.steps = 0
 
@@ -35,14 +35,14 @@ class ProgressClock:
             self._paused_since = now if self._phases else None
             self.steps += 1
 
-    def enter(self, phase: Phase) -> None:
+    def enter(self, phase: str) -> None:
         with self._lock:
             now = self._now()
             if not self._phases:
                 self._paused_since = now
             self._phases.append((phase, now))
 
-    def leave(self, phase: Phase) -> float:
+    def leave(self, phase: str) -> float:
         """End the innermost open `phase`; return its length in seconds (0 if it was not open)."""
         with self._lock:
             now = self._now()
@@ -58,19 +58,19 @@ class ProgressClock:
             return now - started
 
     @contextmanager
-    def phase(self, phase: Phase) -> Iterator[None]:
+    def phase(self, phase: str) -> Iterator[None]:
         self.enter(phase)
         try:
             yield
         finally:
             self.leave(phase)
 
-    def phase_name(self) -> Phase:
+    def phase_name(self) -> str:
         """The innermost open phase; TRAINING when none is."""
         with self._lock:
             return self._phases[-1][0] if self._phases else Phase.TRAINING
 
-    def current_phase(self) -> tuple[Phase, float] | None:
+    def current_phase(self) -> tuple[str, float] | None:
         """(innermost open phase, seconds in it so far); None while the loop is training."""
         with self._lock:
             if not self._phases:

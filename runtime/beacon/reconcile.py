@@ -11,7 +11,6 @@ already holds byte for byte counts as delivered; only a pending chunk whose key 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -66,9 +65,9 @@ def reconcile(s3: Any, *, bucket: str, experiment: str, run: str, spool: Spool) 
         return Reconciliation(0, delivered, -1)
     last = in_s3[-1]
     body = s3.get_object(Bucket=bucket, Key=contract.events_key(experiment, run, last))["Body"].read()
-    lines = [json.loads(line) for line in body.splitlines() if line.strip()]
-    seq = max((int(r["seq"]) for r in lines), default=-1)
-    step = max((int(r["step"]) for r in lines), default=-1)
+    records = contract.records_of(body)
+    seq = max((r.seq for r in records), default=-1)
+    step = max((r.step for r in records), default=-1)
     spool.continue_after(chunk=last, seq=seq, step=step)
     return Reconciliation(len(in_s3), delivered, last)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from beacon import kill_points
+from beacon.contract import Record
 
 OPEN = "open.jsonl"
 SEALED = "sealed"
@@ -120,9 +121,9 @@ class Spool:
 
     def _advance_past(self, lines: list[bytes]) -> None:
         for line in lines:
-            record = json.loads(line)
-            self.next_seq = max(self.next_seq, int(record["seq"]) + 1)
-            self.last_step = max(self.last_step, int(record["step"]))
+            record = Record.from_line(line)
+            self.next_seq = max(self.next_seq, record.seq + 1)
+            self.last_step = max(self.last_step, record.step)
 
     def _recover_open_chunk(self) -> None:
         path = self.directory / OPEN
@@ -138,7 +139,7 @@ class Spool:
             # Cut the torn tail in place: the complete records are never rewritten, so a second
             # kill here cannot lose them.
             os.truncate(path, len(complete))
-        first_seq = int(json.loads(lines[0])["seq"])
+        first_seq = Record.from_line(lines[0]).seq
         state_seq = self._state_seq
         self._advance_past(lines)
         self.recovered_records = len(lines)
@@ -162,17 +163,16 @@ class Spool:
         if self._open.closed:  # a seal failed half-way on a full disk
             raise SpoolFullError(errno.ENOSPC, f"spool {self.directory}: unusable since the disk filled up")
 
-    def append(self, records: list[dict[str, Any]]) -> None:
+    def append(self, records: list[Record]) -> None:
         """Assign sequence numbers and write records to the open chunk; `sync` makes them durable."""
         if not records:
             return
         self._usable()
         lines = []
         for record in records:
-            record["seq"] = self.next_seq
+            lines.append(record.with_seq(self.next_seq).to_line())
             self.next_seq += 1
-            self.last_step = max(self.last_step, int(record["step"]))
-            lines.append(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+            self.last_step = max(self.last_step, record.step)
         try:
             self._open.write(b"".join(lines))
         except OSError as error:

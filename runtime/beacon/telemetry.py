@@ -16,6 +16,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,10 +26,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 from torch.utils.tensorboard import SummaryWriter  # at import: seconds the spool thread must not spend
 
 from beacon import contract, kill_points
-from beacon.config import JobConfig
+from beacon.contract import Record
 from beacon.progress import ProgressClock
 from beacon.reconcile import RunConflictError
 from beacon.run_alarms import RunAlarms
+from beacon.settings import RunSettings
 from beacon.spool import Chunk, Spool, SpoolFullError, on_spool_disk
 
 log = logging.getLogger("beacon.telemetry")
@@ -36,6 +38,13 @@ log = logging.getLogger("beacon.telemetry")
 UPLOAD_POLL_S = 0.25
 MAX_BACKOFF_S = 30.0
 MAX_DATA_PER_REQUEST = 1000  # PutMetricData's limit
+
+
+def metric_value(value: Any) -> float:
+    """A logged value as a float: a number, or a one-element tensor (read here, off the loop)."""
+    if hasattr(value, "item"):
+        value = value.detach().item() if hasattr(value, "detach") else value.item()
+    return float(value)
 
 
 def cloudwatch_accepts(value: float) -> bool:
@@ -52,7 +61,7 @@ def datum_is_valid(datum: dict[str, Any]) -> bool:
 class WindowStats:
     """Per-step values aggregated between two metric batches."""
 
-    losses: list[float] = field(default_factory=list)
+    values: dict[str, list[float]] = field(default_factory=dict)  # the loss and the listed metrics
     last_step: int = -1
     upload_latencies_ms: list[float] = field(default_factory=list)
     upload_failures: int = 0
@@ -81,7 +90,7 @@ class NullTelemetry:
 
     def start(self) -> None: ...
 
-    def record(self, step: int, loss: float) -> None: ...
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
 
     def checkpoint_finished(self, seconds: float) -> None: ...
 
@@ -97,7 +106,7 @@ class NullTelemetry:
 class Telemetry(NullTelemetry):
     def __init__(
         self,
-        config: JobConfig,
+        config: RunSettings,
         *,
         s3: Any,
         cloudwatch: Any,
@@ -113,9 +122,10 @@ class Telemetry(NullTelemetry):
         self.run_alarms = run_alarms
         self.resumed_after_step = resumed_after_step
         self.report = DeliveryReport()
-        self._queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._queue: collections.deque[tuple[int, dict[str, Any], float]] = collections.deque()
         self._window = WindowStats()
         self._window_lock = threading.Lock()
+        self._cloudwatch_metrics = frozenset(config.cloudwatch_metrics)
         self._stop = threading.Event()  # the loop is over: seal what is left, then stop
         self._spool_done = threading.Event()  # nothing new will reach the pending set
         self._beats_done = threading.Event()  # uploads are over: the final beat, then stop
@@ -143,24 +153,13 @@ class Telemetry(NullTelemetry):
         for thread in self._threads:
             thread.start()
 
-    def record(self, step: int, loss: float) -> None:
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """A queue append and nothing else: values (tensors too) are read on the spool thread."""
         if step <= self.resumed_after_step:
             return  # a step replayed after resuming from a checkpoint was recorded before
         if self._fatal is not None:
             raise self._fatal
-        self._queue.append(
-            {
-                "run": self.config.run,
-                "experiment": self.config.experiment,
-                "rank": 0,
-                "step": step,
-                "loss": loss,
-                "wall_time": time.time(),
-            }
-        )
-        with self._window_lock:
-            self._window.losses.append(loss)
-            self._window.last_step = step
+        self._queue.append((step, dict(metrics), time.time()))
 
     def checkpoint_finished(self, seconds: float) -> None:
         with self._window_lock:
@@ -204,10 +203,24 @@ class Telemetry(NullTelemetry):
             with self._durable:
                 self._durable.notify_all()
 
-    def _drain(self) -> list[dict[str, Any]]:
-        drained = []
+    def _drain(self) -> list[Record]:
+        """The queued steps as records, their values read here rather than on the training thread
+        (a tensor's value waits for the device only on this thread)."""
+        drained: list[Record] = []
         while self._queue:
-            drained.append(self._queue.popleft())
+            step, raw, wall_time = self._queue.popleft()
+            metrics = {name: metric_value(value) for name, value in raw.items()}
+            drained.append(Record(self.config.experiment, self.config.run, step, metrics, wall_time))
+        if drained:
+            with self._window_lock:
+                for record in drained:
+                    for name, value in record.metrics.items():
+                        if name == contract.LOSS_KEY or name in self._cloudwatch_metrics:
+                            self._window.values.setdefault(name, []).append(value)
+                self._window.last_step = max(self._window.last_step, drained[-1].step)
+            for record in drained:  # for people reading pod logs, and SageMaker's metric definitions
+                if record.step % contract.PROGRESS_LOG_INTERVAL == 0 and record.loss is not None:
+                    log.info(contract.progress_line(record.step, record.loss))
         return drained
 
     def _persist(self, *, final: bool) -> None:
@@ -316,14 +329,15 @@ class Telemetry(NullTelemetry):
         return False
 
     # --- TensorBoard: one whole file per flush, never a growing one ------------------------------
-    def _write_tensorboard(self, records: list[dict[str, Any]]) -> None:
+    def _write_tensorboard(self, records: list[Record]) -> None:
         if self._tensorboard is None:
             self._tensorboard_dir.mkdir(parents=True, exist_ok=True)
             self._tensorboard = SummaryWriter(
                 log_dir=str(self._tensorboard_dir / f"part-{self.spool.next_chunk:08d}"), flush_secs=3600
             )
         for record in records:
-            self._tensorboard.add_scalar("loss", record["loss"], record["step"], walltime=record["wall_time"])
+            for name, value in record.metrics.items():
+                self._tensorboard.add_scalar(name, value, record.step, walltime=record.wall_time)
 
     def _rotate_tensorboard(self) -> None:
         if self._tensorboard is None:
@@ -404,7 +418,8 @@ class Telemetry(NullTelemetry):
     def _restore_window(self, sent: WindowStats) -> None:
         with self._window_lock:
             current = self._window
-            current.losses[:0] = sent.losses
+            for name, values in sent.values.items():
+                current.values.setdefault(name, [])[:0] = values
             current.last_step = max(current.last_step, sent.last_step)
             current.upload_latencies_ms[:0] = sent.upload_latencies_ms
             current.upload_failures += sent.upload_failures
@@ -443,11 +458,16 @@ class Telemetry(NullTelemetry):
         for dims in (run_dims, team_dims):
             data.append(datum(contract.SPOOL_BACKLOG, dims, Value=backlog))
             data.append(datum(contract.UPLOAD_FAILURES, dims, Value=float(window.upload_failures)))
-        sendable = [v for v in window.losses if cloudwatch_accepts(v)]
+        losses = window.values.get(contract.LOSS_KEY, [])
+        sendable = [v for v in losses if cloudwatch_accepts(v)]
         if sendable:
             data.append(datum(contract.LOSS, run_dims, StatisticValues=statistic_set(sendable)))
-        if len(sendable) < len(window.losses):
-            data.append(datum(contract.NON_FINITE_LOSS, run_dims, Value=float(len(window.losses) - len(sendable))))
+        if len(sendable) < len(losses):
+            data.append(datum(contract.NON_FINITE_LOSS, run_dims, Value=float(len(losses) - len(sendable))))
+        for name in self._cloudwatch_metrics:  # the team's own, at their cost; only what CloudWatch accepts
+            accepted = [v for v in window.values.get(name, []) if cloudwatch_accepts(v)]
+            if accepted and name != contract.LOSS_KEY:
+                data.append(datum(contract.team_metric(name), run_dims, StatisticValues=statistic_set(accepted)))
         if window.last_step >= 0:
             data.append(datum(contract.STEP, run_dims, Value=float(window.last_step)))
         if window.upload_latencies_ms:

@@ -1,19 +1,20 @@
-"""The job's flags: each documented in --help and settable as a BEACON_* environment variable."""
+"""The smoke job's flags: each documented in --help and settable as a BEACON_* environment variable.
+
+The run's own settings among them become a `beacon.RunSettings`; the rest drive the toy training."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
 from beacon import contract
+from beacon.settings import ENV_PREFIX, RunSettings, generated_run_id
 
-ENV_PREFIX = "BEACON_"
+__all__ = ["JobConfig", "build_parser", "generated_run_id", "parse_args"]
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,11 @@ class JobConfig:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return JobConfig(**{**values, "run": run})
 
-
-def generated_run_id() -> str:
-    return f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+    @property
+    def settings(self) -> RunSettings:
+        """The run's settings, for `beacon.init`: the flags the runtime reads."""
+        names = {f.name for f in fields(RunSettings)} & {f.name for f in fields(self)}
+        return RunSettings(**{name: getattr(self, name) for name in names})
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -1,0 +1,396 @@
+"""`beacon.init` and the `Run` it returns: what a team's own training loop calls.
+
+    run = beacon.init("resnet")            # preflight, resume point, sinks; a no-op sink off rank 0
+    for step in range(run.resume_step, steps):
+        ...
+        run.log({"loss": loss, "lr": lr}, step)   # a queue append: tensors are read off this thread
+        if run.should_stop(): break               # SIGTERM on any rank: every rank stops together
+    run.finish()                                  # bounded drain; the final state says how it ended
+
+Only rank 0 writes (records, TensorBoard, CloudWatch, the final state); every rank touches its own
+liveness file and loads the resume checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch.distributed as dist
+from botocore.exceptions import BotoCoreError, ClientError
+
+from beacon import aws, contract
+from beacon.checkpoint import AsyncCheckpointer, Uploader, checkpoint_name, load_resume_point
+from beacon.contract import FinalState, Phase
+from beacon.distributed import World, world_from_environment
+from beacon.lifeline import die_with_parent
+from beacon.liveness import Liveness
+from beacon.preflight import PreflightError, run_preflight
+from beacon.progress import ProgressClock
+from beacon.reconcile import RunConflictError, reconcile
+from beacon.run_alarms import RunAlarms
+from beacon.settings import RunSettings, SettingsError, generated_run_id
+from beacon.spool import Spool
+from beacon.telemetry import DeliveryReport, NullTelemetry, Telemetry
+
+log = logging.getLogger("beacon.run")
+RESUME_MODES = ("auto", "never")
+# Beyond rank 0's drain budget: its final checkpoint and last uploads, before the group is torn down.
+FINISH_MARGIN_S = 30.0
+PHASE_NAME_LIMIT = 64
+
+
+@dataclass
+class FinishReport:
+    """What `Run.finish` did; `state` is what the run's final-state record says."""
+
+    state: FinalState
+    error: str | None
+    last_step: int
+    delivery: DeliveryReport
+    checkpoints: list[int] = field(default_factory=list)
+    checkpoint_abandoned: bool = False
+    aws_requests: dict[str, int] = field(default_factory=dict)  # by service, sent by this process
+
+    @property
+    def delivered(self) -> bool:
+        return self.delivery.unacknowledged_records == 0
+
+
+class Run:
+    """One training run as Beacon sees it. Made by `init`; used from the training thread."""
+
+    def __init__(
+        self,
+        *,
+        settings: RunSettings,
+        world: World,
+        progress: ProgressClock,
+        telemetry: NullTelemetry,
+        checkpointer: AsyncCheckpointer | None,
+        resume_limit: int | None,
+        resumed_after_step: int,
+        liveness: Liveness,
+        stop: threading.Event,
+    ) -> None:
+        self.settings = settings
+        self.world = world
+        self.progress = progress
+        self.telemetry = telemetry
+        self.checkpointer = checkpointer
+        # The last step whose record is durable (spool or S3) on rank 0: no rank resumes past it.
+        self.resume_limit = resume_limit
+        self.resumed_after_step = resumed_after_step
+        self.liveness = liveness
+        self.stop = stop
+        self.stop_signal: str | None = None
+        self.last_step = -1
+        self._resume_state: dict[str, Any] | None = None
+        self.resume_step = 0
+        self._in_setup = True
+        self._known_metrics: set[str] = set()
+        self._signals: dict[int, Any] = {}
+        self._owned_world: Any = None  # the context that made the process group, if init made it
+        self.finished: FinishReport | None = None
+
+    # --- identity ---------------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self.settings.run
+
+    @property
+    def experiment(self) -> str:
+        return self.settings.experiment
+
+    @property
+    def is_writer(self) -> bool:
+        return self.world.is_writer
+
+    # --- the training thread's calls --------------------------------------------------------------
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Record `metrics` for `step`: numbers or one-element tensors, NaN kept as NaN. Costs a queue
+        append; a tensor's value is read on Beacon's spool thread, never here."""
+        if self._in_setup:
+            self._in_setup = False
+            self.progress.leave(Phase.SETUP)
+        if not metrics.keys() <= self._known_metrics:
+            for name in metrics:
+                if not isinstance(name, str) or not contract.METRIC_NAME_PATTERN.match(name):
+                    raise ValueError(f"run.log: metric name {name!r} must match {contract.METRIC_NAME_PATTERN.pattern}")
+            self._known_metrics.update(metrics)
+        self.progress.step_finished()
+        self.last_step = step
+        self.telemetry.log(step, metrics)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time spent inside is work, not a stall (evaluation, a checkpoint, setup): it is kept out of
+        the stall clock and sent as PhaseSeconds with a Phase dimension while it lasts."""
+        if not (0 < len(name) <= PHASE_NAME_LIMIT and contract.ID_PATTERN.match(name)):
+            raise ValueError(f"run.phase: name {name!r} must be 1-{PHASE_NAME_LIMIT} of a-z, 0-9 and '-'")
+        with self.progress.phase(name):
+            yield
+
+    def should_stop(self) -> bool:
+        """True on every rank once any rank was asked to stop (SIGTERM, SIGINT): a collective, so call
+        it at the same point of every step on every rank."""
+        return self.world.any_rank(self.stop.is_set())
+
+    def checkpoint(self, state: dict[str, Any], step: int) -> bool:
+        """Save `state` in the background (rank 0; the snapshot is the only work on this thread).
+        `latest` moves only once the file is written and every record through `step` is durable.
+        False when the previous checkpoint is still being written (this one is skipped)."""
+        if self.checkpointer is None:
+            return False
+        with self.progress.phase(Phase.CHECKPOINT):
+            return self.checkpointer.save(step, {**state, "step": step})
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        """The state saved at `resume_step - 1`, once; None on a fresh run."""
+        state, self._resume_state = self._resume_state, None
+        return state
+
+    # --- ending -----------------------------------------------------------------------------------
+    def finish(
+        self, status: FinalState | str | None = None, *, error: BaseException | str | None = None
+    ) -> FinishReport:
+        """Drain within the shutdown budget and write the final state. `status` defaults to
+        `preempted` after SIGTERM/SIGINT, `failed` when `error` is given, else `finished`."""
+        if self.finished is not None:
+            return self.finished
+        state = FinalState(status) if status is not None else self._derived_state(error)
+        error_name = error if isinstance(error, str | None) else type(error).__name__
+        deadline = time.monotonic() + self.settings.shutdown_budget
+        checkpoint_done = True
+        if self.checkpointer is not None:
+            # Finish the in-flight checkpoint if the budget allows; otherwise abandon it (its temp
+            # file never became `latest`, so a resume uses the previous one).
+            checkpoint_done = self.checkpointer.join(timeout=max(0.0, (deadline - time.monotonic()) / 2))
+        delivery = self.telemetry.close(budget=max(1.0, deadline - time.monotonic()))
+        report = FinishReport(
+            state=state,
+            error=error_name,
+            last_step=self.last_step,
+            delivery=delivery,
+            checkpoints=list(self.checkpointer.saved) if self.checkpointer else [],
+            checkpoint_abandoned=not checkpoint_done,
+            aws_requests=dict(aws.REQUESTS.by_service),
+        )
+        self.finished = report
+        self.telemetry.publish_final(self._final_record(report))
+        try:
+            self.world.finish_together(self.settings.shutdown_budget + FINISH_MARGIN_S)
+        finally:
+            self.liveness.stop()
+            self._restore_signals()
+            if self._owned_world is not None:
+                self._owned_world.__exit__(None, None, None)
+        return report
+
+    def _derived_state(self, error: BaseException | str | None) -> FinalState:
+        if isinstance(error, KeyboardInterrupt) or (error is None and self.stop.is_set()):
+            return FinalState.PREEMPTED
+        return FinalState.FAILED if error is not None else FinalState.FINISHED
+
+    def _final_record(self, report: FinishReport) -> dict[str, Any]:
+        return {
+            "state": report.state.value,
+            "error": report.error,
+            "signal": self.stop_signal,
+            "run": self.settings.run,
+            "experiment": self.settings.experiment,
+            "world_size": self.world.size,
+            "resumed_after_step": self.resumed_after_step,
+            "last_step": report.last_step,
+            "checkpoints": report.checkpoints,
+            "unacknowledged_records": report.delivery.unacknowledged_records,
+            "ended_at": time.time(),
+        }
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _trace: TracebackType | None
+    ) -> None:
+        self.finish(error=error)
+
+    # --- signals ----------------------------------------------------------------------------------
+    def _install_signals(self) -> None:
+        """SIGTERM (eviction, Karpenter, SageMaker stop) and SIGINT: stop stepping, then drain."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("beacon.init outside the main thread: no SIGTERM handling (stop with run.stop)")
+            return
+
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            self.stop_signal = signal.Signals(signum).name
+            logging.getLogger("beacon").warning("received %s: finishing the step, then draining", self.stop_signal)
+            self.stop.set()
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._signals[signum] = signal.signal(signum, handler)
+
+    def _restore_signals(self) -> None:
+        for signum, previous in self._signals.items():
+            signal.signal(signum, previous)
+        self._signals.clear()
+
+
+def init(
+    experiment: str | None = None,
+    run_id: str | None = None,
+    resume: str = "auto",
+    *,
+    settings: RunSettings | None = None,
+    handle_signals: bool = True,
+    **overrides: Any,
+) -> Run:
+    """Start (or resume) a run: settings from the arguments and `BEACON_*`/`AWS_*`, ranks from
+    torchrun's environment (or the process group already made by Lightning, Accelerate, ...),
+    preflight on rank 0, and the resume point every rank agrees on.
+
+    Raises `SettingsError` (a setting is unusable) or `PreflightError` (a sink is unreachable, the
+    spool cannot keep records, or another job holds this run id), each one line."""
+    if resume not in RESUME_MODES:
+        raise SettingsError(f"resume: must be one of {', '.join(RESUME_MODES)}, got {resume!r}")
+    if settings is None:
+        settings = RunSettings.resolve(experiment=experiment, run=run_id, **overrides)
+    elif experiment is not None or run_id is not None or overrides:
+        raise SettingsError("settings: pass either a RunSettings or individual settings, not both")
+    owned = None
+    if dist.is_available() and dist.is_initialized():
+        world = World.of_current_group()
+    else:
+        owned = world_from_environment()
+        world = owned.__enter__()
+    stop = threading.Event()
+    liveness = Liveness(settings.heartbeat_file, local_rank=world.local_rank, interval=settings.heartbeat_interval)
+    try:
+        if handle_signals and "TORCHELASTIC_RUN_ID" in os.environ:
+            die_with_parent(signal.SIGTERM)  # a killed launcher: drain, rather than run on as an orphan
+        liveness.start()  # every rank's own sign of life, from before setup until the drain is over
+        settings = settings.with_run(world.broadcast(settings.run or generated_run_id()))
+        run = _build(settings, world, liveness, stop, resume)
+    except BaseException:
+        liveness.stop()
+        if owned is not None:
+            owned.__exit__(None, None, None)
+        raise
+    run._owned_world = owned
+    if handle_signals:
+        run._install_signals()
+    return run
+
+
+def _build(settings: RunSettings, world: World, liveness: Liveness, stop: threading.Event, resume: str) -> Run:
+    progress = ProgressClock()
+    progress.enter(Phase.SETUP)  # left at the first log: a long setup is work, not a stall
+    telemetry: NullTelemetry = NullTelemetry()
+    checkpointer: AsyncCheckpointer | None = None
+    resumed_after_step = -1
+    failure = ""
+    if world.is_writer:
+        try:
+            telemetry, resumed_after_step = _writer_telemetry(settings, world, progress)
+            if resume == "never" and resumed_after_step >= 0:
+                raise PreflightError(
+                    f"run {settings.run!r} already holds records through step {resumed_after_step} "
+                    "and resume='never': start with a new run id"
+                )
+        except PreflightError as error:
+            failure = str(error)
+        if not failure:
+            s3 = getattr(telemetry, "s3", None)
+            checkpointer = AsyncCheckpointer(
+                settings.run_checkpoint_dir,
+                upload=Uploader(s3, settings.bucket, settings.experiment, settings.run) if s3 is not None else None,
+                wait_durable=telemetry.wait_durable,
+                on_finished=telemetry.checkpoint_finished,
+            )
+    failure = world.broadcast(failure)  # every rank stops if rank 0's preflight failed
+    if failure:
+        raise PreflightError(failure)
+    limit = world.broadcast(str(resumed_after_step) if settings.telemetry else "")
+    run = Run(
+        settings=settings,
+        world=world,
+        progress=progress,
+        telemetry=telemetry,
+        checkpointer=checkpointer,
+        resume_limit=int(limit) if limit else None,
+        resumed_after_step=resumed_after_step,
+        liveness=liveness,
+        stop=stop,
+    )
+    resume_point = load_resume_point(settings.run_checkpoint_dir, at_most=run.resume_limit)
+    if resume_point is not None:
+        step, run._resume_state = resume_point
+        run.resume_step = step + 1
+        log.info(
+            "rank %d resumes from %s (step %d)",
+            world.rank,
+            settings.run_checkpoint_dir / checkpoint_name(step),
+            step,
+        )
+    telemetry.start()  # heartbeats from the start of setup: a long setup is not silence
+    return run
+
+
+def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClock) -> tuple[NullTelemetry, int]:
+    if not settings.telemetry:
+        return NullTelemetry(), -1
+    spool_dir = settings.run_spool_dir
+    s3 = aws.client("s3", settings.region)
+    cloudwatch = aws.client("cloudwatch", settings.region)
+    ssm = aws.client("ssm", settings.region) if settings.alarms else None
+    fast = {"attempts": 1, "connect_timeout": 2, "read_timeout": 5}  # preflight retries within its budget
+    started = time.monotonic()
+    record = run_preflight(
+        settings,
+        spool_dir=spool_dir,
+        world_size=world.size,
+        s3=aws.client("s3", settings.region, **fast),
+        cloudwatch=aws.client("cloudwatch", settings.region, **fast),
+        ssm=aws.client("ssm", settings.region, **fast) if settings.alarms else None,
+    )
+    log.info("preflight passed in %.1f s: spool on %s", time.monotonic() - started, record.spool_filesystem)
+    spool = Spool(spool_dir)
+    if spool.recovered_records:
+        log.info("recovered %d records from an interrupted chunk", spool.recovered_records)
+    try:
+        reconciled = reconcile(
+            s3, bucket=settings.bucket, experiment=settings.experiment, run=settings.run, spool=spool
+        )
+    except RunConflictError as error:
+        raise PreflightError(str(error)) from None
+    except (ClientError, BotoCoreError) as error:
+        raise PreflightError(
+            f"run {settings.run!r}: cannot read what s3://{settings.bucket}/"
+            f"{contract.run_prefix(settings.experiment, settings.run)} already holds ({error})"
+        ) from None
+    if reconciled.continued_after_chunk >= 0:
+        log.info(
+            "S3 holds %d chunks of this run: continuing after chunk %d (step %d)",
+            reconciled.chunks_in_s3,
+            reconciled.continued_after_chunk,
+            spool.last_step,
+        )
+    alarms = RunAlarms(cloudwatch, ssm, settings.team, settings.experiment, settings.run) if ssm is not None else None
+    telemetry = Telemetry(
+        settings,
+        s3=s3,
+        cloudwatch=cloudwatch,
+        progress=progress,
+        spool=spool,
+        run_alarms=alarms,
+        resumed_after_step=spool.last_step,
+    )
+    return telemetry, spool.last_step

@@ -1,0 +1,255 @@
+"""`import beacon` in a team's own loop: real training scripts in real processes against the strict
+embedded AWS, configured by environment alone, as the stack's Job and SageMaker configure them."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import beacon
+import pytest
+from beacon import contract
+from beacon.settings import RunSettings, SettingsError
+
+from tests.conftest import WriterSession
+from tests.job_harness import JobHarness, delivered_records
+from tests.synth import ROOT
+
+PLAIN_LOOP = """
+import math, sys, time
+import torch
+import beacon
+
+run = beacon.init("lib")
+for step in range(run.resume_step, STEPS):
+    loss = torch.tensor(2.0 / (step + 1))
+    metrics = {"loss": loss, "lr": 0.1 * 0.9**step, "acc": step / STEPS}
+    if step == 3:
+        metrics["grad_norm"] = math.nan
+    run.log(metrics, step)
+    print(f"logged {step}", flush=True)
+    if step == 10:
+        with run.phase("eval"):
+            PHASE_WAIT
+    if (step + 1) % 10 == 0:
+        run.checkpoint({"w": torch.full((2,), float(step))}, step)
+    if run.should_stop():
+        break
+    time.sleep(STEP_SLEEP)
+report = run.finish()
+print("final", report.state.value, flush=True)
+"""
+
+
+FAILING_LOOP = """
+import torch
+import beacon
+
+with beacon.init("lib") as run:
+    for step in range(20):
+        run.log({"loss": torch.tensor(1.0)}, step)
+        if step == 6:
+            raise ValueError("a bug in the team's loop")
+"""
+
+
+def script(tmp_path: Path, *, steps: int = 20, step_sleep: float = 0.0, phase: str = "pass") -> Path:
+    body = PLAIN_LOOP.replace("PHASE_WAIT", phase).replace("STEPS", str(steps))
+    body = body.replace("STEP_SLEEP", str(step_sleep))
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def environment(harness: JobHarness, run: str, **extra: str) -> dict[str, str]:
+    """What the stack's Job sets: the BEACON_* settings and the AWS_* SDK chain, no flags."""
+    return {
+        **harness.env(),
+        "BEACON_BUCKET": harness.bucket,
+        "BEACON_RUN_ID": run,
+        "BEACON_SPOOL_DIR": str(harness.workdir / "spool"),
+        "BEACON_CHECKPOINT_DIR": str(harness.workdir / "checkpoints"),
+        "BEACON_HEARTBEAT_FILE": str(harness.workdir / "heartbeat"),
+        "BEACON_HEARTBEAT_INTERVAL": "0.5",
+        "BEACON_FLUSH_INTERVAL": "0.5",
+        **extra,
+    }
+
+
+def final_state(writer: WriterSession, run: str) -> dict[str, Any]:
+    body = writer.client("s3").get_object(Bucket=writer.bucket, Key=contract.final_status_key("lib", run))["Body"]
+    return dict(json.loads(body.read()))
+
+
+@pytest.fixture
+def harness(as_writer: WriterSession, strict_aws: str, tmp_path: Path) -> JobHarness:
+    return JobHarness(strict_aws, as_writer.bucket, tmp_path, as_writer.credentials)
+
+
+def test_a_plain_loop_delivers_every_metric_faithfully_and_lists_only_the_chosen_ones_in_cloudwatch(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    # The eval phase lasts until a metric batch was sent inside it: a wait on the event, not a sleep.
+    wait_for_phase = (
+        "sent = run.telemetry.report.metric_batches\n"
+        "            while run.telemetry.report.metric_batches < sent + 2:\n"
+        "                time.sleep(0.05)"
+    )
+    env = environment(harness, "lib-plain", BEACON_CLOUDWATCH_METRICS="lr")
+    done = subprocess.run(
+        [sys.executable, str(script(tmp_path, phase=wait_for_phase))],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "final finished" in done.stdout
+    records = sorted(
+        delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "lib-plain"), key=lambda r: r.step
+    )
+    assert [r.step for r in records] == list(range(20)), "every step once"
+    assert records[0].metrics == {"loss": 2.0, "lr": 0.1, "acc": 0.0}, "a tensor is stored as its value"
+    assert math.isnan(records[3].metrics["grad_norm"]), "NaN is kept as NaN"
+    assert final_state(as_writer, "lib-plain")["state"] == "finished"
+    as_writer.aws.reset_auth_only()  # the admin's view: the writer may not list metrics
+    cloudwatch = as_writer.aws.client("cloudwatch")
+    names = {m["MetricName"] for m in cloudwatch.list_metrics(Namespace="Beacon/demo")["Metrics"]}
+    assert {"Loss", "lr", "Heartbeat", "PhaseSeconds"} <= names
+    assert not names & {"acc", "grad_norm"}, "a metric the team did not list costs nothing in CloudWatch"
+    phases = cloudwatch.list_metrics(Namespace="Beacon/demo", MetricName="PhaseSeconds")["Metrics"]
+    assert any({"Name": contract.Dim.PHASE.value, "Value": "eval"} in m["Dimensions"] for m in phases)
+
+
+def test_an_exception_out_of_the_context_manager_is_recorded_as_failed_with_its_type(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    (tmp_path / "train.py").write_text(FAILING_LOOP)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "train.py")],
+        cwd=ROOT,
+        env=environment(harness, "lib-fail"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 1 and "ValueError: a bug in the team's loop" in done.stderr
+    final = final_state(as_writer, "lib-fail")
+    assert (final["state"], final["error"], final["last_step"]) == ("failed", "ValueError", 6)
+    steps = sorted(r.step for r in delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "lib-fail"))
+    assert steps == list(range(7)), "what was logged before the failure is delivered"
+
+
+def test_sigterm_stops_every_step_together_drains_and_is_recorded_as_preempted(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    process = subprocess.Popen(
+        [sys.executable, str(script(tmp_path, steps=10_000, step_sleep=0.01))],
+        cwd=ROOT,
+        env=environment(harness, "lib-term"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.strip() == "logged 25":  # well inside the loop: the signal lands mid-run
+            process.send_signal(signal.SIGTERM)
+            break
+    rest, errors = process.communicate(timeout=120)
+    assert process.returncode == 0, errors[-3000:]
+    assert "final preempted" in rest
+    final = final_state(as_writer, "lib-term")
+    assert (final["state"], final["signal"]) == ("preempted", "SIGTERM")
+    steps = sorted(r.step for r in delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "lib-term"))
+    assert steps == list(range(final["last_step"] + 1)), "drained: every logged step is in S3"
+
+
+def test_a_rerun_with_the_same_run_id_knows_its_resume_step_and_records_each_step_once(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    first = script(tmp_path, steps=15)
+    env = environment(harness, "lib-resume")
+    assert (
+        subprocess.run([sys.executable, str(first)], cwd=ROOT, env=env, capture_output=True, timeout=180).returncode
+        == 0
+    )
+    second = tmp_path / "again.py"
+    second.write_text(
+        script(tmp_path, steps=25)
+        .read_text()
+        .replace(
+            'run = beacon.init("lib")',
+            'run = beacon.init("lib")\n'
+            'print("resume", run.resume_step, run.load_checkpoint()["w"].tolist(), flush=True)',
+        )
+    )
+    again = subprocess.run(
+        [sys.executable, str(second)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resume 10 [9.0, 9.0]" in again.stdout, "resumed after the checkpoint of step 9"
+    steps = sorted(r.step for r in delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "lib-resume"))
+    assert steps == list(range(25)), "the replayed steps 10-14 were recorded once, by the first attempt"
+
+
+def test_signal_handling_is_the_users_to_keep_and_finish_gives_it_back(tmp_path: Path) -> None:
+    settings: dict[str, Any] = {
+        "telemetry": False,
+        "heartbeat_file": tmp_path / "hb",
+        "checkpoint_dir": tmp_path / "ckpt",
+    }
+    before = signal.getsignal(signal.SIGTERM)
+    run = beacon.init("lib", handle_signals=False, **settings)
+    assert signal.getsignal(signal.SIGTERM) is before
+    run.finish()
+    run = beacon.init("lib", **settings)
+    assert signal.getsignal(signal.SIGTERM) is not before
+    report = run.finish()
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert report.state == beacon.FinalState.FINISHED
+
+
+@pytest.mark.parametrize(
+    ("given", "environ", "names"),
+    [
+        ({}, {"BEACON_BUCKET": "b", "BEACON_FLUSH_INTERVAL": "soon"}, "flush_interval (BEACON_FLUSH_INTERVAL)"),
+        ({}, {}, "bucket (BEACON_BUCKET): required"),
+        ({"bucket": "b", "experiment": "Has Spaces"}, {}, "experiment (BEACON_EXPERIMENT)"),
+        ({"bucket": "b", "cloudwatch_metrics": ["Heartbeat"]}, {}, "one of Beacon's own metrics"),
+        ({"bucket": "b", "bukket": "x"}, {}, "bukket: not a setting"),
+        ({}, {"BEACON_BUCKET": "b", "BEACON_ALARMS": "maybe"}, "alarms (BEACON_ALARMS): not a boolean"),
+    ],
+)
+def test_an_unusable_setting_is_one_line_naming_it(given: dict[str, Any], environ: dict[str, str], names: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        RunSettings.resolve(environ, **given)
+    assert names in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_arguments_win_over_the_environment_and_the_region_follows_the_sdk() -> None:
+    settings = RunSettings.resolve(
+        {"BEACON_BUCKET": "from-env", "BEACON_TEAM": "vision", "AWS_REGION": "eu-west-1"}, bucket="given"
+    )
+    assert (settings.bucket, settings.team, settings.region) == ("given", "vision", "eu-west-1")
+    assert settings.namespace == contract.metric_namespace("vision")
+
+
+def test_a_record_is_strict_json_and_reads_back_what_was_logged() -> None:
+    record = contract.Record("e", "r", 7, {"loss": math.nan, "up": math.inf, "down": -math.inf, "lr": 0.5}, 1.0, seq=3)
+    line = record.to_line()
+
+    def refuse(constant: str) -> float:
+        raise AssertionError(f"bare {constant} is not JSON")
+
+    json.loads(line, parse_constant=refuse)
+    again = contract.Record.from_line(line)
+    assert math.isnan(again.metrics["loss"]) and again.metrics["up"] == math.inf and again.metrics["down"] == -math.inf
+    assert (again.step, again.seq, again.metrics["lr"]) == (7, 3, 0.5)
