@@ -11,6 +11,8 @@ $(error make $(filter $(ACCOUNT_GOALS),$(MAKECMDGOALS)) needs TEAM=<team>, the n
 endif
 endif
 PY := .venv/bin/python
+# One line of a .pth file: the nearest checkout above the working directory, else this one.
+CHECKOUT_PTH := import os, sys; (lambda here, fallback: sys.path.extend(p for p in (lambda root: (root, os.path.join(root, 'runtime')))(next((os.sep.join(here[:n]) for n in range(len(here), 0, -1) if os.path.isfile(os.sep.join([*here[:n], 'runtime', 'beacon', '__init__.py']))), fallback)) if p not in sys.path))(os.getcwd().split(os.sep), '$(CURDIR)')
 STAMP_PY := .venv/.installed
 STAMP_NODE := node_modules/.installed
 CHECKOV_VENV := .beacon/tools/checkov-venv
@@ -44,8 +46,9 @@ $(STAMP_PY): requirements.txt requirements-dev.txt runtime/requirements.txt cons
 	@$(PY) -m pip install -q --no-deps --no-build-isolation -e . >>$(INSTALL_LOG) 2>&1 \
 		|| { echo "beacon: installing the beacon command failed; see $(INSTALL_LOG)" >&2; exit 1; }
 	@# The repository's rooms (config, stacks, workloads, the runtime and its smoke job) are imported from
-	@# this checkout, never installed under generic top-level names.
-	@printf '%s\n%s\n' "$(CURDIR)" "$(CURDIR)/runtime" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/beacon-checkout.pth"
+	@# the checkout a process runs in (a git worktree sharing this venv included), else from this one;
+	@# never installed under generic top-level names.
+	@printf '%s\n' "$(CHECKOUT_PTH)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/beacon-checkout.pth"
 	@touch $@
 
 $(STAMP_NODE): package.json package-lock.json
