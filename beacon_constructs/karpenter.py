@@ -264,8 +264,10 @@ class Karpenter(Construct):
         pools: PoolSettings,
         controller_replicas: int,
         node_ami_alias: str,
+        node_role_name: str,
     ) -> None:
-        """`cluster_name` is the plain name (IAM condition keys cannot hold a token)."""
+        """`cluster_name` is the plain name (IAM condition keys cannot hold a token). `node_role_name` is
+        fixed, as upstream's is, so other stacks can name the node role without a reference to it."""
         super().__init__(scope, construct_id)
         tag_component(self, "karpenter")
 
@@ -291,6 +293,7 @@ class Karpenter(Construct):
         self.node_role = iam.Role(
             self,
             "NodeRole",
+            role_name=node_role_name,
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(n) for n in NODE_MANAGED_POLICIES],
         )

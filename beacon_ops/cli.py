@@ -163,6 +163,65 @@ def doctor(
     raise typer.Exit(0 if result.healthy else 1)
 
 
+@app.command()
+def tensorboard(
+    team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name")],
+    run: Annotated[str, typer.Option(envvar="BEACON_RUN_ID", help="run id", callback=identifier("run"))],
+    experiment: Annotated[str, typer.Option(envvar="BEACON_EXPERIMENT", callback=identifier("experiment"))] = "smoke",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TensorBoard's port on localhost")] = 6006,
+    directory: Annotated[
+        Path | None,
+        typer.Option("--dir", help="where the files go (default: .beacon/tensorboard/<team>/<experiment>/<run>)"),
+    ] = None,
+    serve: Annotated[
+        bool, typer.Option("--serve/--no-serve", help="--no-serve: download only, and print the directory")
+    ] = True,
+    bucket: Annotated[str | None, typer.Option(envvar="BEACON_BUCKET", help="default: the stack output")] = None,
+    region: Annotated[str | None, typer.Option(help=REGION_HELP)] = None,
+    reader_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")] = None,
+) -> None:
+    """A run's TensorBoard files from S3 into a local directory, then TensorBoard on them."""
+    from beacon_ops.tensorboard import TensorBoardError, default_directory, fetch_run
+    from beacon_ops.tensorboard import serve as serve_tensorboard
+
+    config = team_or_fail("tensorboard", team, as_json=False)
+    session = session_or_fail("tensorboard", region=region, config=config, as_json=False)
+    region = str(session.region_name)
+    target = directory or default_directory(team, experiment, run)
+    try:
+        if bucket is None or reader_role_arn is None:
+            outputs = stack_outputs(session.client("cloudformation"), contract.stack_name(team, "artifacts"))
+            bucket = bucket or outputs["BucketName"]
+            reader_role_arn = reader_role_arn or outputs.get("ReaderRoleArn")
+        sts = session.client("sts")
+        reader = assume_role_credentials(sts, reader_role_arn, "beacon-tensorboard") if reader_role_arn else {}
+        fetched = fetch_run(
+            session.client("s3", **reader), bucket=bucket, experiment=experiment, run=run, directory=target
+        )
+    except TensorBoardError as error:
+        raise fail("tensorboard", str(error)) from None
+    except (ClientError, BotoCoreError) as error:
+        why = describe_aws_error(error)
+        raise fail("tensorboard", f"cannot read team {team!r} in {region}: {why}") from None
+    except KeyError as error:
+        raise fail("tensorboard", f"cannot read team {team!r} in {region}: stack output {error} is missing") from None
+    except OSError as error:
+        raise fail("tensorboard", f"--dir {target}: {error.strerror or error}") from None
+    print(
+        f"beacon tensorboard: {len(fetched.files)} files ({fetched.downloaded} new) from {fetched.source} "
+        f"in {fetched.directory}",
+        file=sys.stderr,
+    )
+    if not serve:
+        print(fetched.directory)
+        raise typer.Exit(0)
+    print(f"beacon tensorboard: serving at http://localhost:{port}/ (Ctrl-C stops it)", file=sys.stderr)
+    try:
+        raise typer.Exit(serve_tensorboard(fetched.directory, port))
+    except TensorBoardError as error:
+        raise fail("tensorboard", str(error)) from None
+
+
 class Target(StrEnum):
     EKS = "eks"
     SAGEMAKER = "sagemaker"

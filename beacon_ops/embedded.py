@@ -59,10 +59,12 @@ def _condition_keys(statement: dict[str, Any]) -> set[str]:
 
 
 def _policy_for_role(template: Template, role_id: str) -> dict[str, Any]:
-    for policy in template.of_type("AWS::IAM::Policy").values():
-        if {"Ref": role_id} in policy["Properties"]["Roles"]:
+    """The artifact store's own policy of the role. Others attached to it (the image repository's pull
+    grant) concern services a job in the embedded AWS never calls."""
+    for logical_id, policy in template.of_type("AWS::IAM::Policy").items():
+        if logical_id.startswith("ArtifactStore") and {"Ref": role_id} in policy["Properties"]["Roles"]:
             return dict(policy["Properties"])
-    raise TemplateError(f"{template.name}: no AWS::IAM::Policy attached to {role_id}")
+    raise TemplateError(f"{template.name}: no AWS::IAM::Policy of the artifact store attached to {role_id}")
 
 
 def provision_artifact_store(

@@ -1,7 +1,8 @@
 """`make destroy`: every stack but the retained state, in dependency order, then what remains.
 
 The stateful stack is termination-protected so that no one deletes it by accident; its data
-(bucket, file system, keys) has DeletionPolicy Retain, so deleting the stack never deletes the data.
+(bucket, file system, image repository, keys) has DeletionPolicy Retain, so deleting the stack never
+deletes the data.
 `make destroy` records what will remain, lifts the protection, destroys the stacks one by one in
 reverse dependency order (read from the synthesized cloud assembly), and prints how to remove the rest.
 
@@ -36,6 +37,7 @@ REMOVAL = {
     "AWS::KMS::Key": "`aws kms schedule-key-deletion --key-id {id} --pending-window-in-days 7` (once nothing "
     "encrypted with it is kept)",
     "AWS::Logs::LogGroup": "`aws logs delete-log-group --log-group-name {id}`",
+    "AWS::ECR::Repository": "`aws ecr delete-repository --repository-name {id} --force` (deletes its images)",
 }
 
 

@@ -53,7 +53,7 @@ AttributeResolver = Callable[[str, str | None], str]
 
 @dataclass
 class Resolver:
-    """Resolves Ref, Fn::GetAtt, Fn::Join, Fn::Sub and the pseudo parameters."""
+    """Resolves Ref, Fn::GetAtt, Fn::Join, Fn::Sub, Fn::Split, Fn::Select and the pseudo parameters."""
 
     account: str
     region: str
@@ -89,6 +89,12 @@ class Resolver:
                 return separator.join(str(self.resolve(p)) for p in parts)
             if key == "Fn::Sub":
                 return self._sub(argument)
+            if key == "Fn::Split":  # CDK builds an ECR repository's URI from its ARN's fields
+                separator, text = argument
+                return str(self.resolve(text)).split(separator)
+            if key == "Fn::Select":
+                index, values = argument
+                return self.resolve(values)[int(index)]
             if key == "Fn::ImportValue":
                 return self.imports(str(self.resolve(argument)))
             if key == "Fn::GetStackOutput":  # CDK's cross-stack references

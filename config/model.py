@@ -73,6 +73,16 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+ROLE_ARN = r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}"
+
+
+def _role_arns(value: tuple[str, ...]) -> tuple[str, ...]:
+    for arn in value:
+        if not re.fullmatch(ROLE_ARN, arn):
+            raise ValueError(f"not an IAM role ARN: {arn!r}")
+    return value
+
+
 # The VPC's subnet layout (beacon_constructs/network.py): per AZ, one public /24 for the NAT gateway,
 # then one private /19 for nodes; CDK allocates them in that order, each aligned to its size.
 NAT_SUBNET_MASK = 24
@@ -147,11 +157,8 @@ class ClusterConfig(_Section):
 
     @field_validator("operator_role_arns")
     @classmethod
-    def _role_arns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for arn in value:
-            if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}", arn):
-                raise ValueError(f"not an IAM role ARN: {arn!r}")
-        return value
+    def _operator_role_arns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _role_arns(value)
 
     @field_validator("kubernetes_version")
     @classmethod
@@ -285,6 +292,20 @@ class ArtifactsConfig(_Section):
     abort_incomplete_multipart_days: Annotated[int, Field(ge=1, le=30)] = 7
 
 
+class ImagesConfig(_Section):
+    """The team's image repository (README: "Pushing a training image")."""
+
+    # Roles that push images (a CI pipeline, an operator); with the node and writer roles, the only
+    # principals the repository lets pull or push. Each must exist before the deploy.
+    push_role_arns: StrList = ()
+    untagged_expiry_days: Annotated[int, Field(ge=1, le=365)] = 14
+
+    @field_validator("push_role_arns")
+    @classmethod
+    def _push_role_arns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _role_arns(value)
+
+
 class TrainingConfig(_Section):
     uid: Annotated[int, Field(ge=1, le=65535)] = 1000
     gid: Annotated[int, Field(ge=1, le=65535)] = 1000
@@ -325,6 +346,7 @@ class TeamConfig(_Section):
     compute: ComputeConfig = ComputeConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
     artifacts: ArtifactsConfig = ArtifactsConfig()
+    images: ImagesConfig = ImagesConfig()
     training: TrainingConfig = TrainingConfig()
 
     def smoke_job_spec(self, *, image: str, bucket: str, region: str, name_suffix: str = "") -> SmokeJobSpec:

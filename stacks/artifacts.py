@@ -1,4 +1,5 @@
-"""The stateful stack: the artifact store and the artifact volume. Everything in it is RETAINed."""
+"""The stateful stack: the artifact store, the artifact volume and the image repository. Everything in it
+is RETAINed."""
 
 from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -6,6 +7,7 @@ from beacon import contract
 from constructs import Construct
 
 from beacon_constructs.artifact_store import ArtifactStore
+from beacon_constructs.image_repository import ImageRepository
 from beacon_constructs.volume import ArtifactVolume
 from config import TeamConfig
 from workloads import manifests
@@ -43,9 +45,25 @@ class ArtifactsStack(Stack):
             uid=config.training.uid,
             gid=config.training.gid,
         )
+        # The node role pulls (on EKS the kubelet does, with its node's role) through its own managed
+        # policy; the cluster stack creates it after this one, under a fixed name. SageMaker pulls as the
+        # writer, its execution role. Images are encrypted with the store's key: ECR uses it by grant.
+        node_role_arn = self.format_arn(
+            service="iam", region="", resource="role", resource_name=contract.karpenter_node_role_name(config.team)
+        )
+        self.images = ImageRepository(
+            self,
+            "ImageRepository",
+            encryption_key=self.store.key,
+            untagged_image_expiry=Duration.days(config.images.untagged_expiry_days),
+            pull_roles=[self.store.writer_role],
+            node_role_arns=[node_role_arn],
+            push_role_arns=list(config.images.push_role_arns),
+        )
         CfnOutput(self, "BucketName", value=self.store.bucket.bucket_name)
         CfnOutput(self, "WriterRoleArn", value=self.store.writer_role.role_arn)
         CfnOutput(self, "ReaderRoleArn", value=self.store.reader_role.role_arn)
         CfnOutput(self, "KmsKeyArn", value=self.store.key.key_arn)
         CfnOutput(self, "FileSystemId", value=self.volume.file_system.file_system_id)
         CfnOutput(self, "AccessPointId", value=self.volume.access_point.access_point_id)
+        CfnOutput(self, "ImageRepositoryUri", value=self.images.repository.repository_uri)

@@ -65,6 +65,7 @@ class ClusterStack(Stack):
             ),
             controller_replicas=config.cluster.karpenter_replicas,
             node_ami_alias=compute.node_ami_alias,
+            node_role_name=contract.karpenter_node_role_name(config.team),
         )
         # AL2023 NVIDIA nodes need the device plugin to advertise nvidia.com/gpu. Deploy order:
         # Karpenter -> plugin -> node pools, so destroy removes the pools (and their nodes) first.

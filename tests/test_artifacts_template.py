@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from aws_cdk.assertions import Match, Template
+from beacon import contract
 
 from tests.synth import Synthesized
 
@@ -207,9 +208,42 @@ def test_reader_may_only_read_and_list(demo: Synthesized) -> None:
     assert not any(a.startswith(("s3:Put", "s3:Delete", "cloudwatch:Put", "cloudwatch:Delete")) for a in actions)
 
 
-def test_stack_outputs_name_bucket_roles_and_key(template: Template) -> None:
+def test_stack_outputs_name_bucket_roles_key_and_image_repository(template: Template) -> None:
     outputs = set(template.to_json()["Outputs"])
-    assert {"BucketName", "KmsKeyArn", "ReaderRoleArn", "WriterRoleArn"} <= outputs
+    assert {"BucketName", "KmsKeyArn", "ReaderRoleArn", "WriterRoleArn", "ImageRepositoryUri"} <= outputs
+    template.has_output(
+        "ImageRepositoryUri",
+        {"Value": {"Fn::Join": ["", Match.array_with([{"Ref": Match.string_like_regexp("^ImageRepository")}])]}},
+    )
+
+
+def test_the_image_repository_is_retained_and_encrypted_with_the_stores_key(template: Template) -> None:
+    template.has_resource(
+        "AWS::ECR::Repository",
+        {
+            "Properties": {
+                "EncryptionConfiguration": {
+                    "EncryptionType": "KMS",
+                    "KmsKey": {"Fn::GetAtt": [Match.string_like_regexp("^ArtifactStoreKey"), "Arn"]},
+                },
+                "ImageTagMutability": "IMMUTABLE",
+                "ImageScanningConfiguration": {"ScanOnPush": True},
+            },
+            "DeletionPolicy": "Retain",
+        },
+    )
+
+
+def test_the_image_repository_admits_the_karpenter_node_role_by_name_and_the_writer(demo: Synthesized) -> None:
+    """The node role lives in the cluster stack, deployed after this one: the fence names it by its fixed
+    name (a reference would make the two stacks depend on each other)."""
+    _, repository = demo.template("artifacts").one_of_type("AWS::ECR::Repository")
+    (fence,) = repository["Properties"]["RepositoryPolicyText"]["Statement"]
+    admitted = fence["Condition"]["ArnNotEquals"]["aws:PrincipalArn"]
+    node_role, writer = admitted
+    assert node_role["Fn::Join"][1][-1] == f":role/{contract.karpenter_node_role_name('demo')}"
+    writer_id, _ = demo.template("artifacts").one_of_type("AWS::IAM::Role", logical_id_prefix="ArtifactStoreWriterRole")
+    assert writer == {"Fn::GetAtt": [writer_id, "Arn"]}
 
 
 def test_every_taggable_resource_carries_team_and_component_tags(demo: Synthesized) -> None:
@@ -228,5 +262,13 @@ def test_taggable_artifact_resources_are_tagged_by_their_component(demo: Synthes
         tags = {t["Key"]: t["Value"] for t in resource.get("Properties", {}).get("Tags", [])}
         if not tags:
             continue
-        component = "artifact-store" if logical_id.startswith("ArtifactStore") else "artifact-volume"
+        component = next(
+            c
+            for prefix, c in (
+                ("ArtifactStore", "artifact-store"),
+                ("ImageRepository", "image-repository"),
+                ("", "artifact-volume"),
+            )
+            if logical_id.startswith(prefix)
+        )
         assert tags.items() >= {"beacon:component": component, "beacon:team": "demo"}.items(), logical_id

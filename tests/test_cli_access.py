@@ -24,6 +24,7 @@ UNREACHABLE = {
 }
 DOCTOR = ["doctor", "--team", "example", "--run", "r1"]
 SMOKE = ["smoke", "--team", "example"]
+TENSORBOARD = ["tensorboard", "--team", "example", "--run", "r1", "--no-serve"]
 
 
 def beacon(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -39,13 +40,13 @@ def one_line(done: subprocess.CompletedProcess[str]) -> str:
     return line
 
 
-@pytest.mark.parametrize("argv", [DOCTOR, SMOKE], ids=["doctor", "smoke"])
+@pytest.mark.parametrize("argv", [DOCTOR, SMOKE, TENSORBOARD], ids=["doctor", "smoke", "tensorboard"])
 def test_an_unknown_profile_is_one_line_and_exit_2(argv: list[str]) -> None:
     line = one_line(beacon(*argv, env={**BARE, "AWS_PROFILE": "no-such-profile"}))
     assert "AWS_PROFILE='no-such-profile' is not a profile" in line
 
 
-@pytest.mark.parametrize("argv", [DOCTOR, SMOKE], ids=["doctor", "smoke"])
+@pytest.mark.parametrize("argv", [DOCTOR, SMOKE, TENSORBOARD], ids=["doctor", "smoke", "tensorboard"])
 def test_missing_credentials_say_how_to_provide_them(argv: list[str]) -> None:
     line = one_line(beacon(*argv, env=BARE))
     assert "no AWS credentials found" in line and "aws sso login" in line and "AWS_PROFILE" in line
@@ -70,6 +71,7 @@ def test_the_team_files_region_beats_the_environment_and_the_flag_beats_both() -
     assert "in eu-west-1:" in one_line(beacon(*DOCTOR, env=env))  # example.toml's region
     assert "in ap-south-1:" in one_line(beacon(*DOCTOR, "--region", "ap-south-1", env=env))
     assert "(region eu-west-1)" in one_line(beacon(*SMOKE, env=env))
+    assert "in eu-west-1:" in one_line(beacon(*TENSORBOARD, env=env))
 
 
 def test_region_order_in_the_session_opener(monkeypatch: pytest.MonkeyPatch) -> None:

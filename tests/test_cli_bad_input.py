@@ -23,6 +23,21 @@ CASES = {
     "smoke_unknown_team": (["smoke", "--team", "nosuch"], "unknown team 'nosuch'"),
     "smoke_missing_team": (["smoke"], "Missing option '--team'"),
     "smoke_zero_timeout": (["smoke", "--team", "demo", "--timeout", "0"], "Invalid value for '--timeout'"),
+    "tensorboard_missing_run": (["tensorboard", "--team", "demo"], "Missing option '--run'"),
+    "tensorboard_run_id_not_s3_safe": (["tensorboard", "--team", "demo", "--run", "../x"], "Invalid value for '--run'"),
+    "tensorboard_experiment_not_s3_safe": (
+        ["tensorboard", "--team", "demo", "--run", "r", "--experiment", "A"],
+        "Invalid value for '--experiment'",
+    ),
+    "tensorboard_port_out_of_range": (
+        ["tensorboard", "--team", "demo", "--run", "r", "--port", "70000"],
+        "Invalid value for '--port'",
+    ),
+    "tensorboard_port_not_a_number": (
+        ["tensorboard", "--team", "demo", "--run", "r", "--port", "http"],
+        "Invalid value for '--port'",
+    ),
+    "tensorboard_unknown_team": (["tensorboard", "--team", "nosuch", "--run", "r"], "unknown team 'nosuch'"),
 }
 
 

@@ -146,6 +146,16 @@ BAD_CASES = {
         "cluster.operator_role_arns",
         "not an IAM role ARN",
     ),
+    "pusher_not_a_role_arn": (
+        '[images]\npush_role_arns = ["arn:aws:iam::123456789012:user/ci"]',
+        "images.push_role_arns",
+        "not an IAM role ARN",
+    ),
+    "untagged_images_kept_forever": (
+        "[images]\nuntagged_expiry_days = 0",
+        "images.untagged_expiry_days",
+        "greater than or equal to 1",
+    ),
     "sagemaker_runtime_too_short": (
         "[training]\nsagemaker_max_runtime_seconds = 60",
         "training.sagemaker_max_runtime_seconds",

@@ -35,7 +35,7 @@ def test_the_example_names_every_key_of_the_model() -> None:
 def test_the_example_shows_the_defaults_of_the_standard_profile() -> None:
     example = load_team("example")
     assert example.profile == "standard"
-    for section in ("network", "cluster", "compute", "artifacts", "training"):
+    for section in ("network", "cluster", "compute", "artifacts", "images", "training"):
         value = getattr(example, section)
         assert value == type(value)(), section
     defaults = type(example.monitoring)().model_dump(exclude={"alarm_email"})

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from beacon import contract
 
 from beacon_constructs.karpenter import CHART_VERSION
 from beacon_ops.templates import Resolver
@@ -157,6 +158,15 @@ def test_node_role_has_upstreams_managed_policies(
     theirs = _strings(RESOLVER.resolve(upstream["KarpenterNodeRole"]["Properties"]["ManagedPolicyArns"]))
     (role,) = [r for k, r in cluster.of_type("AWS::IAM::Role").items() if k.startswith("KarpenterNodeRole")]
     assert _strings(RESOLVER.resolve(role["Properties"]["ManagedPolicyArns"])) == theirs
+
+
+def test_node_role_is_named_as_upstream_names_it(
+    upstream: dict[str, dict[str, Any]], cluster: SynthesizedTemplate
+) -> None:
+    """The fixed name is what the image repository's policy (artifacts stack) names, without a reference."""
+    theirs = RESOLVER.resolve(upstream["KarpenterNodeRole"]["Properties"]["RoleName"])
+    (role,) = [r for k, r in cluster.of_type("AWS::IAM::Role").items() if k.startswith("KarpenterNodeRole")]
+    assert RESOLVER.resolve(role["Properties"]["RoleName"]) == theirs == contract.karpenter_node_role_name("demo")
 
 
 def _is_unconditioned_service_send(statement: dict[str, Any]) -> bool:

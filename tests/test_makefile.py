@@ -56,10 +56,18 @@ def test_destroy_goes_stack_by_stack_in_the_order_the_app_needs(account_team: Sy
 def test_destroy_names_what_remains_and_how_to_remove_it(account_team: Synthesized) -> None:
     retained = retained_resources(account_team.outdir)
     kinds = sorted({r.resource_type for r in retained})
-    assert kinds == ["AWS::EFS::FileSystem", "AWS::KMS::Key", "AWS::Logs::LogGroup", "AWS::S3::Bucket"]
+    assert kinds == [
+        "AWS::ECR::Repository",
+        "AWS::EFS::FileSystem",
+        "AWS::KMS::Key",
+        "AWS::Logs::LogGroup",
+        "AWS::S3::Bucket",
+    ]
     bucket = Retained("beacon-vision-artifacts", "Bucket", "AWS::S3::Bucket", "beacon-vision-bucket-1")
-    text = remains_text("vision", [bucket])
+    images = Retained("beacon-vision-artifacts", "ImageRepository", "AWS::ECR::Repository", "beacon-vision-images-1")
+    text = remains_text("vision", [bucket, images])
     assert "aws s3api delete-bucket --bucket beacon-vision-bucket-1" in text
+    assert "aws ecr delete-repository --repository-name beacon-vision-images-1 --force" in text
     assert "nothing was retained" in remains_text("vision", [])
 
 

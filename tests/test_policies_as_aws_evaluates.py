@@ -2,7 +2,7 @@
 evaluates policies (tests/support/policy_eval.py), for two teams deployed into one account.
 
 moto ignores every condition in identity policies, so none of these answers can come from it.
-Each test names the item of issue 11 it proves.
+Each test names the item of issue 11 (or issue 14: the image repository) it proves.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from beacon import contract
 from smoke_job.config import parse_args
 
+from beacon_constructs.image_repository import FENCED_ACTIONS, PULL_ACTIONS, PUSH_ACTIONS
 from beacon_ops.templates import kubernetes_objects
 from config import TeamConfig
 from tests.support.policy_eval import ACCOUNT, REGION, Decision, Deployment, Request, merge, wildcard_match
@@ -388,3 +389,46 @@ def test_item12_the_writer_reads_only_its_own_run_alarm_template(aws: Deployment
     for other in (contract.run_alarm_parameter_name(VISION), "/cdk-bootstrap/hnb659fds/version", "/anything"):
         assert_refused(aws, Request("ssm:GetParameter", parameter(other), role))
     assert_refused(aws, Request("ssm:GetParameters", parameter(contract.run_alarm_parameter_name(DEMO)), role))
+
+
+# --- issue 14: the team's image repository ------------------------------------------------------
+def repository(aws: Deployment, team: str) -> str:
+    return arn_of(aws, team, "artifacts", "AWS::ECR::Repository")
+
+
+def node_role(aws: Deployment, team: str) -> str:
+    """The Karpenter node role as deployed: it carries AmazonEC2ContainerRegistryPullOnly (vendored text)."""
+    role = arn_of(aws, team, "cluster", "AWS::IAM::Role", "KarpenterNodeRole")
+    assert role.endswith(f":role/{contract.karpenter_node_role_name(team)}")
+    return role
+
+
+@pytest.mark.parametrize("team", [DEMO, VISION])
+def test_item14_the_node_role_and_sagemakers_execution_role_may_pull_the_teams_images(
+    aws: Deployment, team: str
+) -> None:
+    """On EKS the kubelet pulls with the node's role; SageMaker pulls as the job's execution role (the writer)."""
+    for role in (node_role(aws, team), writer(aws, team)):
+        assert_allowed(aws, Request("ecr:GetAuthorizationToken", "*", role))
+        for action in PULL_ACTIONS:
+            assert_allowed(aws, Request(action, repository(aws, team), role))
+
+
+def test_item14_another_teams_roles_may_neither_pull_nor_push(aws: Deployment) -> None:
+    """The node role's managed policy allows pulling from any repository of the account: the repository's
+    own policy is what refuses the other team's node role (explicitly), whatever it is granted."""
+    for team, other in ((DEMO, VISION), (VISION, DEMO)):
+        for action in FENCED_ACTIONS:
+            request = Request(action, repository(aws, team), node_role(aws, other))
+            assert decide(aws, request) is Decision.EXPLICIT_DENY, request
+            assert_refused(aws, Request(action, repository(aws, team), writer(aws, other)))
+
+
+def test_item14_neither_the_writer_nor_the_node_role_may_push(aws: Deployment) -> None:
+    """The pod's role (the writer) runs training; it never needs to push. Pushing is for push_role_arns."""
+    for action in PUSH_ACTIONS:
+        for role in (writer(aws, DEMO), node_role(aws, DEMO)):
+            assert_refused(aws, Request(action, repository(aws, DEMO), role))
+    (images,) = aws.templates[stack(DEMO, "artifacts")].of_type("AWS::ECR::Repository").values()
+    statements = images["Properties"]["RepositoryPolicyText"]["Statement"]
+    assert [s["Effect"] for s in statements] == ["Deny"], "the demo team names no pusher: the fence alone"

@@ -164,3 +164,31 @@ def test_key_policy_must_take_part() -> None:
     root = key({"Effect": "Allow", "Action": "kms:*", "Principal": {"AWS": ROOT}, "Resource": "*"})
     assert evaluate([grant, root], use_key) is Decision.ALLOW
     assert evaluate([root], use_key) is Decision.IMPLICIT_DENY
+
+
+def test_principal_arn_is_the_callers_role_and_absent_for_a_service_or_anonymous() -> None:
+    """AWS sets aws:PrincipalArn on every request of an IAM principal; a negated operator on it is then
+    false for the named role, and true for a service principal or anonymous caller (the key is missing)."""
+    fence = resource(deny(Principal="*", Condition={"ArnNotEquals": {"aws:PrincipalArn": [ROLE]}}))
+    assert evaluate([identity(allow()), fence], put()) is Decision.ALLOW
+    assert evaluate([identity(allow()), fence], put(principal=OTHER_ACCOUNT_ROLE)) is Decision.EXPLICIT_DENY
+    for caller in ("sagemaker.amazonaws.com", None):
+        assert evaluate([resource(allow(Principal="*")), fence], put(principal=caller)) is Decision.EXPLICIT_DENY
+    # A context that names it itself wins (what a test states, it states).
+    stated = Request("s3:PutObject", BUCKET_OBJECTS, OTHER_ACCOUNT_ROLE, {"aws:PrincipalArn": ROLE})
+    assert evaluate([identity(allow()), fence], stated) is Decision.ALLOW
+
+
+def test_managed_policies_are_read_from_their_vendored_text_or_refused() -> None:
+    from tests.support import aws_managed_policies
+
+    pull_only = aws_managed_policies.text("AmazonEC2ContainerRegistryPullOnly")
+    assert pull_only is not None
+    pull = Request("ecr:BatchGetImage", "arn:aws:ecr:us-east-1:111122223333:repository/r", ROLE)
+    assert evaluate([PolicyDoc.of(PolicyKind.IDENTITY, pull_only)], pull) is Decision.ALLOW
+    push = Request("ecr:PutImage", "arn:aws:ecr:us-east-1:111122223333:repository/r", ROLE)
+    assert evaluate([PolicyDoc.of(PolicyKind.IDENTITY, pull_only)], push) is Decision.IMPLICIT_DENY
+    # Known only by its services: it cannot bear on ECR, and would have to be read for EC2.
+    assert aws_managed_policies.irrelevant("AmazonEKS_CNI_Policy", "ecr:BatchGetImage")
+    assert not aws_managed_policies.irrelevant("AmazonEKS_CNI_Policy", "ec2:CreateNetworkInterface")
+    assert not aws_managed_policies.irrelevant("SomethingUnknown", "ecr:BatchGetImage")

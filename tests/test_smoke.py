@@ -62,6 +62,7 @@ def stand_in_outputs(demo: Synthesized, provisioned: Provisioned) -> dict[str, d
         "KmsKeyArn": store.key_arn,
         "FileSystemId": "fs-0123456789abcdef0",
         "AccessPointId": "fsap-0123456789abcdef0",
+        "ImageRepositoryUri": f"123456789012.dkr.ecr.us-east-1.amazonaws.com/{TEAM}-images",
         "ClusterName": contract.cluster_name(TEAM),
         "TrainingNamespace": contract.TRAINING_NAMESPACE,
         "SmokeJobName": "beacon-smoke-deployed",

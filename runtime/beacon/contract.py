@@ -171,6 +171,12 @@ def cluster_name(team: str) -> str:
     return f"beacon-{team}"
 
 
+def karpenter_node_role_name(team: str) -> str:
+    """The Karpenter node role, named as upstream's template names it. A fixed name lets the artifacts
+    stack (deployed first) name the role in its image repository's policy without a reference."""
+    return f"KarpenterNodeRole-{cluster_name(team)}"
+
+
 # --- Log lines ---------------------------------------------------------------------------
 # Rank 0 logs one progress line every few steps: people read it in pod logs, and SageMaker's
 # metric definitions parse it (the regexes below are what `beacon smoke` sends).

@@ -15,6 +15,10 @@ Conditions: the String, Arn, Bool, Numeric and Null operators, their ``IfExists`
 true; a positive one is false. ``*`` and ``?`` wildcards match across ``/`` (and, in Resource and
 String operators, across ``:``); Arn operators match each ARN segment on its own.
 
+Context: ``aws:PrincipalArn`` is the caller's ARN when it is an IAM principal (AWS sets it on every such
+request) unless the request states it; every other key is what the request states. AWS managed policies
+attached to a role are read from their vendored text (tests/support/aws_managed_policies.py), or raise.
+
 No library on PyPI evaluates conditions (policyuniverse parses and expands, parliament lints,
 policy_sentry writes policies), so this is written here. Templates are resolved with
 ``beacon.templates.Resolver`` against a fake account and region.
@@ -31,6 +35,7 @@ from functools import cache
 from typing import Any
 
 from beacon_ops.templates import Resolver, Template, TemplateError
+from tests.support import aws_managed_policies
 
 ACCOUNT = "111122223333"
 REGION = "us-east-1"
@@ -74,6 +79,9 @@ class Request:
     context: Mapping[str, object] = field(default_factory=dict)  # each a ContextValue
 
     def value(self, key: str) -> list[str] | None:
+        if key.lower() == "aws:principalarn" and not any(k.lower() == "aws:principalarn" for k in self.context):
+            # AWS sets it on every request an IAM principal makes (a role session: the role's ARN).
+            return [self.principal] if self.principal and ":iam::" in self.principal else None
         for name, value in self.context.items():
             if name.lower() == key.lower():
                 if isinstance(value, bool):
@@ -337,6 +345,7 @@ ARN_ATTRIBUTES = {
     "AWS::SSM::Parameter": lambda p, name: f"arn:{PARTITION}:ssm:{REGION}:{ACCOUNT}:parameter{name}",
     "AWS::CloudWatch::Alarm": lambda p, name: f"arn:{PARTITION}:cloudwatch:{REGION}:{ACCOUNT}:alarm:{name}",
     "AWS::EKS::Cluster": lambda p, name: f"arn:{PARTITION}:eks:{REGION}:{ACCOUNT}:cluster/{name}",
+    "AWS::ECR::Repository": lambda p, name: f"arn:{PARTITION}:ecr:{REGION}:{ACCOUNT}:repository/{name}",
 }
 NAME_PROPERTIES = {
     "AWS::IAM::Role": "RoleName",
@@ -347,6 +356,7 @@ NAME_PROPERTIES = {
     "AWS::SSM::Parameter": "Name",
     "AWS::CloudWatch::Alarm": "AlarmName",
     "AWS::EKS::Cluster": "Name",
+    "AWS::ECR::Repository": "RepositoryName",
 }
 # Types whose Ref is the ARN rather than the name.
 REF_IS_ARN = {"AWS::SNS::Topic"}
@@ -414,6 +424,8 @@ class Deployment:
             return name
         if attribute in ("AccessPointId", "FileSystemId", "KeyId", "RoleId"):
             return name
+        if attribute == "RepositoryUri":
+            return f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{name}"
         raise TemplateError(f"{template.name}: cannot resolve {logical_id}.{attribute}")
 
     # --- what AWS would hold once deployed --------------------------------------------------
@@ -426,8 +438,11 @@ class Deployment:
     def role_arn(self, stack: str, logical_id: str) -> str:
         return self.arn(stack, logical_id)
 
-    def identity_policies(self, role_arn: str) -> list[PolicyDoc]:
-        """Every AWS::IAM::Policy (in any stack) attached to the role, and the role's inline policies."""
+    def identity_policies(self, role_arn: str, action: str | None = None) -> list[PolicyDoc]:
+        """Every AWS::IAM::Policy (in any stack) attached to the role, the role's inline policies, and the
+        AWS managed policies it carries whose text is vendored (tests/support/aws_managed_policies.py).
+        A managed policy known only by its services is left out for an ``action`` of another service;
+        any other managed policy raises."""
         out: list[PolicyDoc] = []
         for name, template in self.templates.items():
             for logical_id, resource in template.resources.items():
@@ -439,8 +454,13 @@ class Deployment:
                         document = self.resolve(name, properties["PolicyDocument"])
                         out.append(PolicyDoc.of(PolicyKind.IDENTITY, document, f"{name}/{logical_id}"))
                 elif resource["Type"] == "AWS::IAM::Role" and self.arn(name, logical_id) == role_arn:
-                    if properties.get("ManagedPolicyArns"):
-                        raise PolicyEvalError(f"{name}/{logical_id} has managed policies; their text is not here")
+                    for managed in self.resolve(name, properties.get("ManagedPolicyArns", [])):
+                        policy = aws_managed_policies.policy_name(managed)
+                        document = aws_managed_policies.text(policy)
+                        if document is not None:
+                            out.append(PolicyDoc.of(PolicyKind.IDENTITY, document, f"aws-managed/{policy}"))
+                        elif action is None or not aws_managed_policies.irrelevant(policy, action):
+                            raise PolicyEvalError(f"{name}/{logical_id} carries {policy}; its text is not here")
                     for inline in properties.get("Policies", []):
                         document = self.resolve(name, inline["PolicyDocument"])
                         out.append(PolicyDoc.of(PolicyKind.IDENTITY, document, f"{name}/{logical_id}"))
@@ -458,7 +478,7 @@ class Deployment:
 
     def resource_policies(self, resource_arn: str) -> list[PolicyDoc]:
         """The resource policy of a bucket (for the bucket and its objects), topic, queue, key, file
-        system or role (its trust policy), as AWS would attach it."""
+        system, image repository or role (its trust policy), as AWS would attach it."""
         out: list[PolicyDoc] = []
         for name, template in self.templates.items():
             for logical_id, resource in template.resources.items():
@@ -479,6 +499,8 @@ class Deployment:
                     targets, document = [self.arn(name, logical_id)], properties["AssumeRolePolicyDocument"]
                 elif resource["Type"] == "AWS::EFS::FileSystem" and "FileSystemPolicy" in properties:
                     targets, document = [self.arn(name, logical_id)], properties["FileSystemPolicy"]
+                elif resource["Type"] == "AWS::ECR::Repository" and "RepositoryPolicyText" in properties:
+                    targets, document = [self.arn(name, logical_id)], properties["RepositoryPolicyText"]
                 if document is None:
                     continue
                 if any(resource_arn == t or resource_arn.startswith(f"{t}/") for t in targets):
@@ -490,7 +512,7 @@ class Deployment:
         IAM role) and the target's resource policy."""
         out = list(self.resource_policies(request.resource))
         if request.principal and ":role/" in request.principal:
-            out += self.identity_policies(request.principal)
+            out += self.identity_policies(request.principal, request.action)
         return out
 
     def decide(self, request: Request) -> Explanation:
