@@ -8,6 +8,9 @@ Which requests are faulted is a schedule per service, not a coin toss over the i
 the first eligible request of every service is faulted, then one in every 1/fraction, the position
 inside each stride drawn at random (FaultPlan.seed). So a test that asserts a fault on CloudWatch gets one in
 every run, however the threads happened to interleave.
+
+With `tls=True` the proxy speaks https (a certificate from tests/support/local_tls.py), as AWS does,
+and the bucket-policy gate sees `aws:SecureTransport` as the request really arrived.
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ import http.client
 import random
 import re
 import socket
+import ssl
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urlparse
 
+from tests.support.local_tls import authority
 from tests.support.strict_s3 import BucketPolicyGate
 
 SCOPE = re.compile(r"Credential=[^/]+/\d{8}/[^/]+/([^/]+)/aws4_request")
@@ -65,8 +71,29 @@ class FaultStats:
     refused_while_down: int = 0
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """The TLS handshake happens here, in the connection's own thread, never in the accept loop."""
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            secured = self.tls.wrap_socket(request, server_side=True)
+        except OSError:  # a client that never finished its handshake
+            return
+        try:
+            super().finish_request(secured, client_address)
+        finally:
+            self.shutdown_request(secured)
+
+
 class FaultProxy:
-    def __init__(self, upstream: str, plan: FaultPlan, *, gate: BucketPolicyGate | None = None) -> None:
+    def __init__(
+        self, upstream: str, plan: FaultPlan, *, gate: BucketPolicyGate | None = None, tls: bool = False
+    ) -> None:
         self.upstream = urlparse(upstream)
         self.plan = plan
         self.gate = gate  # the bucket policy as S3 applies it (moto ignores its conditions)
@@ -92,9 +119,9 @@ class FaultProxy:
 
             do_PUT = do_POST = do_HEAD = do_DELETE = do_GET
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.server.tls = authority().server_context() if tls else None
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="fault-proxy")
         self.watchdog = threading.Timer(plan.max_lifetime_s, self.stop)
         self.watchdog.daemon = True
@@ -151,10 +178,11 @@ class FaultProxy:
             self.stats.refused_while_down += 1
             self._reset(request)
             return
+        secure = isinstance(request.connection, ssl.SSLSocket)  # how this request reached us
         if (
             service == "s3"
             and self.gate is not None
-            and self.gate.refuses(request.command, request.path, dict(request.headers.items()))
+            and self.gate.refuses(request.command, request.path, dict(request.headers.items()), secure_transport=secure)
         ):
             self._error(request, service, 403)
             return

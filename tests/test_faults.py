@@ -22,6 +22,7 @@ from beacon_ops.observe import metric_samples
 from tests.conftest import WriterSession
 from tests.fault_proxy import FaultPlan, FaultProxy, FaultSchedule
 from tests.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
+from tests.support import local_tls
 from tests.support.strict_s3 import BucketPolicyGate
 
 PREFLIGHT_REQUESTS = 12  # the job's first requests (preflight) pass; faults start after them
@@ -30,8 +31,8 @@ PREFLIGHT_REQUESTS = 12  # the job's first requests (preflight) pass; faults sta
 def proxied(
     as_writer: WriterSession, tmp_path: Path, plan: FaultPlan, gate: BucketPolicyGate
 ) -> tuple[FaultProxy, JobHarness]:
-    """Faults in front of an endpoint as strict as S3 (the bucket policy's conditions apply)."""
-    proxy = FaultProxy(as_writer.aws.url, plan, gate=gate).start()
+    """Faults in front of an endpoint as strict as S3 (https; the bucket policy's conditions apply)."""
+    proxy = FaultProxy(as_writer.aws.url, plan, gate=gate, tls=True).start()
     return proxy, JobHarness(proxy.url, as_writer.bucket, tmp_path, as_writer.credentials)
 
 
@@ -211,17 +212,50 @@ def test_a_full_spool_disk_while_s3_is_unreachable_stops_the_job_clearly_and_los
     assert pending, "what S3 did not acknowledge is still in the spool"
 
 
+def s3_client(endpoint: str, credentials: dict[str, str]) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", verify=str(local_tls.authority().ca_file), **credentials
+    )
+
+
 def test_the_strict_endpoint_refuses_what_the_bucket_policy_denies_and_moto_lets_through(
     as_writer: WriterSession, strict_aws: str, strict_s3: BucketPolicyGate
 ) -> None:
     """moto ignores the bucket policy's conditions; the strict endpoint the job tests use does not."""
-    import boto3
     from botocore.exceptions import ClientError
 
-    s3 = boto3.client("s3", endpoint_url=strict_aws, region_name="us-east-1", **as_writer.credentials)
+    s3 = s3_client(strict_aws, as_writer.credentials)
     history = contract.events_key("smoke", "strict", 0)
     with pytest.raises(ClientError, match="AccessDenied"):
         s3.put_object(Bucket=as_writer.bucket, Key=history, Body=b"{}\n")  # no If-None-Match: an overwrite
     s3.put_object(Bucket=as_writer.bucket, Key=history, Body=b"{}\n", IfNoneMatch="*")
     s3.put_object(Bucket=as_writer.bucket, Key=contract.final_status_key("smoke", "strict"), Body=b"{}")
+    assert strict_s3.refused == 1
+
+
+def test_a_plain_http_write_is_refused_by_the_policys_secure_transport_deny_and_the_jobs_https_path_is_not(
+    as_writer: WriterSession, strict_aws: str, strict_s3: BucketPolicyGate, proxies: list[FaultProxy]
+) -> None:
+    """aws:SecureTransport is how the request arrived, not a constant: the same create-only write,
+    signed by the same writer, passes over https (the job's endpoint) and is refused over plain http."""
+    from botocore.exceptions import ClientError
+
+    assert strict_aws.startswith("https://"), "the endpoint the job tests use speaks TLS, as AWS does"
+    plain = FaultProxy(as_writer.aws.url, FaultPlan(), gate=strict_s3).start()
+    proxies.append(plain)
+    assert plain.url.startswith("http://")
+    key = contract.events_key("smoke", "transport", 0)
+    with pytest.raises(ClientError) as refused:
+        s3_client(plain.url, as_writer.credentials).put_object(
+            Bucket=as_writer.bucket, Key=key, Body=b"{}\n", IfNoneMatch="*"
+        )
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert refused.value.response["Error"]["Code"] == "AccessDenied"
+    assert strict_s3.refused == 1 and plain.stats.forwarded["s3"] == 0, "refused before moto saw it"
+    s3_client(strict_aws, as_writer.credentials).put_object(
+        Bucket=as_writer.bucket, Key=key, Body=b"{}\n", IfNoneMatch="*"
+    )
+    assert as_writer.client("s3").get_object(Bucket=as_writer.bucket, Key=key)["Body"].read() == b"{}\n"
     assert strict_s3.refused == 1
