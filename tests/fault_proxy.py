@@ -9,6 +9,10 @@ the first eligible request of every service is faulted, then one in every 1/frac
 inside each stride drawn at random (FaultPlan.seed). So a test that asserts a fault on CloudWatch gets one in
 every run, however the threads happened to interleave.
 
+A slow link delays and reorders rather than fails: an "overtaken" request is held until a request
+that reached the proxy after it has been answered, then forwarded. The release is that event, not a
+sleep; `hold_limit_s` only keeps a last request, which nothing follows, from waiting forever.
+
 With `tls=True` the proxy speaks https (a certificate from tests/support/local_tls.py), as AWS does,
 and the bucket-policy gate sees `aws:SecureTransport` as the request really arrived.
 """
@@ -33,6 +37,7 @@ from tests.support.strict_s3 import BucketPolicyGate
 
 SCOPE = re.compile(r"Credential=[^/]+/\d{8}/[^/]+/([^/]+)/aws4_request")
 FAULTS = ("error_500", "slow_down_503", "reset", "latency")
+OVERTAKEN = "overtaken"  # held until a later request was answered: a slow link, not a failure
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 
@@ -45,6 +50,7 @@ class FaultPlan:
     spare_first: int = 0  # requests forwarded untouched first (the job's preflight)
     fail_first: int = 0  # the first N requests of each service in `services` fail, kinds in turn
     seed: int = 7
+    hold_limit_s: float = 10.0  # an overtaken request nothing follows is forwarded after this
     max_requests: int = 20_000
     max_lifetime_s: float = 600.0
 
@@ -69,6 +75,9 @@ class FaultStats:
     forwarded: Counter[str] = field(default_factory=Counter)
     injected: Counter[str] = field(default_factory=Counter)
     refused_while_down: int = 0
+    overtaken: Counter[str] = field(default_factory=Counter)  # held, and a later request answered first
+    held_to_the_limit: Counter[str] = field(default_factory=Counter)  # held, and nothing came after it
+    upstream_status: Counter[tuple[str, int]] = field(default_factory=Counter)  # what moto answered
 
 
 class _Server(ThreadingHTTPServer):
@@ -106,6 +115,9 @@ class FaultProxy:
         self.failed_first: Counter[str] = Counter()
         self.down = threading.Event()
         self.down_services: tuple[str, ...] | None = None
+        self.arrivals = 0  # requests numbered as they reach the proxy
+        self.answered = threading.Condition(self.lock)
+        self.last_answered_arrival = -1  # the highest arrival number answered so far
         self.started = time.monotonic()
         proxy = self
 
@@ -171,6 +183,25 @@ class FaultProxy:
             return self.plan.kinds[turn % len(self.plan.kinds)]
 
     def handle(self, request: BaseHTTPRequestHandler) -> None:
+        with self.lock:
+            arrival = self.arrivals
+            self.arrivals += 1
+        try:
+            self._handle(request, arrival)
+        finally:
+            with self.answered:
+                self.last_answered_arrival = max(self.last_answered_arrival, arrival)
+                self.answered.notify_all()
+
+    def _hold_until_overtaken(self, arrival: int, service: str) -> None:
+        """Wait until a request that arrived after this one has been answered."""
+        with self.answered:
+            overtaken = self.answered.wait_for(
+                lambda: self.last_answered_arrival > arrival, timeout=self.plan.hold_limit_s
+            )
+            (self.stats.overtaken if overtaken else self.stats.held_to_the_limit)[service] += 1
+
+    def _handle(self, request: BaseHTTPRequestHandler, arrival: int) -> None:
         body = self._read_body(request)
         match = SCOPE.search(request.headers.get("Authorization", ""))
         service = match.group(1) if match else "unknown"
@@ -197,8 +228,10 @@ class FaultProxy:
             return
         if fault == "latency":
             time.sleep(self.plan.latency_s)
+        if fault == OVERTAKEN:
+            self._hold_until_overtaken(arrival, service)
         self.stats.forwarded[service] += 1
-        self._forward(request, body)
+        self._forward(request, body, service)
 
     @staticmethod
     def _read_body(request: BaseHTTPRequestHandler) -> bytes:
@@ -246,7 +279,7 @@ class FaultProxy:
         request.end_headers()
         request.wfile.write(data)
 
-    def _forward(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
+    def _forward(self, request: BaseHTTPRequestHandler, body: bytes, service: str) -> None:
         connection = http.client.HTTPConnection(str(self.upstream.hostname), self.upstream.port, timeout=30)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         headers["Content-Length"] = str(len(body))
@@ -259,6 +292,7 @@ class FaultProxy:
             return
         finally:
             connection.close()
+        self.stats.upstream_status[(service, response.status)] += 1
         request.send_response(response.status)
         for key, value in response.getheaders():
             if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":

@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from beacon import contract
 
 from beacon_ops.observe import metric_samples
 from tests.conftest import WriterSession
-from tests.fault_proxy import FaultPlan, FaultProxy, FaultSchedule
+from tests.fault_proxy import OVERTAKEN, FaultPlan, FaultProxy, FaultSchedule
 from tests.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
 from tests.support import local_tls
 from tests.support.strict_s3 import BucketPolicyGate
@@ -63,6 +64,65 @@ def test_the_fault_schedule_faults_each_services_first_request_then_one_per_stri
     assert [i // 5 for i in faulted] == list(range(8)), "exactly one fault per stride of five"
     again = FaultSchedule(0.2, "7:monitoring")
     assert [i for i in range(40) if again.faults(i)] == faulted, "the same seed, the same schedule"
+
+
+def test_an_overtaken_request_is_held_until_a_later_one_was_answered_and_then_reaches_s3_second(
+    as_writer: WriterSession, strict_s3: BucketPolicyGate, proxies: list[FaultProxy]
+) -> None:
+    """The slow link, alone: two create-only writes of one key, the first held by the proxy. The
+    second is answered first (200), so the first, forwarded after it, meets S3's 412."""
+    from botocore.exceptions import ClientError
+
+    proxy = FaultProxy(as_writer.aws.url, FaultPlan(fraction=0.5, kinds=(OVERTAKEN,)), gate=strict_s3, tls=True)
+    proxies.append(proxy.start())
+    schedule = FaultSchedule(0.5, f"{proxy.plan.seed}:s3")
+    assert schedule.faults(0) and not schedule.faults(1), "the proxy holds the first write, not the second"
+    key = contract.events_key("smoke", "overtake", 0)
+    first: list[BaseException | None] = []
+
+    def write_first() -> None:
+        try:
+            s3_client(proxy.url, as_writer.credentials).put_object(
+                Bucket=as_writer.bucket, Key=key, Body=b"first\n", IfNoneMatch="*"
+            )
+            first.append(None)
+        except ClientError as error:
+            first.append(error)
+
+    held = threading.Thread(target=write_first)
+    held.start()
+    assert wait_for(lambda: proxy.stats.injected["s3:overtaken"] == 1, timeout=30), "the first write is held"
+    s3_client(proxy.url, as_writer.credentials).put_object(
+        Bucket=as_writer.bucket, Key=key, Body=b"second\n", IfNoneMatch="*"
+    )
+    held.join(timeout=60)
+    (error,) = first
+    assert isinstance(error, ClientError) and error.response["Error"]["Code"] == "PreconditionFailed"
+    assert as_writer.client("s3").get_object(Bucket=as_writer.bucket, Key=key)["Body"].read() == b"second\n"
+    assert proxy.stats.overtaken["s3"] == 1 and not proxy.stats.held_to_the_limit
+
+
+def test_a_slow_link_that_delays_and_reorders_a_quarter_of_requests_loses_and_duplicates_nothing(
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], strict_s3: BucketPolicyGate
+) -> None:
+    """One request in four of each service is held until a request that reached the proxy after it
+    was answered: chunk uploads, checkpoint uploads and heartbeats overtake one another."""
+    plan = FaultPlan(fraction=0.25, kinds=(OVERTAKEN,), spare_first=PREFLIGHT_REQUESTS, hold_limit_s=5)
+    proxy, harness = proxied(as_writer, tmp_path, plan, strict_s3)
+    proxies.append(proxy)
+    common = ("--steps", "300", "--step-sleep", "0.01", "--chunk-records", "20", "--checkpoint-interval", "100")
+    result = harness.run("--run-id", "slow-link", *common)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_exactly_once(as_writer, "slow-link", 300)
+    overtaken = proxy.stats.overtaken
+    assert overtaken["s3"] > 0 and overtaken["monitoring"] > 0, f"held and overtaken on both: {proxy.stats}"
+    answers = proxy.stats.upstream_status
+    assert answers[("monitoring", 200)] > 0
+    assert not [k for k in answers if k[0] == "monitoring" and k[1] != 200], f"CloudWatch refused a request: {answers}"
+    as_writer.aws.reset_auth_only()
+    dims = contract.run_dimensions("demo", "smoke", "slow-link")
+    beats = metric_samples(as_writer.aws.client("cloudwatch"), contract.HEARTBEAT, dims, statistic="SampleCount")
+    assert beats, "heartbeats arrived, late or early"
 
 
 def test_20pct_5xx_throttling_resets_and_latency_lose_and_duplicate_nothing(
