@@ -13,17 +13,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from beacon import contract, kill_points
 from beacon.config import parse_args
+from beacon.contract import Phase
 from beacon.liveness import Liveness
 from beacon.progress import ProgressClock
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.spool import OPEN, Spool
 from beacon.telemetry import Telemetry
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from beacon_ops.embedded_aws import strict_metric_data
+from beacon_ops.embedded_aws import ADMIN, PUT_METRIC_DATA_BYTES, strict_metric_data
 from tests.moto_server import MotoServer
 
 
@@ -290,6 +293,87 @@ def test_the_embedded_aws_refuses_what_cloudwatch_refuses(moto_server: MotoServe
     with pytest.raises(ClientError, match="InvalidParameterValue"):
         cloudwatch.put_metric_data(Namespace="Strict", MetricData=[good] * 1001)
     cloudwatch.put_metric_data(Namespace="Strict", MetricData=[good])
+
+
+def cloudwatch_as_sent(server: MotoServer) -> tuple[Any, list[int], list[list[dict[str, Any]]]]:
+    """A CloudWatch client that sends its bodies uncompressed (the largest they can be), with the size
+    of each PutMetricData body and the data it carried."""
+    client = boto3.client(
+        "cloudwatch",
+        endpoint_url=server.url,
+        region_name="us-east-1",
+        config=Config(disable_request_compression=True, retries={"max_attempts": 1}),
+        **ADMIN,
+    )
+    sizes: list[int] = []
+    sent: list[list[dict[str, Any]]] = []
+    client.meta.events.register(
+        "before-send.cloudwatch.PutMetricData", lambda request, **_: sizes.append(len(request.body))
+    )
+    client.meta.events.register(
+        "before-parameter-build.cloudwatch.PutMetricData", lambda params, **_: sent.append(params["MetricData"])
+    )
+    return client, sizes, sent
+
+
+def test_the_embedded_aws_refuses_a_put_metric_data_over_1_mb_as_cloudwatch_does(moto_server: MotoServer) -> None:
+    """413 RequestEntityTooLarge, on a request valid in every other way (30 dimensions of 1,024
+    characters: about 31 KB a datum). moto took any size."""
+    cloudwatch, sizes, _ = cloudwatch_as_sent(moto_server)
+    widest = {"MetricName": "M", "Dimensions": [{"Name": f"D{i}", "Value": "v" * 1024} for i in range(30)], "Value": 1}
+    with pytest.raises(ClientError) as refused:
+        cloudwatch.put_metric_data(Namespace="Strict", MetricData=[widest] * 34)
+    assert sizes[-1] > PUT_METRIC_DATA_BYTES
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 413
+    assert refused.value.response["Error"]["Code"] == "RequestEntityTooLarge"
+    assert refused.value.response["Error"]["Message"] == f"Request size {sizes[-1]} exceeded 1048576 bytes"
+    cloudwatch.put_metric_data(Namespace="Strict", MetricData=[widest] * 30)
+    assert sizes[-1] <= PUT_METRIC_DATA_BYTES, "just under the limit: accepted"
+
+
+def test_the_jobs_largest_metric_batch_is_one_request_far_under_the_size_limit(
+    tmp_path: Path, moto_server: MotoServer
+) -> None:
+    """Every metric a batch can carry (a phase open inside two others, NaN and finite losses, upload
+    latencies, checkpoints, failures), the longest team, experiment and run ids the job accepts, and
+    three failed batches' windows merged into it: one request, under a tenth of the limit uncompressed.
+    A batch's size is bounded by its metrics, not by how many steps or failures it sums."""
+    cloudwatch, sizes, sent = cloudwatch_as_sent(moto_server)
+    longest = {flag: (flag[2] * 63) for flag in ("--team", "--experiment", "--run-id")}
+    sink = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=cloudwatch, **longest)
+    for phase in (Phase.SETUP, Phase.EVALUATION, Phase.CHECKPOINT):
+        sink.progress.enter(phase)
+    for window in range(4):
+        for step in range(window * 5000, (window + 1) * 5000):
+            sink.record(step, math.nan if step % 7 == 0 else 1.0 / (step + 1))
+        sink.checkpoint_finished(2.5)
+        with sink._window_lock:
+            sink._window.upload_latencies_ms.extend([12.5] * 1000)
+            sink._window.upload_failures += 3
+        if window < 3:
+            sink._restore_window(sink._metric_batch(time.time())[1])  # a batch that failed: merged into the next
+    sink.beat()
+    assert sink.report.metric_batches == 1 and sink.report.metric_failures == 0, "accepted by the strict AWS"
+    (request,) = sent
+    carried = {datum["MetricName"] for datum in request}
+    assert carried == {
+        metric.name
+        for metric in (
+            contract.HEARTBEAT,
+            contract.PROGRESS_AGE,
+            contract.STEPS_PER_SECOND,
+            contract.PHASE_SECONDS,
+            contract.SPOOL_BACKLOG,
+            contract.UPLOAD_FAILURES,
+            contract.LOSS,
+            contract.NON_FINITE_LOSS,
+            contract.STEP,
+            contract.UPLOAD_LATENCY,
+            contract.CHECKPOINT_SECONDS,
+        )
+    }
+    (size,) = sizes
+    assert size * 10 < PUT_METRIC_DATA_BYTES, f"{size} bytes"
 
 
 # --- defect 10: disk, S3, CloudWatch and liveness never wait on each other ---------------------------
