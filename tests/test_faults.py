@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from tests.fault_proxy import OVERTAKEN, FaultPlan, FaultProxy, FaultSchedule
 from tests.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
 from tests.support import local_tls
 from tests.support.strict_s3 import BucketPolicyGate
+from tests.synth import ROOT
 
 PREFLIGHT_REQUESTS = 12  # the job's first requests (preflight) pass; faults start after them
 
@@ -319,3 +321,22 @@ def test_a_plain_http_write_is_refused_by_the_policys_secure_transport_deny_and_
     )
     assert as_writer.client("s3").get_object(Bucket=as_writer.bucket, Key=key)["Body"].read() == b"{}\n"
     assert strict_s3.refused == 1
+
+
+@pytest.mark.parametrize("call", ["write", "fsync"])
+def test_one_eio_on_the_spool_mid_run_is_retried_the_job_exits_0_and_every_step_lands_once(
+    as_writer: WriterSession, strict_aws: str, tmp_path: Path, call: str
+) -> None:
+    """The real job, its 5th write or fsync of the spool's open chunk failing with EIO (a write
+    tears first). It was SpoolFullError, exit 74; a volume that fails once is not full."""
+    harness = JobHarness(strict_aws, as_writer.bucket, tmp_path, as_writer.credentials)
+    run = f"eio-{call}"
+    job = [sys.executable, "-m", "tests.support.disk_fault_job", call, "5"]
+    args = harness.args("--run-id", run, "--steps", "200", "--step-sleep", "0.01", "--chunk-records", "20")
+    result = subprocess.run([*job, *args], cwd=ROOT, env=harness.env(), capture_output=True, text=True, timeout=240)
+    assert f"EIO injected into os.{call}" in result.stderr, "the fault happened"
+    assert result.returncode == 0, result.stderr[-3000:]
+    retried = [line for line in result.stderr.splitlines() if "Input/output error (EIO)" in line]
+    assert retried and "retrying" in retried[0] and str(tmp_path / "spool") in retried[0], result.stderr[-3000:]
+    assert "the spool is full" not in result.stderr and "SpoolFullError" not in result.stderr
+    assert_exactly_once(as_writer, run, 200)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import threading
 import time
 from pathlib import Path
@@ -16,18 +17,20 @@ from typing import Any
 import boto3
 import pytest
 from beacon import contract, kill_points
+from beacon import telemetry as telemetry_module
 from beacon.config import parse_args
 from beacon.contract import Phase
 from beacon.liveness import Liveness
 from beacon.progress import ProgressClock
 from beacon.reconcile import RunConflictError, reconcile
-from beacon.spool import OPEN, Spool
+from beacon.spool import OPEN, Spool, SpoolDiskError, SpoolFullError
 from beacon.telemetry import Telemetry
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from beacon_ops.embedded_aws import ADMIN, PUT_METRIC_DATA_BYTES, strict_metric_data
 from tests.moto_server import MotoServer
+from tests.support.disk_fault_job import EioOnOpenChunk
 
 
 class Killed(BaseException):
@@ -462,3 +465,76 @@ def test_a_conflict_that_appears_mid_run_stops_the_job_instead_of_retrying_forev
     finally:
         sink.close(budget=1)
     assert sink.spool.pending(), "the chunk stays in the spool"
+
+
+# --- a disk error under the spool is not a full disk -------------------------------------------------
+class KeepingS3:
+    """put_object that keeps each body, create-only as the job asks (412 on an existing key)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    def put_object(self, **request: Any) -> dict[str, Any]:
+        if request["Key"] in self.objects:
+            raise ClientError({"Error": {"Code": "PreconditionFailed", "Message": "exists"}}, "PutObject")
+        self.objects[request["Key"]] = request["Body"]
+        return {}
+
+    def records(self) -> list[dict[str, Any]]:
+        return [
+            json.loads(line)
+            for key in sorted(self.objects)
+            if f"/{contract.EVENTS}/" in key  # not the TensorBoard files beside them
+            for line in self.objects[key].splitlines()
+        ]
+
+
+@pytest.mark.parametrize("call", ["write", "fsync"])
+def test_one_eio_on_the_spool_is_retried_and_every_record_lands_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """The old spool raised any OSError as SpoolFullError: one EIO stopped the job with exit 74. A
+    failed write leaves half its bytes (a torn tail) and a failed fsync leaves pages the kernel may
+    have dropped: both are written again from the last durable size, so no record is lost or doubled."""
+    monkeypatch.setattr(telemetry_module, "SPOOL_DISK_RETRY_S", (0.0,) * 3)  # the retry itself is what counts
+    eio = EioOnOpenChunk(call, 2)
+    monkeypatch.setattr(os, call, eio)
+    s3 = KeepingS3()
+    sink = telemetry(tmp_path, s3=s3, cloudwatch=RecordingCloudWatch())
+    sink.start()
+    for step in range(40):
+        sink.record(step, 1.0)
+        if step == 9:
+            assert sink.wait_durable(9, timeout=30), "the first records are durable before the fault"
+    assert sink.wait_durable(39, timeout=30), "durable despite the EIO: retried, not given up"
+    report = sink.close(budget=10)
+    assert eio.injected == 1
+    assert sink._fatal is None, "a transient disk error stops nothing"
+    assert report.unacknowledged_records == 0 and report.records == 40
+    delivered = s3.records()
+    assert [r["step"] for r in delivered] == list(range(40)), "each record once, in order"
+    assert [r["seq"] for r in delivered] == list(range(40))
+
+
+def test_an_eio_that_persists_stops_the_job_naming_the_spool_and_not_as_a_full_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(telemetry_module, "SPOOL_DISK_RETRY_S", (0.0,) * 3)
+    eio = EioOnOpenChunk("fsync", 1, persistent=True)
+    monkeypatch.setattr(os, "fsync", eio)
+    sink = telemetry(tmp_path, s3=KeepingS3(), cloudwatch=RecordingCloudWatch())
+    sink.start()
+    try:
+        sink.record(0, 1.0)
+        assert sink._spool_done.wait(timeout=30), "the spool thread gives up after its retries"
+        with pytest.raises(SpoolDiskError) as stopped:
+            sink.record(1, 1.0)
+        assert not isinstance(stopped.value, SpoolFullError)
+        message = str(stopped.value)
+        assert "\n" not in message
+        assert str(sink.spool.directory) in message and "Input/output error (EIO)" in message
+        assert "4 attempts in a row" in message and "not full" in message
+        assert eio.injected == 4, "the first attempt and one per retry"
+        assert not sink.wait_durable(0, timeout=0), "nothing was claimed durable"
+    finally:
+        sink.close(budget=1)

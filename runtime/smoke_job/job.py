@@ -20,7 +20,7 @@ from beacon.preflight import PreflightError, run_preflight
 from beacon.progress import ProgressClock
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.run_alarms import RunAlarms
-from beacon.spool import Spool, SpoolFullError
+from beacon.spool import Spool, SpoolDiskError, SpoolFullError
 from beacon.telemetry import NullTelemetry, Telemetry
 from botocore.exceptions import BotoCoreError, ClientError
 from torch import nn
@@ -31,6 +31,7 @@ from smoke_job.model import SmallConvNet, StepSampler, SyntheticImages
 
 log = logging.getLogger("beacon.job")
 EXIT_OK, EXIT_UNDELIVERED, EXIT_SPOOL_FULL, EXIT_CRASHED = 0, 75, 74, 70
+EXIT_SPOOL_DISK_FAILING = 71  # the spool's volume kept failing (EIO, ...) though not full
 MAX_WORKERS = 4
 
 
@@ -172,6 +173,9 @@ class Job:
         except SpoolFullError as error:
             log.error("%s; stopping: records already acknowledged are safe in S3", error)
             exit_code = EXIT_SPOOL_FULL
+        except SpoolDiskError as error:
+            log.error("%s; stopping: records already acknowledged are safe in S3", error)
+            exit_code = EXIT_SPOOL_DISK_FAILING
         except Exception:  # a process-group timeout, a CUDA error, ...: what was recorded still goes out
             log.exception("training failed at step %d; draining what was recorded before exiting", step + 1)
             exit_code = EXIT_CRASHED
