@@ -9,15 +9,17 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import boto3
 import requests
-from moto.cloudwatch.exceptions import InvalidParameterValue
+from moto.cloudwatch.exceptions import CloudWatchException, InvalidParameterValue
 from moto.cloudwatch.models import CloudWatchBackend
 from moto.cloudwatch.responses import CloudWatchResponse
+from moto.core.responses import ActionResult, BaseResponse
 from moto.server import ThreadedMotoServer
 
 REGION = "us-east-1"
@@ -39,6 +41,10 @@ def add_missing_apis() -> None:
 
 # What CloudWatch refuses and moto accepts: one such datum fails the whole PutMetricData request.
 METRIC_DATA_PER_REQUEST = 1000
+# "Each PutMetricData request is limited to 1 MB in size for HTTP POST requests" (the API reference,
+# which also allows a gzip'd payload: the size is what is sent). Beyond it CloudWatch answers 413
+# RequestEntityTooLarge, "Request size N exceeded L bytes", whatever the data.
+PUT_METRIC_DATA_BYTES = 1024 * 1024
 VALUES_PER_DATUM = 150
 DIMENSIONS_PER_DATUM = 30
 VALUE_LIMIT = 2.0**360
@@ -71,18 +77,40 @@ def strict_metric_data(metric_data: list[dict[str, Any]]) -> None:
                 )
 
 
+class RequestEntityTooLarge(CloudWatchException):
+    code = "RequestEntityTooLarge"
+
+
+def request_size(response: BaseResponse) -> int:
+    """The body's size as it came over the wire (moto has decompressed a gzip'd one by now)."""
+    declared = response.headers.get("Content-Length")
+    return int(declared) if declared else len(response.raw_body or b"")
+
+
 def add_aws_strictness() -> None:
     """Refuse in moto what AWS refuses, so a test cannot pass on a request AWS would reject."""
     if getattr(CloudWatchBackend.put_metric_data, "beacon_strict", False):
         return
     lenient = CloudWatchBackend.put_metric_data
+    lenient_request = CloudWatchResponse.put_metric_data
 
     def put_metric_data(self: CloudWatchBackend, namespace: str, metric_data: list[dict[str, Any]]) -> None:
         strict_metric_data(metric_data)
         lenient(self, namespace, metric_data)
 
+    def put_metric_data_request(self: CloudWatchResponse) -> Any:
+        size = request_size(self)
+        if size <= PUT_METRIC_DATA_BYTES:
+            return lenient_request(self)
+        refused = RequestEntityTooLarge(f"Request size {size} exceeded {PUT_METRIC_DATA_BYTES} bytes")
+        with warnings.catch_warnings():  # a refusal before the API: no error shape of CloudWatch's names it
+            warnings.simplefilter("ignore", UserWarning)
+            _, headers, body = self.serialized(ActionResult(refused))
+        return body, {**headers, "status": 413}
+
     put_metric_data.beacon_strict = True  # type: ignore[attr-defined]
     CloudWatchBackend.put_metric_data = put_metric_data  # type: ignore[method-assign]
+    CloudWatchResponse.put_metric_data = put_metric_data_request  # type: ignore[method-assign]
 
 
 @dataclass

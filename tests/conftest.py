@@ -113,8 +113,8 @@ def strict_s3(demo: Synthesized, as_writer: WriterSession) -> BucketPolicyGate:
 
 @pytest.fixture
 def strict_aws(as_writer: WriterSession, strict_s3: BucketPolicyGate) -> Iterator[str]:
-    """An endpoint as strict as AWS: moto behind the bucket policy's conditions. Jobs talk to this."""
-    proxy = FaultProxy(as_writer.aws.url, FaultPlan(), gate=strict_s3).start()
+    """An endpoint as strict as AWS: https, and moto behind the bucket policy's conditions. Jobs talk to this."""
+    proxy = FaultProxy(as_writer.aws.url, FaultPlan(), gate=strict_s3, tls=True).start()
     try:
         yield proxy.url
     finally:

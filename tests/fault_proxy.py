@@ -8,6 +8,13 @@ Which requests are faulted is a schedule per service, not a coin toss over the i
 the first eligible request of every service is faulted, then one in every 1/fraction, the position
 inside each stride drawn at random (FaultPlan.seed). So a test that asserts a fault on CloudWatch gets one in
 every run, however the threads happened to interleave.
+
+A slow link delays and reorders rather than fails: an "overtaken" request is held until a request
+that reached the proxy after it has been answered, then forwarded. The release is that event, not a
+sleep; `hold_limit_s` only keeps a last request, which nothing follows, from waiting forever.
+
+With `tls=True` the proxy speaks https (a certificate from tests/support/local_tls.py), as AWS does,
+and the bucket-policy gate sees `aws:SecureTransport` as the request really arrived.
 """
 
 from __future__ import annotations
@@ -16,17 +23,21 @@ import http.client
 import random
 import re
 import socket
+import ssl
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urlparse
 
+from tests.support.local_tls import authority
 from tests.support.strict_s3 import BucketPolicyGate
 
 SCOPE = re.compile(r"Credential=[^/]+/\d{8}/[^/]+/([^/]+)/aws4_request")
 FAULTS = ("error_500", "slow_down_503", "reset", "latency")
+OVERTAKEN = "overtaken"  # held until a later request was answered: a slow link, not a failure
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 
@@ -39,6 +50,7 @@ class FaultPlan:
     spare_first: int = 0  # requests forwarded untouched first (the job's preflight)
     fail_first: int = 0  # the first N requests of each service in `services` fail, kinds in turn
     seed: int = 7
+    hold_limit_s: float = 10.0  # an overtaken request nothing follows is forwarded after this
     max_requests: int = 20_000
     max_lifetime_s: float = 600.0
 
@@ -63,10 +75,34 @@ class FaultStats:
     forwarded: Counter[str] = field(default_factory=Counter)
     injected: Counter[str] = field(default_factory=Counter)
     refused_while_down: int = 0
+    overtaken: Counter[str] = field(default_factory=Counter)  # held, and a later request answered first
+    held_to_the_limit: Counter[str] = field(default_factory=Counter)  # held, and nothing came after it
+    upstream_status: Counter[tuple[str, int]] = field(default_factory=Counter)  # what moto answered
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """The TLS handshake happens here, in the connection's own thread, never in the accept loop."""
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        try:
+            secured = self.tls.wrap_socket(request, server_side=True)
+        except OSError:  # a client that never finished its handshake
+            return
+        try:
+            super().finish_request(secured, client_address)
+        finally:
+            self.shutdown_request(secured)
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, plan: FaultPlan, *, gate: BucketPolicyGate | None = None) -> None:
+    def __init__(
+        self, upstream: str, plan: FaultPlan, *, gate: BucketPolicyGate | None = None, tls: bool = False
+    ) -> None:
         self.upstream = urlparse(upstream)
         self.plan = plan
         self.gate = gate  # the bucket policy as S3 applies it (moto ignores its conditions)
@@ -79,6 +115,9 @@ class FaultProxy:
         self.failed_first: Counter[str] = Counter()
         self.down = threading.Event()
         self.down_services: tuple[str, ...] | None = None
+        self.arrivals = 0  # requests numbered as they reach the proxy
+        self.answered = threading.Condition(self.lock)
+        self.last_answered_arrival = -1  # the highest arrival number answered so far
         self.started = time.monotonic()
         proxy = self
 
@@ -92,9 +131,9 @@ class FaultProxy:
 
             do_PUT = do_POST = do_HEAD = do_DELETE = do_GET
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        self.server.tls = authority().server_context() if tls else None
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="fault-proxy")
         self.watchdog = threading.Timer(plan.max_lifetime_s, self.stop)
         self.watchdog.daemon = True
@@ -144,6 +183,25 @@ class FaultProxy:
             return self.plan.kinds[turn % len(self.plan.kinds)]
 
     def handle(self, request: BaseHTTPRequestHandler) -> None:
+        with self.lock:
+            arrival = self.arrivals
+            self.arrivals += 1
+        try:
+            self._handle(request, arrival)
+        finally:
+            with self.answered:
+                self.last_answered_arrival = max(self.last_answered_arrival, arrival)
+                self.answered.notify_all()
+
+    def _hold_until_overtaken(self, arrival: int, service: str) -> None:
+        """Wait until a request that arrived after this one has been answered."""
+        with self.answered:
+            overtaken = self.answered.wait_for(
+                lambda: self.last_answered_arrival > arrival, timeout=self.plan.hold_limit_s
+            )
+            (self.stats.overtaken if overtaken else self.stats.held_to_the_limit)[service] += 1
+
+    def _handle(self, request: BaseHTTPRequestHandler, arrival: int) -> None:
         body = self._read_body(request)
         match = SCOPE.search(request.headers.get("Authorization", ""))
         service = match.group(1) if match else "unknown"
@@ -151,10 +209,11 @@ class FaultProxy:
             self.stats.refused_while_down += 1
             self._reset(request)
             return
+        secure = isinstance(request.connection, ssl.SSLSocket)  # how this request reached us
         if (
             service == "s3"
             and self.gate is not None
-            and self.gate.refuses(request.command, request.path, dict(request.headers.items()))
+            and self.gate.refuses(request.command, request.path, dict(request.headers.items()), secure_transport=secure)
         ):
             self._error(request, service, 403)
             return
@@ -169,8 +228,10 @@ class FaultProxy:
             return
         if fault == "latency":
             time.sleep(self.plan.latency_s)
+        if fault == OVERTAKEN:
+            self._hold_until_overtaken(arrival, service)
         self.stats.forwarded[service] += 1
-        self._forward(request, body)
+        self._forward(request, body, service)
 
     @staticmethod
     def _read_body(request: BaseHTTPRequestHandler) -> bytes:
@@ -218,7 +279,7 @@ class FaultProxy:
         request.end_headers()
         request.wfile.write(data)
 
-    def _forward(self, request: BaseHTTPRequestHandler, body: bytes) -> None:
+    def _forward(self, request: BaseHTTPRequestHandler, body: bytes, service: str) -> None:
         connection = http.client.HTTPConnection(str(self.upstream.hostname), self.upstream.port, timeout=30)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         headers["Content-Length"] = str(len(body))
@@ -231,6 +292,7 @@ class FaultProxy:
             return
         finally:
             connection.close()
+        self.stats.upstream_status[(service, response.status)] += 1
         request.send_response(response.status)
         for key, value in response.getheaders():
             if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":

@@ -15,6 +15,7 @@ from typing import Any
 from beacon import contract
 
 from beacon_ops.processes import end_process_tree
+from tests.support import local_tls
 from tests.synth import ROOT
 
 
@@ -60,6 +61,8 @@ class JobHarness:
         )
         if "aws_session_token" in self.credentials:
             env["AWS_SESSION_TOKEN"] = self.credentials["aws_session_token"]
+        if self.endpoint.startswith("https:"):
+            env["AWS_CA_BUNDLE"] = str(local_tls.authority().ca_file)  # the SDK's own setting, as any CA
         env.update(self.extra_env)
         return env
 

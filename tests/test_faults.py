@@ -10,6 +10,8 @@ import os
 import random
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +22,11 @@ from beacon import contract
 
 from beacon_ops.observe import metric_samples
 from tests.conftest import WriterSession
-from tests.fault_proxy import FaultPlan, FaultProxy, FaultSchedule
+from tests.fault_proxy import OVERTAKEN, FaultPlan, FaultProxy, FaultSchedule
 from tests.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
+from tests.support import local_tls
 from tests.support.strict_s3 import BucketPolicyGate
+from tests.synth import ROOT
 
 PREFLIGHT_REQUESTS = 12  # the job's first requests (preflight) pass; faults start after them
 
@@ -30,8 +34,8 @@ PREFLIGHT_REQUESTS = 12  # the job's first requests (preflight) pass; faults sta
 def proxied(
     as_writer: WriterSession, tmp_path: Path, plan: FaultPlan, gate: BucketPolicyGate
 ) -> tuple[FaultProxy, JobHarness]:
-    """Faults in front of an endpoint as strict as S3 (the bucket policy's conditions apply)."""
-    proxy = FaultProxy(as_writer.aws.url, plan, gate=gate).start()
+    """Faults in front of an endpoint as strict as S3 (https; the bucket policy's conditions apply)."""
+    proxy = FaultProxy(as_writer.aws.url, plan, gate=gate, tls=True).start()
     return proxy, JobHarness(proxy.url, as_writer.bucket, tmp_path, as_writer.credentials)
 
 
@@ -62,6 +66,65 @@ def test_the_fault_schedule_faults_each_services_first_request_then_one_per_stri
     assert [i // 5 for i in faulted] == list(range(8)), "exactly one fault per stride of five"
     again = FaultSchedule(0.2, "7:monitoring")
     assert [i for i in range(40) if again.faults(i)] == faulted, "the same seed, the same schedule"
+
+
+def test_an_overtaken_request_is_held_until_a_later_one_was_answered_and_then_reaches_s3_second(
+    as_writer: WriterSession, strict_s3: BucketPolicyGate, proxies: list[FaultProxy]
+) -> None:
+    """The slow link, alone: two create-only writes of one key, the first held by the proxy. The
+    second is answered first (200), so the first, forwarded after it, meets S3's 412."""
+    from botocore.exceptions import ClientError
+
+    proxy = FaultProxy(as_writer.aws.url, FaultPlan(fraction=0.5, kinds=(OVERTAKEN,)), gate=strict_s3, tls=True)
+    proxies.append(proxy.start())
+    schedule = FaultSchedule(0.5, f"{proxy.plan.seed}:s3")
+    assert schedule.faults(0) and not schedule.faults(1), "the proxy holds the first write, not the second"
+    key = contract.events_key("smoke", "overtake", 0)
+    first: list[BaseException | None] = []
+
+    def write_first() -> None:
+        try:
+            s3_client(proxy.url, as_writer.credentials).put_object(
+                Bucket=as_writer.bucket, Key=key, Body=b"first\n", IfNoneMatch="*"
+            )
+            first.append(None)
+        except ClientError as error:
+            first.append(error)
+
+    held = threading.Thread(target=write_first)
+    held.start()
+    assert wait_for(lambda: proxy.stats.injected["s3:overtaken"] == 1, timeout=30), "the first write is held"
+    s3_client(proxy.url, as_writer.credentials).put_object(
+        Bucket=as_writer.bucket, Key=key, Body=b"second\n", IfNoneMatch="*"
+    )
+    held.join(timeout=60)
+    (error,) = first
+    assert isinstance(error, ClientError) and error.response["Error"]["Code"] == "PreconditionFailed"
+    assert as_writer.client("s3").get_object(Bucket=as_writer.bucket, Key=key)["Body"].read() == b"second\n"
+    assert proxy.stats.overtaken["s3"] == 1 and not proxy.stats.held_to_the_limit
+
+
+def test_a_slow_link_that_delays_and_reorders_a_quarter_of_requests_loses_and_duplicates_nothing(
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], strict_s3: BucketPolicyGate
+) -> None:
+    """One request in four of each service is held until a request that reached the proxy after it
+    was answered: chunk uploads, checkpoint uploads and heartbeats overtake one another."""
+    plan = FaultPlan(fraction=0.25, kinds=(OVERTAKEN,), spare_first=PREFLIGHT_REQUESTS, hold_limit_s=5)
+    proxy, harness = proxied(as_writer, tmp_path, plan, strict_s3)
+    proxies.append(proxy)
+    common = ("--steps", "300", "--step-sleep", "0.01", "--chunk-records", "20", "--checkpoint-interval", "100")
+    result = harness.run("--run-id", "slow-link", *common)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_exactly_once(as_writer, "slow-link", 300)
+    overtaken = proxy.stats.overtaken
+    assert overtaken["s3"] > 0 and overtaken["monitoring"] > 0, f"held and overtaken on both: {proxy.stats}"
+    answers = proxy.stats.upstream_status
+    assert answers[("monitoring", 200)] > 0
+    assert not [k for k in answers if k[0] == "monitoring" and k[1] != 200], f"CloudWatch refused a request: {answers}"
+    as_writer.aws.reset_auth_only()
+    dims = contract.run_dimensions("demo", "smoke", "slow-link")
+    beats = metric_samples(as_writer.aws.client("cloudwatch"), contract.HEARTBEAT, dims, statistic="SampleCount")
+    assert beats, "heartbeats arrived, late or early"
 
 
 def test_20pct_5xx_throttling_resets_and_latency_lose_and_duplicate_nothing(
@@ -211,17 +274,69 @@ def test_a_full_spool_disk_while_s3_is_unreachable_stops_the_job_clearly_and_los
     assert pending, "what S3 did not acknowledge is still in the spool"
 
 
+def s3_client(endpoint: str, credentials: dict[str, str]) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", verify=str(local_tls.authority().ca_file), **credentials
+    )
+
+
 def test_the_strict_endpoint_refuses_what_the_bucket_policy_denies_and_moto_lets_through(
     as_writer: WriterSession, strict_aws: str, strict_s3: BucketPolicyGate
 ) -> None:
     """moto ignores the bucket policy's conditions; the strict endpoint the job tests use does not."""
-    import boto3
     from botocore.exceptions import ClientError
 
-    s3 = boto3.client("s3", endpoint_url=strict_aws, region_name="us-east-1", **as_writer.credentials)
+    s3 = s3_client(strict_aws, as_writer.credentials)
     history = contract.events_key("smoke", "strict", 0)
     with pytest.raises(ClientError, match="AccessDenied"):
         s3.put_object(Bucket=as_writer.bucket, Key=history, Body=b"{}\n")  # no If-None-Match: an overwrite
     s3.put_object(Bucket=as_writer.bucket, Key=history, Body=b"{}\n", IfNoneMatch="*")
     s3.put_object(Bucket=as_writer.bucket, Key=contract.final_status_key("smoke", "strict"), Body=b"{}")
     assert strict_s3.refused == 1
+
+
+def test_a_plain_http_write_is_refused_by_the_policys_secure_transport_deny_and_the_jobs_https_path_is_not(
+    as_writer: WriterSession, strict_aws: str, strict_s3: BucketPolicyGate, proxies: list[FaultProxy]
+) -> None:
+    """aws:SecureTransport is how the request arrived, not a constant: the same create-only write,
+    signed by the same writer, passes over https (the job's endpoint) and is refused over plain http."""
+    from botocore.exceptions import ClientError
+
+    assert strict_aws.startswith("https://"), "the endpoint the job tests use speaks TLS, as AWS does"
+    plain = FaultProxy(as_writer.aws.url, FaultPlan(), gate=strict_s3).start()
+    proxies.append(plain)
+    assert plain.url.startswith("http://")
+    key = contract.events_key("smoke", "transport", 0)
+    with pytest.raises(ClientError) as refused:
+        s3_client(plain.url, as_writer.credentials).put_object(
+            Bucket=as_writer.bucket, Key=key, Body=b"{}\n", IfNoneMatch="*"
+        )
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert refused.value.response["Error"]["Code"] == "AccessDenied"
+    assert strict_s3.refused == 1 and plain.stats.forwarded["s3"] == 0, "refused before moto saw it"
+    s3_client(strict_aws, as_writer.credentials).put_object(
+        Bucket=as_writer.bucket, Key=key, Body=b"{}\n", IfNoneMatch="*"
+    )
+    assert as_writer.client("s3").get_object(Bucket=as_writer.bucket, Key=key)["Body"].read() == b"{}\n"
+    assert strict_s3.refused == 1
+
+
+@pytest.mark.parametrize("call", ["write", "fsync"])
+def test_one_eio_on_the_spool_mid_run_is_retried_the_job_exits_0_and_every_step_lands_once(
+    as_writer: WriterSession, strict_aws: str, tmp_path: Path, call: str
+) -> None:
+    """The real job, its 5th write or fsync of the spool's open chunk failing with EIO (a write
+    tears first). It was SpoolFullError, exit 74; a volume that fails once is not full."""
+    harness = JobHarness(strict_aws, as_writer.bucket, tmp_path, as_writer.credentials)
+    run = f"eio-{call}"
+    job = [sys.executable, "-m", "tests.support.disk_fault_job", call, "5"]
+    args = harness.args("--run-id", run, "--steps", "200", "--step-sleep", "0.01", "--chunk-records", "20")
+    result = subprocess.run([*job, *args], cwd=ROOT, env=harness.env(), capture_output=True, text=True, timeout=240)
+    assert f"EIO injected into os.{call}" in result.stderr, "the fault happened"
+    assert result.returncode == 0, result.stderr[-3000:]
+    retried = [line for line in result.stderr.splitlines() if "Input/output error (EIO)" in line]
+    assert retried and "retrying" in retried[0] and str(tmp_path / "spool") in retried[0], result.stderr[-3000:]
+    assert "the spool is full" not in result.stderr and "SpoolFullError" not in result.stderr
+    assert_exactly_once(as_writer, run, 200)

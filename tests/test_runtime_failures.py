@@ -7,23 +7,29 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from beacon import contract, kill_points
+from beacon import telemetry as telemetry_module
+from beacon.contract import Phase
 from beacon.liveness import Liveness
 from beacon.progress import ProgressClock
 from beacon.reconcile import RunConflictError, reconcile
-from beacon.spool import OPEN, Spool
+from beacon.spool import OPEN, Spool, SpoolDiskError, SpoolFullError
 from beacon.telemetry import Telemetry
+from botocore.config import Config
 from botocore.exceptions import ClientError
 from smoke_job.config import parse_args
 
-from beacon_ops.embedded_aws import strict_metric_data
+from beacon_ops.embedded_aws import ADMIN, PUT_METRIC_DATA_BYTES, strict_metric_data
 from tests.moto_server import MotoServer
+from tests.support.disk_fault_job import EioOnOpenChunk
 
 
 class Killed(BaseException):
@@ -293,6 +299,88 @@ def test_the_embedded_aws_refuses_what_cloudwatch_refuses(moto_server: MotoServe
     cloudwatch.put_metric_data(Namespace="Strict", MetricData=[good])
 
 
+def cloudwatch_as_sent(server: MotoServer) -> tuple[Any, list[int], list[list[dict[str, Any]]]]:
+    """A CloudWatch client that sends its bodies uncompressed (the largest they can be), with the size
+    of each PutMetricData body and the data it carried."""
+    client = boto3.client(
+        "cloudwatch",
+        endpoint_url=server.url,
+        region_name="us-east-1",
+        config=Config(disable_request_compression=True, retries={"max_attempts": 1}),
+        **ADMIN,
+    )
+    sizes: list[int] = []
+    sent: list[list[dict[str, Any]]] = []
+    client.meta.events.register(
+        "before-send.cloudwatch.PutMetricData", lambda request, **_: sizes.append(len(request.body))
+    )
+    client.meta.events.register(
+        "before-parameter-build.cloudwatch.PutMetricData", lambda params, **_: sent.append(params["MetricData"])
+    )
+    return client, sizes, sent
+
+
+def test_the_embedded_aws_refuses_a_put_metric_data_over_1_mb_as_cloudwatch_does(moto_server: MotoServer) -> None:
+    """413 RequestEntityTooLarge, on a request valid in every other way (30 dimensions of 1,024
+    characters: about 31 KB a datum). moto took any size."""
+    cloudwatch, sizes, _ = cloudwatch_as_sent(moto_server)
+    widest = {"MetricName": "M", "Dimensions": [{"Name": f"D{i}", "Value": "v" * 1024} for i in range(30)], "Value": 1}
+    with pytest.raises(ClientError) as refused:
+        cloudwatch.put_metric_data(Namespace="Strict", MetricData=[widest] * 34)
+    assert sizes[-1] > PUT_METRIC_DATA_BYTES
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 413
+    assert refused.value.response["Error"]["Code"] == "RequestEntityTooLarge"
+    assert refused.value.response["Error"]["Message"] == f"Request size {sizes[-1]} exceeded 1048576 bytes"
+    cloudwatch.put_metric_data(Namespace="Strict", MetricData=[widest] * 30)
+    assert sizes[-1] <= PUT_METRIC_DATA_BYTES, "just under the limit: accepted"
+
+
+def test_the_jobs_largest_metric_batch_is_one_request_far_under_the_size_limit(
+    tmp_path: Path, moto_server: MotoServer
+) -> None:
+    """Every metric a batch can carry (a phase open inside two others, NaN and finite losses, upload
+    latencies, checkpoints, failures), the longest team, experiment and run ids the job accepts, and
+    three failed batches' windows merged into it: one request, under a tenth of the limit uncompressed.
+    A batch's size is bounded by its metrics, not by how many steps or failures it sums."""
+    cloudwatch, sizes, sent = cloudwatch_as_sent(moto_server)
+    longest = {flag: (flag[2] * 63) for flag in ("--team", "--experiment", "--run-id")}
+    sink = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=cloudwatch, **longest)
+    for phase in (Phase.SETUP, Phase.EVALUATION, Phase.CHECKPOINT):
+        sink.progress.enter(phase)
+    for window in range(4):
+        for step in range(window * 5000, (window + 1) * 5000):
+            sink.log(step, {"loss": math.nan if step % 7 == 0 else 1.0 / (step + 1)})
+        sink._persist(final=False)  # the spool thread reads the logged values into the window
+        sink.checkpoint_finished(2.5)
+        with sink._window_lock:
+            sink._window.upload_latencies_ms.extend([12.5] * 1000)
+            sink._window.upload_failures += 3
+        if window < 3:
+            sink._restore_window(sink._metric_batch(time.time())[1])  # a batch that failed: merged into the next
+    sink.beat()
+    assert sink.report.metric_batches == 1 and sink.report.metric_failures == 0, "accepted by the strict AWS"
+    (request,) = sent
+    carried = {datum["MetricName"] for datum in request}
+    assert carried == {
+        metric.name
+        for metric in (
+            contract.HEARTBEAT,
+            contract.PROGRESS_AGE,
+            contract.STEPS_PER_SECOND,
+            contract.PHASE_SECONDS,
+            contract.SPOOL_BACKLOG,
+            contract.UPLOAD_FAILURES,
+            contract.LOSS,
+            contract.NON_FINITE_LOSS,
+            contract.STEP,
+            contract.UPLOAD_LATENCY,
+            contract.CHECKPOINT_SECONDS,
+        )
+    }
+    (size,) = sizes
+    assert size * 10 < PUT_METRIC_DATA_BYTES, f"{size} bytes"
+
+
 # --- defect 10: disk, S3, CloudWatch and liveness never wait on each other ---------------------------
 def test_a_cloudwatch_that_never_answers_delays_neither_durability_nor_uploads_nor_liveness(tmp_path: Path) -> None:
     stuck = threading.Event()
@@ -379,3 +467,76 @@ def test_a_conflict_that_appears_mid_run_stops_the_job_instead_of_retrying_forev
     finally:
         sink.close(budget=1)
     assert sink.spool.pending(), "the chunk stays in the spool"
+
+
+# --- a disk error under the spool is not a full disk -------------------------------------------------
+class KeepingS3:
+    """put_object that keeps each body, create-only as the job asks (412 on an existing key)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    def put_object(self, **request: Any) -> dict[str, Any]:
+        if request["Key"] in self.objects:
+            raise ClientError({"Error": {"Code": "PreconditionFailed", "Message": "exists"}}, "PutObject")
+        self.objects[request["Key"]] = request["Body"]
+        return {}
+
+    def records(self) -> list[contract.Record]:
+        return [
+            record
+            for key in sorted(self.objects)
+            if f"/{contract.EVENTS}/" in key  # not the TensorBoard files beside them
+            for record in contract.records_of(self.objects[key])
+        ]
+
+
+@pytest.mark.parametrize("call", ["write", "fsync"])
+def test_one_eio_on_the_spool_is_retried_and_every_record_lands_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """The old spool raised any OSError as SpoolFullError: one EIO stopped the job with exit 74. A
+    failed write leaves half its bytes (a torn tail) and a failed fsync leaves pages the kernel may
+    have dropped: both are written again from the last durable size, so no record is lost or doubled."""
+    monkeypatch.setattr(telemetry_module, "SPOOL_DISK_RETRY_S", (0.0,) * 3)  # the retry itself is what counts
+    eio = EioOnOpenChunk(call, 2)
+    monkeypatch.setattr(os, call, eio)
+    s3 = KeepingS3()
+    sink = telemetry(tmp_path, s3=s3, cloudwatch=RecordingCloudWatch())
+    sink.start()
+    for step in range(40):
+        sink.log(step, {"loss": 1.0})
+        if step == 9:
+            assert sink.wait_durable(9, timeout=30), "the first records are durable before the fault"
+    assert sink.wait_durable(39, timeout=30), "durable despite the EIO: retried, not given up"
+    report = sink.close(budget=10)
+    assert eio.injected == 1
+    assert sink._fatal is None, "a transient disk error stops nothing"
+    assert report.unacknowledged_records == 0 and report.records == 40
+    delivered = s3.records()
+    assert [r.step for r in delivered] == list(range(40)), "each record once, in order"
+    assert [r.seq for r in delivered] == list(range(40))
+
+
+def test_an_eio_that_persists_stops_the_job_naming_the_spool_and_not_as_a_full_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(telemetry_module, "SPOOL_DISK_RETRY_S", (0.0,) * 3)
+    eio = EioOnOpenChunk("fsync", 1, persistent=True)
+    monkeypatch.setattr(os, "fsync", eio)
+    sink = telemetry(tmp_path, s3=KeepingS3(), cloudwatch=RecordingCloudWatch())
+    sink.start()
+    try:
+        sink.log(0, {"loss": 1.0})
+        assert sink._spool_done.wait(timeout=30), "the spool thread gives up after its retries"
+        with pytest.raises(SpoolDiskError) as stopped:
+            sink.log(1, {"loss": 1.0})
+        assert not isinstance(stopped.value, SpoolFullError)
+        message = str(stopped.value)
+        assert "\n" not in message
+        assert str(sink.spool.directory) in message and "Input/output error (EIO)" in message
+        assert "4 attempts in a row" in message and "not full" in message
+        assert eio.injected == 4, "the first attempt and one per retry"
+        assert not sink.wait_durable(0, timeout=0), "nothing was claimed durable"
+    finally:
+        sink.close(budget=1)

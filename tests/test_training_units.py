@@ -18,10 +18,11 @@ from beacon.distributed import World, backend_for
 from beacon.liveness import Liveness
 from beacon.progress import ProgressClock
 from beacon.run import Run
-from beacon.spool import OPEN, Spool, SpoolFullError
+from beacon.settings import RunSettings
+from beacon.spool import OPEN, Spool, SpoolDiskError, SpoolFullError
 from beacon.telemetry import DeliveryReport, NullTelemetry
 from smoke_job.config import parse_args
-from smoke_job.job import EXIT_CRASHED, Job
+from smoke_job.job import EXIT_CRASHED, EXIT_SPOOL_DISK_FAILING, EXIT_SPOOL_FULL, Job
 from smoke_job.model import StepSampler, SyntheticImages
 
 
@@ -214,14 +215,15 @@ def test_resume_falls_back_to_the_newest_readable_checkpoint_not_after_latest(tm
 class FailingTelemetry(NullTelemetry):
     """Raises at one step, as a process-group timeout or a CUDA error would inside the loop."""
 
-    def __init__(self, failing_step: int) -> None:
+    def __init__(self, failing_step: int, error: Exception | None = None) -> None:
         self.failing_step = failing_step
+        self.error = error or RuntimeError("[Gloo] Timed out waiting 1800000ms for recv operation")
         self.recorded: list[int] = []
         self.closed = False
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if step == self.failing_step:
-            raise RuntimeError("[Gloo] Timed out waiting 1800000ms for recv operation")
+            raise self.error
         self.recorded.append(step)
 
     def close(self, budget: float) -> DeliveryReport:
@@ -229,14 +231,10 @@ class FailingTelemetry(NullTelemetry):
         return DeliveryReport()
 
 
-def test_any_error_in_the_loop_still_drains_telemetry_and_exits_non_zero(tmp_path: Path) -> None:
-    """6cb2f94 drained only after SpoolFullError: any other exception left run() with the spool
-    undrained."""
-    flags = ["--telemetry", "false", "--steps", "10", "--batch-size", "4", "--workers", "0"]
-    config = parse_args([*flags, "--checkpoint-dir", str(tmp_path), "--heartbeat-file", str(tmp_path / "hb")])
-    telemetry = FailingTelemetry(failing_step=3)
-    run = Run(
-        settings=config.settings,
+def run_on(telemetry: NullTelemetry, settings: RunSettings, tmp_path: Path) -> Run:
+    """A one-rank run whose sink is `telemetry`, as `beacon.init` would assemble it."""
+    return Run(
+        settings=settings,
         world=World(rank=0, local_rank=0, size=1, device=torch.device("cpu")),
         progress=ProgressClock(),
         telemetry=telemetry,
@@ -246,6 +244,33 @@ def test_any_error_in_the_loop_still_drains_telemetry_and_exits_non_zero(tmp_pat
         liveness=Liveness(tmp_path / "hb", local_rank=0, interval=1.0),
         stop=threading.Event(),
     )
-    summary = Job(config, run).train()
+
+
+def test_any_error_in_the_loop_still_drains_telemetry_and_exits_non_zero(tmp_path: Path) -> None:
+    """6cb2f94 drained only after SpoolFullError: any other exception left run() with the spool
+    undrained."""
+    flags = ["--telemetry", "false", "--steps", "10", "--batch-size", "4", "--workers", "0"]
+    config = parse_args([*flags, "--checkpoint-dir", str(tmp_path), "--heartbeat-file", str(tmp_path / "hb")])
+    telemetry = FailingTelemetry(failing_step=3)
+    summary = Job(config, run_on(telemetry, config.settings, tmp_path)).train()
     assert summary["exit_code"] == EXIT_CRASHED
     assert telemetry.closed and telemetry.recorded == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("error", "exit_code"),
+    [
+        (SpoolFullError(28, "spool /v/smoke/r: No space left on device (ENOSPC)"), EXIT_SPOOL_FULL),
+        (SpoolDiskError(5, "spool /v/smoke/r: Input/output error (EIO), 9 attempts in a row"), EXIT_SPOOL_DISK_FAILING),
+    ],
+)
+def test_a_full_spool_and_a_failing_spool_volume_exit_with_codes_of_their_own(
+    tmp_path: Path, error: OSError, exit_code: int
+) -> None:
+    """A volume that keeps failing is not a full one: the operator's fix differs, so does the code."""
+    flags = ["--telemetry", "false", "--steps", "10", "--batch-size", "4", "--workers", "0"]
+    config = parse_args([*flags, "--checkpoint-dir", str(tmp_path), "--heartbeat-file", str(tmp_path / "hb")])
+    telemetry = FailingTelemetry(failing_step=3, error=error)
+    summary = Job(config, run_on(telemetry, config.settings, tmp_path)).train()
+    assert summary["exit_code"] == exit_code and telemetry.closed
+    assert EXIT_SPOOL_DISK_FAILING != EXIT_SPOOL_FULL

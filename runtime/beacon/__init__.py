@@ -12,7 +12,7 @@ from beacon.lifeline import dataloader_worker_dies_with_its_rank as worker_init_
 from beacon.preflight import PreflightError
 from beacon.run import FinishReport, Run, init
 from beacon.settings import RunSettings, SettingsError
-from beacon.spool import SpoolFullError
+from beacon.spool import SpoolDiskError, SpoolFullError
 
 __all__ = [
     "FinalState",
@@ -22,6 +22,7 @@ __all__ = [
     "Run",
     "RunSettings",
     "SettingsError",
+    "SpoolDiskError",
     "SpoolFullError",
     "init",
     "worker_init_fn",

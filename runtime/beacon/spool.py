@@ -13,6 +13,7 @@ never from the state alone: a partial restore cannot make the job skip steps nob
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import threading
@@ -63,20 +64,30 @@ class SpoolFullError(OSError):
     """The spool's filesystem is full: nothing more can be made durable."""
 
 
+class SpoolDiskError(OSError):
+    """The spool's disk failed a write, an fsync or a rename for another reason than being full (EIO,
+    a stale NFS handle, ...): often transient, so the spool thread retries; nothing is dropped."""
+
+
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def describe(directory: Path, error: OSError) -> str:
+    code = errno.errorcode.get(error.errno or 0, str(error.errno))
+    return f"spool {directory}: {error.strerror or error} ({code})"
 
 
 @contextmanager
 def on_spool_disk(directory: Path) -> Iterator[None]:
-    """Turn a full disk under the spool into SpoolFullError, whatever wrote to it."""
+    """Name what failed under the spool, whatever wrote to it: a full disk (SpoolFullError) or any
+    other disk error (SpoolDiskError)."""
     try:
         yield
-    except SpoolFullError:
+    except (SpoolFullError, SpoolDiskError):
         raise
     except OSError as error:
-        if error.errno in FULL:
-            raise SpoolFullError(error.errno, f"spool {directory}: {error.strerror}") from error
-        raise
+        kind = SpoolFullError if error.errno in FULL else SpoolDiskError
+        raise kind(error.errno, describe(directory, error)) from error
 
 
 class Spool:
@@ -99,9 +110,22 @@ class Spool:
         for sequence in self._sealed_sequences():
             self._index_sealed(sequence)
         self._recover_open_chunk()
-        self._open = open(self.directory / OPEN, "ab")  # noqa: SIM115 - held for the spool's life
+        self._open = self._open_chunk()
+        self._reopen = False  # a seal renamed the chunk but could not open the next one yet
         self.open_records = 0
+        # Records appended since the last fsync, and the open chunk's size at that fsync: after a failed
+        # write or fsync the tail is cut back and these bytes are written again, until one fsync
+        # succeeds. An fsync that failed once may report success later for pages it dropped.
+        self._unsynced = bytearray()
+        self._synced_size = os.fstat(self._open.fileno()).st_size
+        self._tail_suspect = False
+        self._sealing_as: int | None = None  # a seal that failed half-way keeps its chunk number
         self.durable_step: int = self.last_step
+
+    def _open_chunk(self) -> io.FileIO:
+        # Unbuffered: every byte goes through os.write, so nothing sits in a buffer a failure would
+        # leave half-flushed.
+        return io.FileIO(self.directory / OPEN, "ab")
 
     # --- recovery ----------------------------------------------------------------------
     def _read_state(self) -> dict[str, Any]:
@@ -159,46 +183,62 @@ class Spool:
             self._write_state()
 
     # --- writing (the spool thread) -------------------------------------------------------
-    def _usable(self) -> None:
-        if self._open.closed:  # a seal failed half-way on a full disk
+    def _refuse_if_unusable(self) -> None:
+        if self._open.closed and not self._reopen:
             raise SpoolFullError(errno.ENOSPC, f"spool {self.directory}: unusable since the disk filled up")
 
     def append(self, records: list[Record]) -> None:
-        """Assign sequence numbers and write records to the open chunk; `sync` makes them durable."""
+        """Assign sequence numbers and queue the records for the open chunk; `sync` writes them and
+        makes them durable. No disk I/O here, so a disk error can never lose a record already taken."""
         if not records:
             return
-        self._usable()
-        lines = []
+        self._refuse_if_unusable()
         for record in records:
-            lines.append(record.with_seq(self.next_seq).to_line())
+            line = record.with_seq(self.next_seq).to_line()
             self.next_seq += 1
             self.last_step = max(self.last_step, record.step)
-        try:
-            self._open.write(b"".join(lines))
-        except OSError as error:
-            raise SpoolFullError(error.errno, f"spool {self.directory}: {error.strerror}") from error
+            self._unsynced += line
         self.open_records += len(records)
 
     def sync(self) -> None:
-        self._usable()
-        try:
-            self._open.flush()
-            os.fsync(self._open.fileno())
-        except OSError as error:
-            raise SpoolFullError(error.errno, f"spool {self.directory}: {error.strerror}") from error
+        """Write what `append` queued and fsync it. On any error nothing is lost: the same bytes are
+        written again, from the last durable size, by the next call."""
+        self._refuse_if_unusable()
+        with on_spool_disk(self.directory):
+            if self._reopen:
+                self._open = self._open_chunk()
+                self._synced_size, self._reopen = 0, False
+            if not self._unsynced and not self._tail_suspect:
+                return
+            descriptor = self._open.fileno()
+            if self._tail_suspect:
+                os.ftruncate(descriptor, self._synced_size)  # a torn or unsynced tail: written again below
+            self._tail_suspect = True
+            data, written = bytes(self._unsynced), 0
+            while written < len(data):
+                written += os.write(descriptor, data[written:])
+            os.fsync(descriptor)
+        self._synced_size += len(self._unsynced)
+        self._unsynced.clear()
+        self._tail_suspect = False
         self.durable_step = self.last_step
 
     def seal(self) -> Chunk | None:
-        """Close the open chunk into an immutable, numbered one; None if it is empty."""
+        """Close the open chunk into an immutable, numbered one; None if it is empty. A seal that
+        failed half-way is repeated by the next call, under the same chunk number."""
         if self.open_records == 0:
             return None
+        self.sync()
         with on_spool_disk(self.directory):
-            self.sync()
-            if not self._open.closed:
-                self._open.close()
-            chunk = self._seal_path(self.directory / OPEN, self.open_records, self.next_chunk)
-            self._open = open(self.directory / OPEN, "ab")  # noqa: SIM115
-        self.open_records = 0
+            if self._sealing_as is None:
+                self._sealing_as = self.next_chunk
+            chunk = self._seal_path(self.directory / OPEN, self.open_records, self._sealing_as)
+            self._sealing_as = None
+            self.open_records, self._synced_size = 0, 0
+            self._reopen = True  # set first: a failing close or open is retried by the next sync
+            self._open.close()
+            self._open = self._open_chunk()
+            self._reopen = False
         return chunk
 
     def _seal_path(self, path: Path, records: int, sequence: int) -> Chunk:
@@ -207,7 +247,8 @@ class Spool:
             self.next_chunk = max(self.next_chunk, sequence + 1)
             self._write_state()  # first: the state counts this chunk before it can be acknowledged
         kill_points.hit(kill_points.SEAL_STATE_WRITTEN)
-        os.replace(path, target)
+        if path.exists() or not target.exists():  # a repeated seal may have renamed it already
+            os.replace(path, target)
         kill_points.hit(kill_points.SEAL_RENAMED)
         fsync_directory(self.sealed_dir)
         chunk = Chunk(sequence, target, records)

@@ -31,13 +31,16 @@ from beacon.progress import ProgressClock
 from beacon.reconcile import RunConflictError
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings
-from beacon.spool import Chunk, Spool, SpoolFullError, on_spool_disk
+from beacon.spool import Chunk, Spool, SpoolDiskError, SpoolFullError, on_spool_disk
 
 log = logging.getLogger("beacon.telemetry")
 
 UPLOAD_POLL_S = 0.25
 MAX_BACKOFF_S = 30.0
 MAX_DATA_PER_REQUEST = 1000  # PutMetricData's limit
+# Waits between attempts after a disk error under the spool (EIO, ...), about 30 s in all: a hiccup
+# passes, a dead volume stops the job, naming it. Records wait in memory meanwhile; none is dropped.
+SPOOL_DISK_RETRY_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
 
 
 def metric_value(value: Any) -> float:
@@ -133,6 +136,7 @@ class Telemetry(NullTelemetry):
         self._deadline: float | None = None
         self._durable = threading.Condition()
         self._chunk_opened_at: float | None = None
+        self._awaiting_sync: list[Record] = []  # appended to the spool, not yet fsync'd
         self._backoff_until = 0.0
         self._backoff = 1.0
         self._tensorboard: Any = None
@@ -181,15 +185,34 @@ class Telemetry(NullTelemetry):
 
     # --- the spool thread: disk only ------------------------------------------------------------
     def _spool_loop(self) -> None:
+        disk_failures = 0  # consecutive cycles a disk error (not a full disk) interrupted
         try:
             while True:
                 stopping = self._stop.is_set()
                 try:
                     self._persist(final=stopping)
+                    disk_failures = 0
                 except SpoolFullError as error:
                     self._fatal = error
                     log.error("%s: the spool is full; stopping before anything acknowledged can be lost", error)
                     return
+                except SpoolDiskError as error:
+                    if disk_failures == len(SPOOL_DISK_RETRY_S) or (stopping and self._remaining() <= 0):
+                        self._fatal = SpoolDiskError(
+                            error.errno,
+                            f"{error.strerror}, {disk_failures + 1} attempts in a row: records after step "
+                            f"{self.spool.durable_step} are not durable; the volume is failing, not full",
+                        )
+                        log.error("%s", self._fatal)
+                        return
+                    wait = SPOOL_DISK_RETRY_S[disk_failures]
+                    disk_failures += 1
+                    log.warning("%s; retrying in %.2f s, nothing dropped (%d)", error.strerror, wait, disk_failures)
+                    if stopping:  # the stop event is set already: it cannot pace the retries
+                        time.sleep(max(0.0, min(wait, self._remaining())))
+                    else:
+                        self._stop.wait(wait)
+                    continue
                 except Exception:  # keep persisting whatever happens (a record is durable only once fsync'd)
                     log.exception("spool cycle failed; retrying")
                     if stopping:
@@ -229,12 +252,15 @@ class Telemetry(NullTelemetry):
             if self._chunk_opened_at is None:
                 self._chunk_opened_at = time.monotonic()
             self.spool.append(records)
-            self.spool.sync()
-            self.report.records += len(records)
-            with on_spool_disk(self.spool.directory):
-                self._write_tensorboard(records)
+            self._awaiting_sync.extend(records)
+        self.spool.sync()  # also writes again what a failed attempt left unsynced
+        if self._awaiting_sync:
+            synced, self._awaiting_sync = self._awaiting_sync, []
+            self.report.records += len(synced)
             with self._durable:
                 self._durable.notify_all()
+            with on_spool_disk(self.spool.directory):
+                self._write_tensorboard(synced)  # a view of the records: a disk error here loses no record
         due = self._chunk_opened_at is not None and (
             time.monotonic() - self._chunk_opened_at >= self.config.flush_interval
             or self.spool.open_records >= self.config.chunk_records

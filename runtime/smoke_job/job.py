@@ -21,6 +21,7 @@ from smoke_job.model import SmallConvNet, StepSampler, SyntheticImages
 
 log = logging.getLogger("beacon.job")
 EXIT_OK, EXIT_UNDELIVERED, EXIT_SPOOL_FULL, EXIT_CRASHED = 0, 75, 74, 70
+EXIT_SPOOL_DISK_FAILING = 71  # the spool's volume kept failing (EIO, ...) though not full
 MAX_WORKERS = 4
 
 
@@ -69,6 +70,9 @@ class Job:
         except beacon.SpoolFullError as error:
             log.error("%s; stopping: records already acknowledged are safe in S3", error)
             exit_code, error_seen = EXIT_SPOOL_FULL, error
+        except beacon.SpoolDiskError as error:
+            log.error("%s; stopping: records already acknowledged are safe in S3", error)
+            exit_code, error_seen = EXIT_SPOOL_DISK_FAILING, error
         except Exception as error:  # a process-group timeout, a CUDA error, ...: what was recorded still goes out
             log.exception("training failed at step %d; draining what was recorded before exiting", step + 1)
             exit_code, error_seen = EXIT_CRASHED, error

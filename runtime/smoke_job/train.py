@@ -1,8 +1,8 @@
 """Entry point: `python -m smoke_job.train ...` or `torchrun --nproc-per-node N -m smoke_job.train ...`.
 
 Parses the flags into a JobConfig, starts the run with `beacon.init`, trains. Exit codes: 0 done and
-delivered, 2 bad input, 3 preflight failed, 70 training failed (drained first), 74 spool full,
-75 stopped with records still waiting in the spool.
+delivered, 2 bad input, 3 preflight failed, 70 training failed (drained first), 71 the spool's volume
+kept failing (not full), 74 spool full, 75 stopped with records still waiting in the spool.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 moto ignores every condition of a bucket policy: a job that forgot `If-None-Match` on a history key
 would pass every test and be refused by real S3. The gate evaluates the synthesized bucket policy
 (tests/support/policy_eval.py) for each object write, with the request's own headers as context,
-and answers an explicit Deny with S3's 403, before moto ever sees the request.
+and answers an explicit Deny with S3's 403, before moto ever sees the request. `aws:SecureTransport`
+is whether the request itself came over TLS: the caller (the fault proxy) says how it arrived.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ class BucketPolicyGate:
         writer = deployment.arn(stack, deployment.find(stack, "AWS::IAM::Role", "ArtifactStoreWriterRole"))
         return cls(bucket, bucket_arn, writer, deployment.resource_policies(bucket_arn))
 
-    def decision(self, method: str, path: str, headers: Mapping[str, str]) -> Decision | None:
+    def decision(
+        self, method: str, path: str, headers: Mapping[str, str], *, secure_transport: bool
+    ) -> Decision | None:
         """The bucket policy's decision on one request, or None when it is no object write to this bucket."""
         parsed = urlparse(path)
         bucket, _, key = unquote(parsed.path).lstrip("/").partition("/")
@@ -45,7 +48,7 @@ class BucketPolicyGate:
         query = parsed.query
         part_of_multipart = "partNumber=" in query and "uploadId=" in query
         context: dict[str, object] = {
-            "aws:SecureTransport": True,  # the job's endpoint is https outside tests
+            "aws:SecureTransport": secure_transport,
             "s3:ObjectCreationOperation": not part_of_multipart,
         }
         lowered = {k.lower(): v for k, v in headers.items()}
@@ -56,8 +59,8 @@ class BucketPolicyGate:
         request = Request("s3:PutObject", f"{self.policy_bucket_arn}/{key}", self.writer_arn, context)
         return evaluate(self.policies, request)
 
-    def refuses(self, method: str, path: str, headers: Mapping[str, str]) -> bool:
-        if self.decision(method, path, headers) is Decision.EXPLICIT_DENY:
+    def refuses(self, method: str, path: str, headers: Mapping[str, str], *, secure_transport: bool) -> bool:
+        if self.decision(method, path, headers, secure_transport=secure_transport) is Decision.EXPLICIT_DENY:
             self.refused += 1
             return True
         return False
