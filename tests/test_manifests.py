@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import kubernetes_validate
 import pytest
@@ -96,3 +97,69 @@ def test_the_smoke_job_from_a_team_file_lasts_long_enough_for_its_run_alarms() -
     # Two 30 s periods (the first heartbeat's, then one evaluated) and one more beat.
     assert float(env["BEACON_MIN_DURATION"]) == 2 * contract.HEARTBEAT_PERIOD_S + spec.heartbeat_interval
     assert env["BEACON_STEPS"] == str(config.training.smoke_steps)
+
+
+TEAM_JOB = manifests.TrainingJobSpec(
+    team="vision",
+    image="123456789012.dkr.ecr.us-east-1.amazonaws.com/beacon-vision:v7",
+    bucket="beacon-vision-artifacts",
+    region="us-east-1",
+    uid=1000,
+    gid=1000,
+    name="resnet-0412",
+    command=("train.py", "--epochs", "3"),
+    experiment="resnet",
+    nodes=2,
+    processes_per_node=8,
+    gpu=True,
+    shutdown_budget=90,
+    environment=(("BEACON_CLOUDWATCH_METRICS", "lr"),),
+)
+
+
+def test_a_team_job_gets_every_safety_setting_for_its_own_image_and_command() -> None:
+    job, service = manifests.training_job(TEAM_JOB)
+    for item in (job, service):
+        kubernetes_validate.validate(item, "1.35", strict=True)
+    pod = job["spec"]["template"]["spec"]
+    (train,) = pod["containers"]
+    assert train["image"] == TEAM_JOB.image and pod["initContainers"][0]["image"] == TEAM_JOB.image
+    assert train["command"] == manifests.LAUNCH_COMMAND
+    assert train["args"][-3:] == ["train.py", "--epochs", "3"], "torchrun runs the team's script"
+    assert "--nnodes=2" in train["args"] and "--nproc-per-node=8" in train["args"]
+    assert job["spec"]["completionMode"] == "Indexed" and service["spec"]["clusterIP"] == "None"
+    assert pod["subdomain"] == service["metadata"]["name"]
+    context = pod["securityContext"]
+    assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (1000, 1000, 1000)
+    assert pod["terminationGracePeriodSeconds"] > TEAM_JOB.shutdown_budget, "the drain fits the grace period"
+    assert job["spec"]["template"]["metadata"]["annotations"][manifests.DO_NOT_DISRUPT] == "true"
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert any(r["action"] == "FailJob" for r in rules) and any(r["action"] == "Ignore" for r in rules)
+    probes = " ".join(train["livenessProbe"]["exec"]["command"] + train["startupProbe"]["exec"]["command"])
+    assert all(path in probes for path in manifests.liveness_files(8)), "every local rank's own liveness file"
+    env = {e["name"]: e["value"] for e in train["env"]}
+    assert env["BEACON_RUN_ID"] == "resnet-0412" and env["BEACON_EXPERIMENT"] == "resnet"
+    assert env["BEACON_BUCKET"] == TEAM_JOB.bucket and env["BEACON_CLOUDWATCH_METRICS"] == "lr"
+    assert env["BEACON_SPOOL_DIR"].startswith(manifests.ARTIFACTS_MOUNT)
+    assert train["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_the_smoke_job_is_a_training_job_of_the_smoke_command() -> None:
+    (job,) = manifests.smoke_job(BASE)
+    (same,) = manifests.training_job(BASE.training_job())
+    assert job == same
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == list(manifests.SMOKE_COMMAND)
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"name": "Not_A_Name"}, "name 'Not_A_Name'"),
+        ({"name": "x" * 53}, "name 'xxx"),
+        ({"command": ()}, "command: empty"),
+        ({"nodes": 0}, "nodes: must be >= 1"),
+    ],
+)
+def test_a_team_job_with_bad_settings_is_refused_naming_the_field(change: dict[str, object], names: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(names)):
+        dataclasses.replace(TEAM_JOB, **change)  # type: ignore[arg-type]

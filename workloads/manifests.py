@@ -1,7 +1,11 @@
-"""Kubernetes objects for the smoke Job, its volume and its service account, as plain dicts.
+"""Kubernetes objects for any training Job, its volume and its service account, as plain dicts.
 
-The cluster stack and `beacon smoke` both build their Jobs here, so a post-deploy smoke test runs
-exactly what the stack runs.
+`training_job` builds a Job for any image and command with every safety setting: the volume, a
+securityContext equal to the access point's, a per-rank liveness probe, a podFailurePolicy,
+do-not-disrupt, a grace period beyond the drain budget, multi-node as an Indexed Job with a headless
+Service, and the `BEACON_*` environment `beacon.init` reads. The smoke Job is one such Job: the
+cluster stack and `beacon smoke` both build it here, so a post-deploy smoke test runs exactly what
+the stack runs.
 """
 
 from __future__ import annotations
@@ -89,42 +93,50 @@ def persistent_volume_claim(ns: str = contract.TRAINING_NAMESPACE) -> dict[str, 
     }
 
 
+# What Kubernetes accepts as a Job name that also names its pods' hostnames and the headless Service.
+JOB_NAME_LIMIT = 52  # 63 minus "-ranks" and an index suffix
+
+
 @dataclass(frozen=True)
-class SmokeJobSpec:
+class TrainingJobSpec:
+    """One training job of a team on its stack: any image, any command torchrun runs."""
+
     team: str
     image: str
     bucket: str
     region: str
     uid: int
     gid: int
-    steps: int = 200
+    name: str  # the Job's name and the run id: restarts of this Job resume the same run
+    command: tuple[str, ...]  # what torchrun runs: a script and its arguments, or "-m", a module, ...
+    experiment: str = "default"
     nodes: int = 1
     processes_per_node: int = 1
     gpu: bool = False
-    experiment: str = "smoke"
     heartbeat_interval: int = 15
     shutdown_budget: int = 60
-    workers: int = 2
     namespace: str = contract.TRAINING_NAMESPACE
-    name_suffix: str = ""
-    min_duration: float = 0.0  # seconds the run spans at least, so its run alarms arm
+    environment: tuple[tuple[str, str], ...] = ()  # beside the BEACON_* settings
+    app: str = "beacon-training"  # the pods' app.kubernetes.io/name
 
-    @property
-    def fingerprint(self) -> str:
-        """A short hash of the Job's settings; `name_suffix` carries the image's identity."""
-        settings = {k: v for k, v in asdict(self).items() if k not in ("image", "name_suffix")}
-        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
-
-    @property
-    def name(self) -> str:
-        return f"beacon-smoke-{self.fingerprint}{self.name_suffix}"
+    def __post_init__(self) -> None:
+        problems = []
+        if not contract.ID_PATTERN.match(self.name) or len(self.name) > JOB_NAME_LIMIT:
+            problems.append(f"name {self.name!r}: 1-{JOB_NAME_LIMIT} of a-z, 0-9 and '-'")
+        if not self.command:
+            problems.append("command: empty (a script and its arguments, or -m and a module)")
+        for field_name in ("nodes", "processes_per_node", "heartbeat_interval", "shutdown_budget"):
+            if getattr(self, field_name) < 1:
+                problems.append(f"{field_name}: must be >= 1, got {getattr(self, field_name)}")
+        if problems:
+            raise ValueError("; ".join(problems))
 
     @property
     def service_name(self) -> str:
         return f"{self.name}-ranks"
 
 
-def _torchrun_args(spec: SmokeJobSpec) -> list[str]:
+def _torchrun_args(spec: TrainingJobSpec) -> list[str]:
     if spec.nodes == 1:
         rendezvous = ["--standalone"]
     else:
@@ -134,11 +146,11 @@ def _torchrun_args(spec: SmokeJobSpec) -> list[str]:
             f"--master-addr={spec.name}-0.{spec.service_name}.{spec.namespace}.svc",
             f"--master-port={RENDEZVOUS_PORT}",
         ]
-    return [*rendezvous, f"--nproc-per-node={spec.processes_per_node}", "-m", "smoke_job.train"]
+    return [*rendezvous, f"--nproc-per-node={spec.processes_per_node}", *spec.command]
 
 
 def _environment(
-    spec: SmokeJobSpec,
+    spec: TrainingJobSpec,
     *,
     volume: str = ARTIFACTS_MOUNT,
     heartbeat_file: str = HEARTBEAT_FILE,
@@ -147,15 +159,13 @@ def _environment(
         "BEACON_TEAM": spec.team,
         "BEACON_EXPERIMENT": spec.experiment,
         "BEACON_RUN_ID": spec.name,  # restarts of this Job resume the same run
-        "BEACON_STEPS": str(spec.steps),
         "BEACON_BUCKET": spec.bucket,
         "BEACON_SPOOL_DIR": f"{volume}/spool",
         "BEACON_CHECKPOINT_DIR": f"{volume}/checkpoints",
         "BEACON_HEARTBEAT_INTERVAL": str(spec.heartbeat_interval),
         "BEACON_HEARTBEAT_FILE": heartbeat_file,
         "BEACON_SHUTDOWN_BUDGET": str(spec.shutdown_budget),
-        "BEACON_WORKERS": str(spec.workers),
-        "BEACON_MIN_DURATION": f"{spec.min_duration:g}",
+        **dict(spec.environment),
         "AWS_REGION": spec.region,
         "PYTHONUNBUFFERED": "1",
     }
@@ -177,9 +187,9 @@ def _all_ranks_alive(processes_per_node: int, tolerance: int) -> list[str]:
     return ["sh", "-c", f"now=$(date +%s) && {checks}"]
 
 
-def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
-    """The smoke Job (an Indexed Job; with several nodes, also the headless Service for rendezvous)."""
-    labels = {"app.kubernetes.io/name": "beacon-smoke", "beacon/team": spec.team}
+def training_job(spec: TrainingJobSpec) -> list[dict[str, Any]]:
+    """The Job (an Indexed Job; with several nodes, also the headless Service for rendezvous)."""
+    labels = {"app.kubernetes.io/name": spec.app, "beacon/team": spec.team}
     resources: dict[str, Any] = {
         "requests": {"cpu": "1", "memory": "2Gi"},
         "limits": {"memory": "4Gi"},
@@ -296,6 +306,76 @@ def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
     return objects
 
 
+@dataclass(frozen=True)
+class SmokeJobSpec:
+    """The bundled smoke job: a training Job of the smoke image running `smoke_job.train`."""
+
+    team: str
+    image: str
+    bucket: str
+    region: str
+    uid: int
+    gid: int
+    steps: int = 200
+    nodes: int = 1
+    processes_per_node: int = 1
+    gpu: bool = False
+    experiment: str = "smoke"
+    heartbeat_interval: int = 15
+    shutdown_budget: int = 60
+    workers: int = 2
+    namespace: str = contract.TRAINING_NAMESPACE
+    name_suffix: str = ""
+    min_duration: float = 0.0  # seconds the run spans at least, so its run alarms arm
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the Job's settings; `name_suffix` carries the image's identity."""
+        settings = {k: v for k, v in asdict(self).items() if k not in ("image", "name_suffix")}
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+
+    @property
+    def name(self) -> str:
+        return f"beacon-smoke-{self.fingerprint}{self.name_suffix}"
+
+    @property
+    def service_name(self) -> str:
+        return self.training_job().service_name
+
+    def training_job(self) -> TrainingJobSpec:
+        return TrainingJobSpec(
+            team=self.team,
+            image=self.image,
+            bucket=self.bucket,
+            region=self.region,
+            uid=self.uid,
+            gid=self.gid,
+            name=self.name,
+            command=SMOKE_COMMAND,
+            experiment=self.experiment,
+            nodes=self.nodes,
+            processes_per_node=self.processes_per_node,
+            gpu=self.gpu,
+            heartbeat_interval=self.heartbeat_interval,
+            shutdown_budget=self.shutdown_budget,
+            namespace=self.namespace,
+            environment=(
+                ("BEACON_STEPS", str(self.steps)),
+                ("BEACON_WORKERS", str(self.workers)),
+                ("BEACON_MIN_DURATION", f"{self.min_duration:g}"),
+            ),
+            app="beacon-smoke",
+        )
+
+
+SMOKE_COMMAND = ("-m", "smoke_job.train")
+
+
+def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
+    """The smoke Job: the bundled smoke training as any team job is built."""
+    return training_job(spec.training_job())
+
+
 # --- the same job as a SageMaker training job ------------------------------------------------
 # SageMaker syncs this directory to the checkpoint S3 URI while the job runs and restores it on a
 # restart (spot interruption): on SageMaker it is the persistent volume the spool needs.
@@ -312,10 +392,13 @@ class SageMakerContainer:
     checkpoint_local_path: str = SAGEMAKER_VOLUME
 
 
-def sagemaker_container(spec: SmokeJobSpec) -> SageMakerContainer:
-    """The smoke Job's container, entry point and settings as a SageMaker training job runs them."""
+def sagemaker_container(spec: TrainingJobSpec | SmokeJobSpec) -> SageMakerContainer:
+    """A training job's container, entry point and settings as a SageMaker training job runs them."""
+    kind = "smoke" if isinstance(spec, SmokeJobSpec) else "training"
+    if isinstance(spec, SmokeJobSpec):
+        spec = spec.training_job()
     if spec.nodes != 1:
-        raise ValueError(f"nodes: a SageMaker smoke job runs on one instance, got {spec.nodes}")
+        raise ValueError(f"nodes: a SageMaker {kind} job runs on one instance, got {spec.nodes}")
     run_prefix = contract.run_prefix(spec.experiment, spec.name)
     return SageMakerContainer(
         entrypoint=LAUNCH_COMMAND,
