@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,12 @@ class JobResult:
     @property
     def error_lines(self) -> list[str]:
         return [line for line in self.stderr.splitlines() if line.startswith(("beacon preflight:", "python -m"))]
+
+
+def preflight_seconds(text: str) -> float:
+    """Preflight's own time, as the job reports it (on failure and on success)."""
+    (seconds,) = re.findall(r"preflight (?:stopped after|passed in) ([0-9.]+) s", text)
+    return float(seconds)
 
 
 @dataclass

@@ -91,13 +91,12 @@ class Run:
         self.resumed_after_step = resumed_after_step
         self.liveness = liveness
         self.stop = stop
-        self.stop_signal: str | None = None
         self.last_step = -1
         self._resume_state: dict[str, Any] | None = None
         self.resume_step = 0
         self._in_setup = True
         self._known_metrics: set[str] = set()
-        self._signals: dict[int, Any] = {}
+        self._signals: StopSignals | None = None
         self._owned_world: Any = None  # the context that made the process group, if init made it
         self.finished: FinishReport | None = None
 
@@ -190,10 +189,16 @@ class Run:
             self.world.finish_together(self.settings.shutdown_budget + FINISH_MARGIN_S)
         finally:
             self.liveness.stop()
-            self._restore_signals()
+            if self._signals is not None:
+                self._signals.restore()
             if self._owned_world is not None:
                 self._owned_world.__exit__(None, None, None)
         return report
+
+    @property
+    def stop_signal(self) -> str | None:
+        """The signal that asked this run to stop, if one did."""
+        return self._signals.received if self._signals is not None else None
 
     def _derived_state(self, error: BaseException | str | None) -> FinalState:
         if isinstance(error, KeyboardInterrupt) or (error is None and self.stop.is_set()):
@@ -223,25 +228,30 @@ class Run:
     ) -> None:
         self.finish(error=error)
 
-    # --- signals ----------------------------------------------------------------------------------
-    def _install_signals(self) -> None:
-        """SIGTERM (eviction, Karpenter, SageMaker stop) and SIGINT: stop stepping, then drain."""
+
+class StopSignals:
+    """SIGTERM (eviction, Karpenter, a stopped SageMaker job) and SIGINT: stop stepping, then drain.
+    Installed from the first moment of `init`; `restore` gives the previous handlers back."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
-            log.warning("beacon.init outside the main thread: no SIGTERM handling (stop with run.stop)")
+            log.warning("beacon.init outside the main thread: no SIGTERM handling (stop with run.stop.set())")
             return
-
-        def handler(signum: int, _frame: FrameType | None) -> None:
-            self.stop_signal = signal.Signals(signum).name
-            logging.getLogger("beacon").warning("received %s: finishing the step, then draining", self.stop_signal)
-            self.stop.set()
-
         for signum in (signal.SIGTERM, signal.SIGINT):
-            self._signals[signum] = signal.signal(signum, handler)
+            self._previous[signum] = signal.signal(signum, self._handle)
 
-    def _restore_signals(self) -> None:
-        for signum, previous in self._signals.items():
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.received = signal.Signals(signum).name
+        logging.getLogger("beacon").warning("received %s: finishing the step, then draining", self.received)
+        self.stop.set()
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
             signal.signal(signum, previous)
-        self._signals.clear()
+        self._previous.clear()
 
 
 def init(
@@ -272,6 +282,7 @@ def init(
         owned = world_from_environment()
         world = owned.__enter__()
     stop = threading.Event()
+    signals = StopSignals(stop) if handle_signals else None  # from the start: a SIGTERM during preflight drains too
     liveness = Liveness(settings.heartbeat_file, local_rank=world.local_rank, interval=settings.heartbeat_interval)
     try:
         if handle_signals and "TORCHELASTIC_RUN_ID" in os.environ:
@@ -281,12 +292,13 @@ def init(
         run = _build(settings, world, liveness, stop, resume)
     except BaseException:
         liveness.stop()
+        if signals is not None:
+            signals.restore()
         if owned is not None:
             owned.__exit__(None, None, None)
         raise
     run._owned_world = owned
-    if handle_signals:
-        run._install_signals()
+    run._signals = signals
     return run
 
 
@@ -353,14 +365,17 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
     ssm = aws.client("ssm", settings.region) if settings.alarms else None
     fast = {"attempts": 1, "connect_timeout": 2, "read_timeout": 5}  # preflight retries within its budget
     started = time.monotonic()
-    record = run_preflight(
-        settings,
-        spool_dir=spool_dir,
-        world_size=world.size,
-        s3=aws.client("s3", settings.region, **fast),
-        cloudwatch=aws.client("cloudwatch", settings.region, **fast),
-        ssm=aws.client("ssm", settings.region, **fast) if settings.alarms else None,
-    )
+    try:
+        record = run_preflight(
+            settings,
+            spool_dir=spool_dir,
+            world_size=world.size,
+            s3=aws.client("s3", settings.region, **fast),
+            cloudwatch=aws.client("cloudwatch", settings.region, **fast),
+            ssm=aws.client("ssm", settings.region, **fast) if settings.alarms else None,
+        )
+    except PreflightError as error:
+        raise PreflightError(f"{error} (preflight stopped after {time.monotonic() - started:.1f} s)") from None
     log.info("preflight passed in %.1f s: spool on %s", time.monotonic() - started, record.spool_filesystem)
     spool = Spool(spool_dir)
     if spool.recovered_records:
