@@ -23,7 +23,7 @@ from beacon_ops.doctor import DoctorInputs, diagnose
 from beacon_ops.observe import read_run
 from beacon_ops.verify import Verification, verify_run
 from config import TeamConfig
-from workloads.manifests import SmokeJobSpec
+from workloads.manifests import SmokeJobSpec, smoke_job_spec
 
 STACK_OUTPUTS = {
     "artifacts": ("BucketName", "WriterRoleArn", "ReaderRoleArn", "KmsKeyArn"),
@@ -306,8 +306,8 @@ def fresh_suffix(now: datetime | None = None) -> str:
 
 def fresh_spec(config: TeamConfig, outputs: TeamOutputs) -> SmokeJobSpec:
     """The team's smoke job, for the deployed image and bucket, under a fresh run name."""
-    return config.smoke_job_spec(
-        image=outputs.image_uri, bucket=outputs.bucket, region=outputs.region, name_suffix=fresh_suffix()
+    return smoke_job_spec(
+        config, image=outputs.image_uri, bucket=outputs.bucket, region=outputs.region, name_suffix=fresh_suffix()
     )
 
 

@@ -14,8 +14,6 @@ from beacon import contract
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from workloads.manifests import SmokeJobSpec
-
 TEAMS_DIR = Path(__file__).parent / "teams"
 DEMO_TEAM = "demo"
 
@@ -348,24 +346,6 @@ class TeamConfig(_Section):
     artifacts: ArtifactsConfig = ArtifactsConfig()
     images: ImagesConfig = ImagesConfig()
     training: TrainingConfig = TrainingConfig()
-
-    def smoke_job_spec(self, *, image: str, bucket: str, region: str, name_suffix: str = "") -> SmokeJobSpec:
-        """The smoke Job's settings: the cluster stack and `beacon smoke` both build from here."""
-        training = self.training
-        return SmokeJobSpec(
-            team=self.team,
-            image=image,
-            bucket=bucket,
-            region=region,
-            uid=training.uid,
-            gid=training.gid,
-            steps=training.smoke_steps,
-            nodes=training.smoke_nodes,
-            processes_per_node=training.smoke_processes_per_node,
-            heartbeat_interval=self.monitoring.heartbeat_interval_seconds,
-            name_suffix=name_suffix,
-            min_duration=contract.smoke_min_duration_s(self.monitoring.heartbeat_interval_seconds),
-        )
 
     @model_validator(mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from beacon_constructs.karpenter_manifests import pool_node_labels, pool_node_ta
 from beacon_constructs.smoke_job import SmokeJob
 from beacon_constructs.training_namespace import TrainingNamespace
 from config import TeamConfig
+from workloads import manifests
 
 
 class ClusterStack(Stack):
@@ -92,7 +93,7 @@ class ClusterStack(Stack):
             self,
             "SmokeJob",
             cluster=cluster,
-            spec=config.smoke_job_spec(image="", bucket=bucket.bucket_name, region=self.region),
+            spec=manifests.smoke_job_spec(config, image="", bucket=bucket.bucket_name, region=self.region),
             platform=config.training.image_platform,
             after=[
                 self.training.service_account,

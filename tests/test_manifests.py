@@ -91,7 +91,7 @@ def test_a_sagemaker_smoke_job_is_one_instance() -> None:
 
 def test_the_smoke_job_from_a_team_file_lasts_long_enough_for_its_run_alarms() -> None:
     config = load_team("demo")
-    spec = config.smoke_job_spec(image="i", bucket="b", region="us-east-1")
+    spec = manifests.smoke_job_spec(config, image="i", bucket="b", region="us-east-1")
     (job,) = manifests.smoke_job(spec)
     env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     # Two 30 s periods (the first heartbeat's, then one evaluated) and one more beat.

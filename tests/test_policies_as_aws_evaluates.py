@@ -222,7 +222,7 @@ def put(aws: Deployment, team: str, key: str, **context: Any) -> Request:
 
 def test_item7_sagemaker_checkpoint_sync_passes_the_bucket_policy(aws: Deployment, demo_config: TeamConfig) -> None:
     bucket = bucket_arn(aws, DEMO).removeprefix("arn:aws:s3:::")
-    spec = demo_config.smoke_job_spec(image="image", bucket=bucket, region=REGION)
+    spec = manifests.smoke_job_spec(demo_config, image="image", bucket=bucket, region=REGION)
     sync_prefix = manifests.sagemaker_container(spec).checkpoint_s3_uri.removeprefix(f"s3://{bucket}/")
     # The volume holds the spool (sealed chunks, TensorBoard files) and checkpoints, each under
     # <experiment>/<run>: the sync uploads them file by file, with no If-None-Match.

@@ -274,7 +274,7 @@ def test_smoke_eks_on_a_fake_kubernetes_api_runs_the_real_job_on_moto_and_proves
     # The Job is the stack's own manifest builder's, for a fresh run name.
     (job,) = kubernetes.jobs.values()
     suffix = job.name[len("beacon-smoke-") + 8 :]
-    spec = demo_config.smoke_job_spec(image=IMAGE, bucket=BUCKET, region=REGION, name_suffix=suffix)
+    spec = manifests.smoke_job_spec(demo_config, image=IMAGE, bucket=BUCKET, region=REGION, name_suffix=suffix)
     assert job.manifest == manifests.smoke_job(spec)[0]
     assert report["run"] == job.name
     # Every call carried an EKS token; the Job was deleted and nothing runs on.

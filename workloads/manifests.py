@@ -17,6 +17,8 @@ from typing import Any
 
 from beacon import contract
 
+from config.model import TeamConfig
+
 TRAINING_SERVICE_ACCOUNT = "training"
 ARTIFACTS_CLAIM = "beacon-artifacts"
 ARTIFACTS_VOLUME = "beacon-artifacts"
@@ -369,6 +371,25 @@ class SmokeJobSpec:
 
 
 SMOKE_COMMAND = ("-m", "smoke_job.train")
+
+
+def smoke_job_spec(config: TeamConfig, *, image: str, bucket: str, region: str, name_suffix: str = "") -> SmokeJobSpec:
+    """A team's smoke Job settings: the cluster stack and `beacon smoke` both build from here."""
+    training = config.training
+    return SmokeJobSpec(
+        team=config.team,
+        image=image,
+        bucket=bucket,
+        region=region,
+        uid=training.uid,
+        gid=training.gid,
+        steps=training.smoke_steps,
+        nodes=training.smoke_nodes,
+        processes_per_node=training.smoke_processes_per_node,
+        heartbeat_interval=config.monitoring.heartbeat_interval_seconds,
+        name_suffix=name_suffix,
+        min_duration=contract.smoke_min_duration_s(config.monitoring.heartbeat_interval_seconds),
+    )
 
 
 def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
