@@ -27,6 +27,7 @@ from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.doctor import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose
 from beacon_ops.smoke import SmokeReport
 from config import ConfigError, TeamConfig, load_team
+from stacks import outputs as outputs_of
 
 
 def identifier(kind: str) -> Any:
@@ -127,9 +128,9 @@ def doctor(
     try:
         if bucket is None or reader_role_arn is None:
             outputs = stack_outputs(session.client("cloudformation"), contract.stack_name(team, "artifacts"))
-            bucket = bucket or outputs["BucketName"]
-            reader_role_arn = reader_role_arn or outputs.get("ReaderRoleArn")
-            writer_role_arn = writer_role_arn or outputs.get("WriterRoleArn")
+            bucket = bucket or outputs[outputs_of.BUCKET_NAME]
+            reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
+            writer_role_arn = writer_role_arn or outputs.get(outputs_of.WRITER_ROLE_ARN)
         sts = session.client("sts")
         reader = assume_role_credentials(sts, reader_role_arn, "beacon-doctor") if reader_role_arn else {}
         probe = None
@@ -191,8 +192,8 @@ def tensorboard(
     try:
         if bucket is None or reader_role_arn is None:
             outputs = stack_outputs(session.client("cloudformation"), contract.stack_name(team, "artifacts"))
-            bucket = bucket or outputs["BucketName"]
-            reader_role_arn = reader_role_arn or outputs.get("ReaderRoleArn")
+            bucket = bucket or outputs[outputs_of.BUCKET_NAME]
+            reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
         sts = session.client("sts")
         reader = assume_role_credentials(sts, reader_role_arn, "beacon-tensorboard") if reader_role_arn else {}
         fetched = fetch_run(

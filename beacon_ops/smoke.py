@@ -23,14 +23,9 @@ from beacon_ops.doctor import DoctorInputs, diagnose
 from beacon_ops.observe import read_run
 from beacon_ops.verify import Verification, verify_run
 from config import TeamConfig
+from stacks import outputs as outputs_of
 from workloads.manifests import SmokeJobSpec, smoke_job_spec
 
-STACK_OUTPUTS = {
-    "artifacts": ("BucketName", "WriterRoleArn", "ReaderRoleArn", "KmsKeyArn"),
-    "cluster": ("ClusterName", "TrainingNamespace", "SmokeImageUri"),
-    "monitoring": ("AlarmTopicArn", "RunAlarmTemplateParameter"),
-}
-TEAM_ALARM_OUTPUT_SUFFIX = "AlarmName"
 EXPERIMENT = "smoke"
 SHOW_EVERY_S = 5.0
 Show = Callable[[str], None]
@@ -73,7 +68,7 @@ def _stack_outputs(cloudformation: Any, stack: str, region: str, team: str) -> d
 def read_outputs(cloudformation: Any, team: str, region: str) -> TeamOutputs:
     """The team's stack outputs, or a SmokeError naming the stack and the output that is missing."""
     values: dict[str, dict[str, str]] = {}
-    for component, keys in STACK_OUTPUTS.items():
+    for component, keys in outputs_of.OPERATOR_NEEDS.items():
         stack = contract.stack_name(team, component)
         outputs = _stack_outputs(cloudformation, stack, region, team)
         missing = [key for key in keys if key not in outputs]
@@ -84,16 +79,18 @@ def read_outputs(cloudformation: Any, team: str, region: str) -> TeamOutputs:
     return TeamOutputs(
         team=team,
         region=region,
-        bucket=artifacts["BucketName"],
-        writer_role_arn=artifacts["WriterRoleArn"],
-        reader_role_arn=artifacts["ReaderRoleArn"],
-        kms_key_arn=artifacts["KmsKeyArn"],
-        cluster_name=cluster["ClusterName"],
-        namespace=cluster["TrainingNamespace"],
-        image_uri=cluster["SmokeImageUri"],
-        alarm_topic_arn=monitoring["AlarmTopicArn"],
-        run_alarm_parameter=monitoring["RunAlarmTemplateParameter"],
-        team_alarm_names=tuple(v for k, v in sorted(monitoring.items()) if k.endswith(TEAM_ALARM_OUTPUT_SUFFIX)),
+        bucket=artifacts[outputs_of.BUCKET_NAME],
+        writer_role_arn=artifacts[outputs_of.WRITER_ROLE_ARN],
+        reader_role_arn=artifacts[outputs_of.READER_ROLE_ARN],
+        kms_key_arn=artifacts[outputs_of.KMS_KEY_ARN],
+        cluster_name=cluster[outputs_of.CLUSTER_NAME],
+        namespace=cluster[outputs_of.TRAINING_NAMESPACE],
+        image_uri=cluster[outputs_of.SMOKE_IMAGE_URI],
+        alarm_topic_arn=monitoring[outputs_of.ALARM_TOPIC_ARN],
+        run_alarm_parameter=monitoring[outputs_of.RUN_ALARM_TEMPLATE_PARAMETER],
+        team_alarm_names=tuple(
+            v for k, v in sorted(monitoring.items()) if k.endswith(outputs_of.TEAM_ALARM_OUTPUT_SUFFIX)
+        ),
     )
 
 

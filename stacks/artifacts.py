@@ -10,6 +10,7 @@ from beacon_constructs.artifact_store import ArtifactStore
 from beacon_constructs.image_repository import ImageRepository
 from beacon_constructs.volume import ArtifactVolume
 from config import TeamConfig
+from stacks import outputs
 from workloads import manifests
 
 
@@ -60,10 +61,10 @@ class ArtifactsStack(Stack):
             node_role_arns=[node_role_arn],
             push_role_arns=list(config.images.push_role_arns),
         )
-        CfnOutput(self, "BucketName", value=self.store.bucket.bucket_name)
-        CfnOutput(self, "WriterRoleArn", value=self.store.writer_role.role_arn)
-        CfnOutput(self, "ReaderRoleArn", value=self.store.reader_role.role_arn)
-        CfnOutput(self, "KmsKeyArn", value=self.store.key.key_arn)
-        CfnOutput(self, "FileSystemId", value=self.volume.file_system.file_system_id)
-        CfnOutput(self, "AccessPointId", value=self.volume.access_point.access_point_id)
-        CfnOutput(self, "ImageRepositoryUri", value=self.images.repository.repository_uri)
+        CfnOutput(self, outputs.BUCKET_NAME, value=self.store.bucket.bucket_name)
+        CfnOutput(self, outputs.WRITER_ROLE_ARN, value=self.store.writer_role.role_arn)
+        CfnOutput(self, outputs.READER_ROLE_ARN, value=self.store.reader_role.role_arn)
+        CfnOutput(self, outputs.KMS_KEY_ARN, value=self.store.key.key_arn)
+        CfnOutput(self, outputs.FILE_SYSTEM_ID, value=self.volume.file_system.file_system_id)
+        CfnOutput(self, outputs.ACCESS_POINT_ID, value=self.volume.access_point.access_point_id)
+        CfnOutput(self, outputs.IMAGE_REPOSITORY_URI, value=self.images.repository.repository_uri)

@@ -16,6 +16,7 @@ from beacon_constructs.karpenter_manifests import pool_node_labels, pool_node_ta
 from beacon_constructs.smoke_job import SmokeJob
 from beacon_constructs.training_namespace import TrainingNamespace
 from config import TeamConfig
+from stacks import outputs
 from workloads import manifests
 
 
@@ -107,10 +108,10 @@ class ClusterStack(Stack):
             cluster.connections.allow_from(
                 self.bastion.connections, ec2.Port.tcp(443), "beacon smoke through the bastion's port forward"
             )
-            CfnOutput(self, "BastionInstanceId", value=self.bastion.host.instance_id)
-            CfnOutput(self, "ClusterEndpoint", value=cluster.cluster_endpoint)
-        CfnOutput(self, "ClusterName", value=cluster.cluster_name)
-        CfnOutput(self, "TrainingNamespace", value=contract.TRAINING_NAMESPACE)
-        CfnOutput(self, "SmokeJobName", value=self.smoke_job.spec.name)
-        CfnOutput(self, "SmokeImageUri", value=self.smoke_job.image.image_uri)
-        CfnOutput(self, "InterruptionQueueName", value=self.karpenter.queue.queue_name)
+            CfnOutput(self, outputs.BASTION_INSTANCE_ID, value=self.bastion.host.instance_id)
+            CfnOutput(self, outputs.CLUSTER_ENDPOINT, value=cluster.cluster_endpoint)
+        CfnOutput(self, outputs.CLUSTER_NAME, value=cluster.cluster_name)
+        CfnOutput(self, outputs.TRAINING_NAMESPACE, value=contract.TRAINING_NAMESPACE)
+        CfnOutput(self, outputs.SMOKE_JOB_NAME, value=self.smoke_job.spec.name)
+        CfnOutput(self, outputs.SMOKE_IMAGE_URI, value=self.smoke_job.image.image_uri)
+        CfnOutput(self, outputs.INTERRUPTION_QUEUE_NAME, value=self.karpenter.queue.queue_name)

@@ -6,6 +6,7 @@ from constructs import Construct
 
 from beacon_constructs.monitoring import TrainingMonitoring
 from config import TeamConfig
+from stacks import outputs
 
 
 class MonitoringStack(Stack):
@@ -29,8 +30,8 @@ class MonitoringStack(Stack):
             alarm_topic_arns=list(config.monitoring.alarm_topic_arns),
         )
         self.monitoring.grant_run_alarms(writer_role)
-        CfnOutput(self, "AlarmTopicArn", value=self.monitoring.topic.topic_arn)
-        CfnOutput(self, "RunAlarmTemplateParameter", value=self.monitoring.run_alarm_parameter.parameter_name)
-        CfnOutput(self, "DashboardName", value=self.monitoring.dashboard.dashboard_name)
+        CfnOutput(self, outputs.ALARM_TOPIC_ARN, value=self.monitoring.topic.topic_arn)
+        CfnOutput(self, outputs.RUN_ALARM_TEMPLATE_PARAMETER, value=self.monitoring.run_alarm_parameter.parameter_name)
+        CfnOutput(self, outputs.DASHBOARD_NAME, value=self.monitoring.dashboard.dashboard_name)
         for alarm in self.monitoring.team_alarms:
-            CfnOutput(self, f"{alarm.node.id}Name", value=alarm.alarm_name)
+            CfnOutput(self, outputs.team_alarm_output(alarm.node.id), value=alarm.alarm_name)

@@ -5,6 +5,7 @@ from constructs import Construct
 
 from beacon_constructs.network import TrainingNetwork
 from config import TeamConfig
+from stacks import outputs
 
 
 class NetworkStack(Stack):
@@ -22,4 +23,4 @@ class NetworkStack(Stack):
             cluster_name=cluster_name,
             flow_log_retention_days=config.monitoring.log_retention_days,
         )
-        CfnOutput(self, "VpcId", value=self.network.vpc.vpc_id)
+        CfnOutput(self, outputs.VPC_ID, value=self.network.vpc.vpc_id)

@@ -31,7 +31,7 @@ ALLOWED = {
     "beacon": set(),  # the runtime library: nothing of Beacon's outside itself
     "smoke_job": {"beacon"},  # a client of the runtime, like a team's own training
     "examples": {"beacon"},
-    "beacon_ops": {"workloads", "config", "beacon"},
+    "beacon_ops": {"workloads", "config", "beacon", "stacks"},  # stacks.outputs only: see below
     "bench": {"beacon_ops", "beacon", "smoke_job", "config", "stacks", "beacon_constructs"},
 }
 
@@ -64,6 +64,32 @@ def test_every_room_imports_only_the_rooms_its_arrows_allow() -> None:
             if target != room and target not in ALLOWED[room]:
                 wrong.append(f"{room} -> {target} ({', '.join(sorted(files))})")
     assert not wrong, "imports against the arrows:\n" + "\n".join(wrong)
+
+
+def test_the_operator_reads_the_stacks_output_keys_and_nothing_else_of_them() -> None:
+    """The operator reads synthesized templates as files; of stacks/ it imports the output keys only."""
+    modules = set()
+    for file in sorted((ROOT / "beacon_ops").rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "stacks":
+                modules.add(node.module if node.module != "stacks" else f"stacks.{node.names[0].name}")
+    assert modules == {"stacks.outputs"}
+
+
+def test_no_output_key_is_spelled_outside_the_output_keys_module() -> None:
+    from stacks import outputs
+
+    keys = {value for name, value in vars(outputs).items() if name.isupper() and isinstance(value, str)}
+    # Also CloudWatch's own field and dimension names: AlarmName, ClusterName.
+    keys -= {outputs.TEAM_ALARM_SUFFIX, outputs.TEAM_ALARM_OUTPUT_SUFFIX, "ClusterName"}
+    spelled = []
+    for room in ("stacks", "beacon_ops", "beacon_constructs", "bench"):
+        for file in sorted((ROOT / room).rglob("*.py")):
+            if file.name == "outputs.py":
+                continue
+            text = file.read_text()
+            spelled += [f"{file.relative_to(ROOT)}: {key}" for key in keys if f'"{key}"' in text]
+    assert not spelled
 
 
 def test_the_arrows_have_no_circle() -> None:

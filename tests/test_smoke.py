@@ -28,9 +28,10 @@ import pytest
 from beacon import contract
 
 from beacon_ops.embedded import OPERATOR, Provisioned, provision_team
-from beacon_ops.smoke import STACK_OUTPUTS, read_outputs
+from beacon_ops.smoke import read_outputs
 from beacon_ops.smoke_eks import TOKEN_PREFIX, eks_token
 from config import TeamConfig
+from stacks.outputs import OPERATOR_NEEDS as STACK_OUTPUTS
 from tests.fake_kubernetes import FakeKubernetes
 from tests.job_harness import wait_for
 from tests.moto_server import ACCOUNT, REGION, MotoServer

@@ -97,6 +97,7 @@ class Run:
         self._in_setup = True
         self._known_metrics: set[str] = set()
         self._signals: StopSignals | None = None
+        self._early_signal: str | None = None
         self._owned_world: Any = None  # the context that made the process group, if init made it
         self.finished: FinishReport | None = None
 
@@ -198,7 +199,13 @@ class Run:
     @property
     def stop_signal(self) -> str | None:
         """The signal that asked this run to stop, if one did."""
-        return self._signals.received if self._signals is not None else None
+        return self._early_signal or (self._signals.received if self._signals is not None else None)
+
+    def request_stop(self, signal_name: str | None = None) -> None:
+        """Stop at the next `should_stop`, as SIGTERM would (a program that caught a signal itself,
+        say before `import beacon`, passes it on here)."""
+        self._early_signal = self._early_signal or signal_name
+        self.stop.set()
 
     def _derived_state(self, error: BaseException | str | None) -> FinalState:
         if isinstance(error, KeyboardInterrupt) or (error is None and self.stop.is_set()):

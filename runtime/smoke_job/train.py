@@ -7,14 +7,29 @@ kept failing (not full), 74 spool full, 75 stopped with records still waiting in
 
 from __future__ import annotations
 
-import json
-import logging
-import sys
+import signal
+from types import FrameType
 
-import beacon
+# A stop can come while torch is still being imported (seconds on a busy node): remember it, and
+# hand it to the run once `beacon.init` has taken over the handlers.
+_stop_signals: list[str] = []
 
-from smoke_job.config import parse_args
-from smoke_job.job import Job
+
+def _remember(signum: int, _frame: FrameType | None) -> None:
+    _stop_signals.append(signal.Signals(signum).name)
+
+
+signal.signal(signal.SIGTERM, _remember)
+signal.signal(signal.SIGINT, _remember)
+
+import json  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+import beacon  # noqa: E402
+
+from smoke_job.config import parse_args  # noqa: E402
+from smoke_job.job import Job  # noqa: E402
 
 EXIT_PREFLIGHT = 3
 
@@ -28,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     except beacon.PreflightError as error:
         print(f"beacon preflight: {error}", file=sys.stderr, flush=True)
         return EXIT_PREFLIGHT
+    if _stop_signals:
+        run.request_stop(_stop_signals[0])
     summary = Job(config, run).train()
     # One write of the whole line: unbuffered, print() writes the text and the newline apart, and
     # two ranks sharing a pipe interleave them.
