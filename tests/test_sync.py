@@ -1,0 +1,135 @@
+"""`python -m beacon.sync`: a stranded spool reaches S3 exactly once, however often it is pushed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from beacon import contract
+from beacon.spool import Spool
+
+from tests.conftest import WriterSession
+from tests.job_harness import JobHarness, delivered_records
+from tests.synth import ROOT
+
+
+def stranded_spool(root: Path, run: str, steps: int, *, chunk: int = 10) -> Path:
+    """What a job killed with S3 out of reach leaves: sealed chunks, an open chunk with a torn tail,
+    last written long enough ago that no job still owns it."""
+    directory = root / "smoke" / run
+    spool = Spool(directory)
+    for start in range(0, steps, chunk):
+        spool.append(
+            [
+                contract.Record("smoke", run, s, {"loss": 1.0 / (s + 1)}, 0.0)
+                for s in range(start, min(start + chunk, steps))
+            ]
+        )
+        spool.sync()
+        if start + chunk < steps:
+            spool.seal()
+    spool.close()
+    with open(directory / "open.jsonl", "ab") as handle:
+        handle.write(b'{"experiment":"smoke","run":"')  # killed mid-write: never durable
+    return aged(directory)
+
+
+def aged(directory: Path) -> Path:
+    """As if its last writer stopped ten minutes ago."""
+    old = time.time() - 600
+    for path in directory.rglob("*"):
+        os.utime(path, (old, old))
+    return directory
+
+
+def sync(harness: JobHarness, directory: Path) -> subprocess.CompletedProcess[str]:
+    env = {**harness.env(), "BEACON_BUCKET": harness.bucket}
+    return subprocess.run(
+        [sys.executable, "-m", "beacon.sync", str(directory)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def harness(as_writer: WriterSession, strict_aws: str, tmp_path: Path) -> JobHarness:
+    return JobHarness(strict_aws, as_writer.bucket, tmp_path, as_writer.credentials)
+
+
+def test_a_stranded_spool_is_pushed_once_and_a_second_push_sends_nothing(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    directory = stranded_spool(tmp_path / "volume", "stranded-1", 35)
+    first = sync(harness, directory)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "4 chunk(s) uploaded (35 records)" in first.stdout
+    again = sync(harness, aged(directory))
+    assert again.returncode == 0 and "0 chunk(s) uploaded" in again.stdout
+    steps = sorted(r.step for r in delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "stranded-1"))
+    assert steps == list(range(35)), "every durable step once; the torn tail was never a record"
+
+
+def test_a_push_interrupted_after_s3_took_a_chunk_is_finished_without_sending_it_twice(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """S3 acknowledged a chunk whose acknowledgement never reached the spool (the pushing pod died):
+    the next push counts it as delivered, byte for byte, and sends the rest."""
+    directory = stranded_spool(tmp_path / "volume", "stranded-2", 25)
+    (chunk, *_rest) = Spool(directory).pending()
+    as_writer.client("s3").put_object(
+        Bucket=as_writer.bucket,
+        Key=contract.events_key("smoke", "stranded-2", chunk.sequence),
+        Body=chunk.body(),
+        IfNoneMatch="*",
+    )
+    done = sync(harness, aged(directory))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 already in" in done.stdout
+    steps = sorted(r.step for r in delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "stranded-2"))
+    assert steps == list(range(25))
+
+
+def test_a_spool_that_conflicts_with_s3_is_refused_naming_the_run_and_kept(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    directory = stranded_spool(tmp_path / "volume", "stranded-3", 15)
+    other = contract.Record("smoke", "stranded-3", 0, {"loss": 9.0}, 0.0, seq=0).to_line()
+    key = contract.events_key("smoke", "stranded-3", 0)
+    as_writer.client("s3").put_object(Bucket=as_writer.bucket, Key=key, Body=other, IfNoneMatch="*")
+    done = sync(harness, directory)
+    assert done.returncode == 3
+    (line,) = done.stderr.strip().splitlines()
+    assert "run 'stranded-3'" in line and "differs from s3://" in line
+    assert Spool(directory).pending(), "the spool keeps its records"
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda root: root / "nothing-here", "not a directory"),
+        (lambda root: root, "expected <spool root>/<experiment>/<run>"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_path(
+    harness: JobHarness, tmp_path: Path, make: object, expected: str
+) -> None:
+    (tmp_path / "Upper Case").mkdir()
+    target = make(tmp_path / "Upper Case")  # type: ignore[operator]
+    done = sync(harness, target)
+    assert done.returncode == 3
+    (line,) = done.stderr.strip().splitlines()
+    assert expected in line and str(target.resolve()) in line
+
+
+def test_a_spool_a_live_job_may_still_write_is_left_alone(harness: JobHarness, tmp_path: Path) -> None:
+    directory = stranded_spool(tmp_path / "volume", "live-1", 5)
+    (directory / "open.jsonl").touch()  # written just now
+    done = sync(harness, directory)
+    assert done.returncode == 3 and "a live job may still own it" in done.stderr
