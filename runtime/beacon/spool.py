@@ -102,6 +102,8 @@ class Spool:
         self._open = open(self.directory / OPEN, "ab")  # noqa: SIM115 - held for the spool's life
         self.open_records = 0
         self.durable_step: int = self.last_step
+        # The last sequence number fsync'd (here, or in S3 after `continue_after`): what a mirror may read.
+        self.durable_seq: int = self.next_seq - 1
 
     # --- recovery ----------------------------------------------------------------------
     def _read_state(self) -> dict[str, Any]:
@@ -113,7 +115,7 @@ class Spool:
 
     def _index_sealed(self, sequence: int) -> None:
         """Count a sealed chunk found on disk, and move the position past what it holds."""
-        path = self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
+        path = self.sealed_path(sequence)
         lines = [line for line in path.read_bytes().splitlines() if line.strip()]
         self._sealed[sequence] = Chunk(sequence, path, len(lines))
         self.next_chunk = max(self.next_chunk, sequence + 1)
@@ -156,6 +158,7 @@ class Spool:
             self.next_seq = max(self.next_seq, seq + 1)
             self.last_step = max(self.last_step, step)
             self.durable_step = max(self.durable_step, self.last_step)
+            self.durable_seq = max(self.durable_seq, self.next_seq - 1)
             self._write_state()
 
     # --- writing (the spool thread) -------------------------------------------------------
@@ -187,6 +190,7 @@ class Spool:
         except OSError as error:
             raise SpoolFullError(error.errno, f"spool {self.directory}: {error.strerror}") from error
         self.durable_step = self.last_step
+        self.durable_seq = self.next_seq - 1
 
     def seal(self) -> Chunk | None:
         """Close the open chunk into an immutable, numbered one; None if it is empty."""
@@ -202,7 +206,7 @@ class Spool:
         return chunk
 
     def _seal_path(self, path: Path, records: int, sequence: int) -> Chunk:
-        target = self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
+        target = self.sealed_path(sequence)
         with self._lock:
             self.next_chunk = max(self.next_chunk, sequence + 1)
             self._write_state()  # first: the state counts this chunk before it can be acknowledged
@@ -214,6 +218,9 @@ class Spool:
         with self._lock:
             self._sealed[sequence] = chunk
         return chunk
+
+    def sealed_path(self, sequence: int) -> Path:
+        return self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
 
     def _write_state(self) -> None:
         state = {"next_chunk": self.next_chunk, "next_seq": self.next_seq, "last_step": self.last_step}
