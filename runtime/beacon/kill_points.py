@@ -13,7 +13,15 @@ SEAL_RENAMED = "seal:renamed"  # the chunk is sealed; its directory entry not ye
 UPLOADED_NOT_ACKNOWLEDGED = "upload:acknowledged-by-s3"  # S3 holds the chunk; the spool still does too
 CHECKPOINT_WRITTEN = "checkpoint:file-written"  # the checkpoint file is durable; latest not yet moved
 CHECKPOINT_PROMOTED = "checkpoint:latest-moved"  # latest points at it; older ones not yet pruned
-ALL = (SEAL_STATE_WRITTEN, SEAL_RENAMED, UPLOADED_NOT_ACKNOWLEDGED, CHECKPOINT_WRITTEN, CHECKPOINT_PROMOTED)
+MIRROR_SENT_NOT_RECORDED = "mirror:sent-not-recorded"  # the tracker holds a batch; the cursor does not say so yet
+ALL = (
+    SEAL_STATE_WRITTEN,
+    SEAL_RENAMED,
+    UPLOADED_NOT_ACKNOWLEDGED,
+    CHECKPOINT_WRITTEN,
+    CHECKPOINT_PROMOTED,
+    MIRROR_SENT_NOT_RECORDED,
+)
 
 
 def _nothing(_name: str) -> None: ...

@@ -33,6 +33,8 @@ from beacon.contract import FinalState, Phase
 from beacon.distributed import World, world_from_environment
 from beacon.lifeline import die_with_parent
 from beacon.liveness import Liveness
+from beacon.mirrors import MIRROR_SHARE, RunInfo, build
+from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, Mirrors, MirrorWorker, s3_chunks
 from beacon.preflight import PreflightError, run_preflight
 from beacon.progress import ProgressClock
 from beacon.reconcile import RunConflictError, reconcile
@@ -45,6 +47,8 @@ log = logging.getLogger("beacon.run")
 RESUME_MODES = ("auto", "never")
 # Beyond rank 0's drain budget: its final checkpoint and last uploads, before the group is torn down.
 FINISH_MARGIN_S = 30.0
+# The least the tracker mirrors get once the uploads are over, to send the last records and the state.
+MIRROR_LAST_WORD_S = 1.0
 PHASE_NAME_LIMIT = 64
 
 
@@ -59,6 +63,7 @@ class FinishReport:
     checkpoints: list[int] = field(default_factory=list)
     checkpoint_abandoned: bool = False
     aws_requests: dict[str, int] = field(default_factory=dict)  # by service, sent by this process
+    mirrors: dict[str, MirrorReport] = field(default_factory=dict)  # by tracker
 
     @property
     def delivered(self) -> bool:
@@ -80,6 +85,7 @@ class Run:
         resumed_after_step: int,
         liveness: Liveness,
         stop: threading.Event,
+        mirrors: Mirrors | None = None,
     ) -> None:
         self.settings = settings
         self.world = world
@@ -91,6 +97,7 @@ class Run:
         self.resumed_after_step = resumed_after_step
         self.liveness = liveness
         self.stop = stop
+        self.mirrors = mirrors  # rank 0's tracker mirrors, when settings.mirrors names any
         self.last_step = -1
         self._resume_state: dict[str, Any] | None = None
         self.resume_step = 0
@@ -168,13 +175,20 @@ class Run:
             return self.finished
         state = FinalState(status) if status is not None else self._derived_state(error)
         error_name = error if isinstance(error, str | None) else type(error).__name__
-        deadline = time.monotonic() + self.settings.shutdown_budget
+        started = time.monotonic()
+        deadline = started + self.settings.shutdown_budget
+        if self.mirrors is not None:
+            self.mirrors.finishing(state)  # they drain beside the uploads, on their own threads
         checkpoint_done = True
         if self.checkpointer is not None:
             # Finish the in-flight checkpoint if the budget allows; otherwise abandon it (its temp
             # file never became `latest`, so a resume uses the previous one).
             checkpoint_done = self.checkpointer.join(timeout=max(0.0, (deadline - time.monotonic()) / 2))
         delivery = self.telemetry.close(budget=max(1.0, deadline - time.monotonic()))
+        mirrors: dict[str, MirrorReport] = {}
+        if self.mirrors is not None:
+            share_ends = started + MIRROR_SHARE * self.settings.shutdown_budget
+            mirrors = self.mirrors.join(until=min(deadline, max(share_ends, time.monotonic() + MIRROR_LAST_WORD_S)))
         report = FinishReport(
             state=state,
             error=error_name,
@@ -183,6 +197,7 @@ class Run:
             checkpoints=list(self.checkpointer.saved) if self.checkpointer else [],
             checkpoint_abandoned=not checkpoint_done,
             aws_requests=dict(aws.REQUESTS.by_service),
+            mirrors=mirrors,
         )
         self.finished = report
         self.telemetry.publish_final(self._final_record(report))
@@ -224,6 +239,7 @@ class Run:
             "last_step": report.last_step,
             "checkpoints": report.checkpoints,
             "unacknowledged_records": report.delivery.unacknowledged_records,
+            "mirrors_behind": {name: mirror.behind for name, mirror in report.mirrors.items()},
             "ended_at": time.time(),
         }
 
@@ -313,6 +329,7 @@ def _build(settings: RunSettings, world: World, liveness: Liveness, stop: thread
     progress = ProgressClock()
     progress.enter(Phase.SETUP)  # left at the first log: a long setup is work, not a stall
     telemetry: NullTelemetry = NullTelemetry()
+    mirrors: Mirrors | None = None
     checkpointer: AsyncCheckpointer | None = None
     resumed_after_step = -1
     failure = ""
@@ -324,6 +341,7 @@ def _build(settings: RunSettings, world: World, liveness: Liveness, stop: thread
                     f"run {settings.run!r} already holds records through step {resumed_after_step} "
                     "and resume='never': start with a new run id"
                 )
+            mirrors = _writer_mirrors(settings, telemetry)
         except PreflightError as error:
             failure = str(error)
         if not failure:
@@ -348,6 +366,7 @@ def _build(settings: RunSettings, world: World, liveness: Liveness, stop: thread
         resumed_after_step=resumed_after_step,
         liveness=liveness,
         stop=stop,
+        mirrors=mirrors,
     )
     resume_point = load_resume_point(settings.run_checkpoint_dir, at_most=run.resume_limit)
     if resume_point is not None:
@@ -360,7 +379,30 @@ def _build(settings: RunSettings, world: World, liveness: Liveness, stop: thread
             step,
         )
     telemetry.start()  # heartbeats from the start of setup: a long setup is not silence
+    if mirrors is not None:
+        mirrors.start()
     return run
+
+
+def _writer_mirrors(settings: RunSettings, telemetry: NullTelemetry) -> Mirrors | None:
+    """A worker per tracker, reading the spool (and S3, for chunks already delivered)."""
+    if not settings.mirrors or not isinstance(telemetry, Telemetry):
+        return None
+    info = RunInfo(settings.team, settings.experiment, settings.run, settings.run_spool_dir / MIRRORS_DIR)
+    fetch = s3_chunks(telemetry.s3, settings.bucket, settings.experiment, settings.run)
+    return Mirrors(
+        [
+            MirrorWorker(
+                build(name, settings),
+                run=info,
+                spool=telemetry.spool,
+                fetch=fetch,
+                wake=telemetry.watch_durable(),
+                spool_finished=telemetry.spool_finished,
+            )
+            for name in settings.mirrors
+        ]
+    )
 
 
 def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClock) -> tuple[NullTelemetry, int]:

@@ -20,6 +20,9 @@ from typing import Any
 from beacon import contract
 
 ENV_PREFIX = "BEACON_"
+# The trackers a run can be mirrored to (beacon/mirrors): replayed from the spool, never on the loop.
+TRACKERS = ("mlflow", "wandb")
+WANDB_MODES = ("online", "offline")
 
 
 class SettingsError(ValueError):
@@ -47,6 +50,12 @@ class RunSettings:
     # Logged metrics that also go to CloudWatch (each is a custom metric, billed monthly). S3 and
     # TensorBoard carry every metric; CloudWatch always carries the health contract and the loss.
     cloudwatch_metrics: tuple[str, ...] = ()
+    # Trackers the run is mirrored to, from the spool by a thread each (rank 0): e.g. ("mlflow",).
+    mirrors: tuple[str, ...] = ()
+    mlflow_tracking_uri: str = ""  # required with the MLflow mirror
+    mlflow_experiment: str = ""  # the MLflow experiment; Beacon's experiment when empty
+    wandb_project: str = ""  # the W&B project; Beacon's experiment when empty
+    wandb_mode: str = "online"  # or "offline": the W&B run stays on the spool volume for `wandb sync`
 
     def __post_init__(self) -> None:
         for kind in ("team", "experiment"):
@@ -66,8 +75,23 @@ class RunSettings:
                 raise SettingsError(f"{_label('cloudwatch_metrics')}: {name!r} is not a metric name")
             if name in contract.reserved_metric_names():
                 raise SettingsError(f"{_label('cloudwatch_metrics')}: {name!r} is one of Beacon's own metrics")
+        self._check_mirrors()
         if not self.namespace:
             object.__setattr__(self, "namespace", contract.metric_namespace(self.team))
+
+    def _check_mirrors(self) -> None:
+        for name in self.mirrors:
+            if name not in TRACKERS:
+                raise SettingsError(f"{_label('mirrors')}: {name!r} is not one of {', '.join(TRACKERS)}")
+        if len(set(self.mirrors)) < len(self.mirrors):
+            raise SettingsError(f"{_label('mirrors')}: names a tracker twice: {','.join(self.mirrors)}")
+        if self.mirrors and not self.telemetry:
+            raise SettingsError(f"{_label('mirrors')}: needs telemetry on (a mirror replays the spool)")
+        if "mlflow" in self.mirrors and not self.mlflow_tracking_uri:
+            raise SettingsError(f"{_label('mlflow_tracking_uri')}: required when mirrors has mlflow")
+        if self.wandb_mode not in WANDB_MODES:
+            modes = ", ".join(WANDB_MODES)
+            raise SettingsError(f"{_label('wandb_mode')}: must be one of {modes}, got {self.wandb_mode!r}")
 
     def with_run(self, run: str) -> RunSettings:
         return dataclasses.replace(self, run=run)
@@ -98,8 +122,11 @@ class RunSettings:
                 values[field.name] = _parse(field.name, field.default, text)
         if given:
             raise SettingsError(f"{sorted(given)[0]}: not a setting of beacon.init")
-        if isinstance(values.get("cloudwatch_metrics"), list | set):
-            values["cloudwatch_metrics"] = tuple(values["cloudwatch_metrics"])
+        for name in ("cloudwatch_metrics", "mirrors"):
+            if isinstance(values.get(name), str):
+                values[name] = _parse(name, (), values[name])
+            elif isinstance(values.get(name), list | set):
+                values[name] = tuple(values[name])
         for name in ("spool_dir", "checkpoint_dir", "heartbeat_file"):
             if name in values:
                 values[name] = Path(values[name])

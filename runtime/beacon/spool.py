@@ -121,6 +121,8 @@ class Spool:
         self._tail_suspect = False
         self._sealing_as: int | None = None  # a seal that failed half-way keeps its chunk number
         self.durable_step: int = self.last_step
+        # The last sequence number fsync'd (here, or in S3 after `continue_after`): what a mirror may read.
+        self.durable_seq: int = self.next_seq - 1
 
     def _open_chunk(self) -> io.FileIO:
         # Unbuffered: every byte goes through os.write, so nothing sits in a buffer a failure would
@@ -137,7 +139,7 @@ class Spool:
 
     def _index_sealed(self, sequence: int) -> None:
         """Count a sealed chunk found on disk, and move the position past what it holds."""
-        path = self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
+        path = self.sealed_path(sequence)
         lines = [line for line in path.read_bytes().splitlines() if line.strip()]
         self._sealed[sequence] = Chunk(sequence, path, len(lines))
         self.next_chunk = max(self.next_chunk, sequence + 1)
@@ -180,6 +182,7 @@ class Spool:
             self.next_seq = max(self.next_seq, seq + 1)
             self.last_step = max(self.last_step, step)
             self.durable_step = max(self.durable_step, self.last_step)
+            self.durable_seq = max(self.durable_seq, self.next_seq - 1)
             self._write_state()
 
     # --- writing (the spool thread) -------------------------------------------------------
@@ -222,6 +225,7 @@ class Spool:
         self._unsynced.clear()
         self._tail_suspect = False
         self.durable_step = self.last_step
+        self.durable_seq = self.next_seq - 1
 
     def seal(self) -> Chunk | None:
         """Close the open chunk into an immutable, numbered one; None if it is empty. A seal that
@@ -242,7 +246,7 @@ class Spool:
         return chunk
 
     def _seal_path(self, path: Path, records: int, sequence: int) -> Chunk:
-        target = self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
+        target = self.sealed_path(sequence)
         with self._lock:
             self.next_chunk = max(self.next_chunk, sequence + 1)
             self._write_state()  # first: the state counts this chunk before it can be acknowledged
@@ -255,6 +259,9 @@ class Spool:
         with self._lock:
             self._sealed[sequence] = chunk
         return chunk
+
+    def sealed_path(self, sequence: int) -> Path:
+        return self.sealed_dir / f"chunk-{sequence:08d}.jsonl"
 
     def _write_state(self) -> None:
         state = {"next_chunk": self.next_chunk, "next_seq": self.next_seq, "last_step": self.last_step}

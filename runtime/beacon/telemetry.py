@@ -135,6 +135,7 @@ class Telemetry(NullTelemetry):
         self._upload_wake = threading.Event()
         self._deadline: float | None = None
         self._durable = threading.Condition()
+        self._durable_watchers: list[threading.Event] = []  # set whenever records become durable
         self._chunk_opened_at: float | None = None
         self._awaiting_sync: list[Record] = []  # appended to the spool, not yet fsync'd
         self._backoff_until = 0.0
@@ -180,6 +181,22 @@ class Telemetry(NullTelemetry):
                 self._durable.wait(min(remaining, UPLOAD_POLL_S))
         return True
 
+    def watch_durable(self) -> threading.Event:
+        """An event set each time records become durable, and once the spool is done (a mirror's wake-up)."""
+        event = threading.Event()
+        self._durable_watchers.append(event)
+        return event
+
+    def spool_finished(self) -> bool:
+        """True once nothing more will become durable in this process."""
+        return self._spool_done.is_set()
+
+    def _notify_durable(self) -> None:
+        with self._durable:
+            self._durable.notify_all()
+        for event in self._durable_watchers:
+            event.set()
+
     def _remaining(self) -> float:
         return float("inf") if self._deadline is None else self._deadline - time.monotonic()
 
@@ -223,8 +240,7 @@ class Telemetry(NullTelemetry):
         finally:
             self._spool_done.set()
             self._upload_wake.set()
-            with self._durable:
-                self._durable.notify_all()
+            self._notify_durable()
 
     def _drain(self) -> list[Record]:
         """The queued steps as records, their values read here rather than on the training thread
@@ -257,8 +273,7 @@ class Telemetry(NullTelemetry):
         if self._awaiting_sync:
             synced, self._awaiting_sync = self._awaiting_sync, []
             self.report.records += len(synced)
-            with self._durable:
-                self._durable.notify_all()
+            self._notify_durable()
             with on_spool_disk(self.spool.directory):
                 self._write_tensorboard(synced)  # a view of the records: a disk error here loses no record
         due = self._chunk_opened_at is not None and (

@@ -1,0 +1,62 @@
+"""Tracker mirrors: the run's records copied to MLflow or W&B from the durable spool, never from the loop.
+
+Each mirror is driven by a `MirrorWorker` thread of its own on rank 0 (`beacon.mirrors.worker`); a
+tracker outage only makes its worker wait, and what it has not sent stays behind a durable cursor
+for the next start of the run. The tracker packages are imported lazily, inside their mirror.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from beacon.contract import FinalState, Record
+from beacon.preflight import PreflightError
+from beacon.settings import RunSettings
+
+# The mirrors' share of the shutdown budget, from the start of `finish` (they drain beside the uploads).
+MIRROR_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The Beacon run a tracker's run mirrors."""
+
+    team: str
+    experiment: str
+    run: str
+    directory: Path  # the mirrors' own files, on the spool's volume
+
+
+class Mirror(Protocol):
+    name: str
+
+    def open(self, run: RunInfo) -> int | None:
+        """Find (by Beacon's run id) or create the tracker's run. Returns the last sequence number the
+        tracker says it holds (-1: nothing), or None when it cannot tell: then the cursor decides."""
+
+    def send(self, records: Sequence[Record]) -> None:
+        """Give the tracker these records (consecutive sequence numbers, in order); raise on failure,
+        so the same records are sent again later."""
+
+    def close(self, state: FinalState) -> None:
+        """Tell the tracker how the run ended; only once everything durable was sent."""
+
+
+def build(name: str, settings: RunSettings) -> Mirror:
+    """The mirror `name` (one of `settings.TRACKERS`), its package checked but not imported yet."""
+    if importlib.util.find_spec(name) is None:
+        raise PreflightError(f"mirrors: {name} is not installed (pip install 'beacon[{name}]')")
+    if name == "mlflow":
+        from beacon.mirrors.mlflow import MlflowMirror
+
+        return MlflowMirror(settings.mlflow_tracking_uri, settings.mlflow_experiment or settings.experiment)
+    if name == "wandb":
+        from beacon.mirrors.wandb import WandbMirror
+
+        share = MIRROR_SHARE * settings.shutdown_budget  # wandb's own finish, at exit too, waits no longer
+        return WandbMirror(settings.wandb_project or settings.experiment, settings.wandb_mode, finish_timeout=share)
+    raise PreflightError(f"mirrors: no mirror named {name!r}")

@@ -1,0 +1,99 @@
+"""The W&B mirror: `run.log` with each record's own step and wall time, into a run whose id is Beacon's.
+
+`wandb.init(id=..., resume="allow")` makes every start of a Beacon run feed one W&B run. Online,
+a resumed run tells where it is: the last sequence number in its summary, and its next step (W&B
+drops a step below it, so nothing shows twice). Offline (`wandb_mode="offline"`) there is no server
+to ask, and the cursor alone decides; the run's files stay on the spool's volume for `wandb sync`.
+A send returns once wandb's own process has the points (its local log); wandb uploads them itself.
+`wandb` is imported only here, when the mirror opens.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from beacon.contract import FinalState, Record
+from beacon.mirrors import RunInfo
+
+if TYPE_CHECKING:
+    from wandb.sdk.wandb_run import Run as WandbRun
+
+log = logging.getLogger("beacon.mirrors.wandb")
+
+SEQ_KEY = "beacon_mirrored_seq"  # in the run's summary: the last sequence number W&B holds
+STATE_KEY = "beacon_final_state"  # in the summary too: finished, failed or preempted, as Beacon says
+EXIT_CODE = {FinalState.FINISHED: 0, FinalState.FAILED: 1, FinalState.PREEMPTED: 143}  # 143: SIGTERM
+
+
+def wandb_run_id(experiment: str, run: str) -> str:
+    """One W&B run per Beacon run, even in a project several experiments share ('.' is in neither id)."""
+    return f"{experiment}.{run}"
+
+
+class WandbMirror:
+    name = "wandb"
+
+    def __init__(self, project: str, mode: str, *, finish_timeout: float) -> None:
+        self.project = project
+        self.mode = mode
+        self.finish_timeout = finish_timeout
+        self._run: WandbRun | None = None
+        self._next_step = 0  # W&B drops a step below its current one
+
+    def open(self, run: RunInfo) -> int | None:
+        import wandb
+
+        directory = os.environ.get("WANDB_DIR") or str(run.directory)
+        os.makedirs(directory, exist_ok=True)
+        opened = wandb.init(
+            project=self.project,
+            id=wandb_run_id(run.experiment, run.run),
+            name=run.run,
+            group=run.experiment,
+            config={"beacon": {"team": run.team, "experiment": run.experiment, "run": run.run}},
+            resume="allow",
+            mode="offline" if self.mode == "offline" else "online",
+            dir=directory,
+            reinit="create_new",
+            settings=wandb.Settings(
+                console="off",  # the team's stdout stays theirs
+                silent=True,
+                x_disable_stats=True,
+                x_disable_machine_info=True,
+                save_code=False,
+                disable_git=True,
+                finish_timeout=self.finish_timeout,  # what W&B has not uploaded by then, `wandb sync` can
+            ),
+        )
+        self._run = opened
+        if not opened.resumed:
+            return None if self.mode == "offline" else -1
+        self._next_step = opened.step
+        held: Any = opened.summary.get(SEQ_KEY)  # type: ignore[no-untyped-call]
+        log.info("mirroring to W&B run %s (resumed at step %d)", opened.id, self._next_step)
+        return int(held) if held is not None else None
+
+    def send(self, records: Sequence[Record]) -> None:
+        run = self._opened()
+        for record in records:
+            if record.step < self._next_step:
+                continue  # a resumed run already holds this step
+            run.log({**record.metrics, "_timestamp": record.wall_time}, step=record.step, commit=True)
+            self._next_step = record.step + 1
+        if records:
+            run.summary[SEQ_KEY] = records[-1].seq
+
+    def close(self, state: FinalState) -> None:
+        run = self._opened()
+        run.summary[STATE_KEY] = state.value
+        if state is FinalState.PREEMPTED:
+            run.mark_preempting()
+        run.finish(exit_code=EXIT_CODE[state])
+
+    def _opened(self) -> WandbRun:
+        if self._run is None:
+            raise RuntimeError("the W&B mirror is not open")
+        return self._run
