@@ -96,6 +96,8 @@ class Run:
         self._resume_state: dict[str, Any] | None = None
         self.resume_step = 0
         self._in_setup = True
+        self._hyperparams_sent: bytes | None = None
+        self._hyperparams_writes: list[threading.Thread] = []
         self._known_metrics: set[str] = set()
         self._signals: dict[int, Any] = {}
         self._owned_world: Any = None  # the context that made the process group, if init made it
@@ -129,6 +131,22 @@ class Run:
         self.progress.step_finished()
         self.last_step = step
         self.telemetry.log(step, metrics)
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        """Keep the run's hyperparameters beside its records: rank 0 writes them once, create-only
+        (`contract.hyperparams_key`), on a thread of its own. A restarted run with the same values
+        finds them there; other values are refused (the first attempt's stay) and logged."""
+        if not self.is_writer:
+            return
+        document = contract.hyperparams_document(params)
+        if document == self._hyperparams_sent:
+            return
+        self._hyperparams_sent = document
+        write = threading.Thread(
+            target=self.telemetry.publish_hyperparams, args=(document,), name="beacon-hyperparams", daemon=True
+        )
+        self._hyperparams_writes.append(write)
+        write.start()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -170,6 +188,8 @@ class Run:
         error_name = error if isinstance(error, str | None) else type(error).__name__
         deadline = time.monotonic() + self.settings.shutdown_budget
         checkpoint_done = True
+        for write in self._hyperparams_writes:
+            write.join(timeout=max(0.0, (deadline - time.monotonic()) / 4))
         if self.checkpointer is not None:
             # Finish the in-flight checkpoint if the budget allows; otherwise abandon it (its temp
             # file never became `latest`, so a resume uses the previous one).
