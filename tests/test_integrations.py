@@ -1,0 +1,202 @@
+"""Beacon inside frameworks: Lightning's logger and callback, the HF Trainer's callback, and checkpoints
+a framework writes itself (`Run.commit_checkpoint`). Framework jobs run as real processes against the
+strict embedded AWS, configured by BEACON_* alone, with tiny models built from a config."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import beacon
+import pytest
+from beacon import contract
+from beacon.checkpoint import AsyncCheckpointer, framework_checkpoint
+
+from tests.conftest import WriterSession
+from tests.job_harness import JobHarness, delivered_records
+from tests.synth import ROOT
+
+
+@pytest.fixture
+def harness(as_writer: WriterSession, strict_aws: str, tmp_path: Path) -> JobHarness:
+    return JobHarness(strict_aws, as_writer.bucket, tmp_path, as_writer.credentials)
+
+
+def environment(harness: JobHarness, run: str, **extra: str) -> dict[str, str]:
+    """What the stack's Job sets (BEACON_* and the AWS SDK chain), with a fast heartbeat and flush."""
+    return {
+        **harness.env(),
+        "BEACON_BUCKET": harness.bucket,
+        "BEACON_RUN_ID": run,
+        "BEACON_SPOOL_DIR": str(harness.workdir / "spool"),
+        "BEACON_CHECKPOINT_DIR": str(harness.workdir / "checkpoints"),
+        "BEACON_HEARTBEAT_FILE": str(harness.workdir / "heartbeat"),
+        "BEACON_HEARTBEAT_INTERVAL": "0.5",
+        "BEACON_FLUSH_INTERVAL": "0.5",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        **extra,
+    }
+
+
+def run_job(command: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def records_by_step(writer: WriterSession, experiment: str, run: str) -> dict[int, dict[str, float]]:
+    """Every delivered record by step; a step recorded twice fails here."""
+    records = delivered_records(writer.client("s3"), writer.bucket, experiment, run)
+    steps = [record.step for record in records]
+    assert len(steps) == len(set(steps)), f"a step recorded more than once: {sorted(steps)}"
+    assert {record.rank for record in records} == {0}, "only rank 0 writes"
+    return {record.step: record.metrics for record in records}
+
+
+def s3_json(writer: WriterSession, key: str) -> dict[str, Any]:
+    return dict(json.loads(writer.client("s3").get_object(Bucket=writer.bucket, Key=key)["Body"].read()))
+
+
+def latest_pointer(harness: JobHarness, experiment: str, run: str) -> dict[str, Any]:
+    return dict(json.loads((harness.workdir / "checkpoints" / experiment / run / "latest.json").read_text()))
+
+
+def phases_sent(writer: WriterSession, run: str) -> set[str]:
+    """The Phase dimension of every PhaseSeconds datum this run's heartbeat sent."""
+    writer.aws.reset_auth_only()  # the admin's view: the writer may not list metrics
+    listed = writer.aws.client("cloudwatch").list_metrics(
+        Namespace=contract.metric_namespace("demo"), MetricName=contract.PHASE_SECONDS.name
+    )["Metrics"]
+    phases: set[str] = set()
+    for metric in listed:
+        dimensions = {d["Name"]: d["Value"] for d in metric["Dimensions"]}
+        if dimensions.get(contract.Dim.RUN.value) == run:
+            phases.add(dimensions[contract.Dim.PHASE.value])
+    return phases
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# --- checkpoints a framework writes: Run.commit_checkpoint ----------------------------------------
+def committer(directory: Path, wait_durable: Any = None) -> tuple[AsyncCheckpointer, queue.Queue[float]]:
+    """A checkpointer whose records are durable at once unless told otherwise; the queue gets one
+    item each time a commit is over (promoted, refused or failed)."""
+    over: queue.Queue[float] = queue.Queue()
+    checkpointer = AsyncCheckpointer(
+        directory,
+        upload=None,
+        wait_durable=wait_durable or (lambda step, timeout: True),
+        on_finished=over.put,
+    )
+    return checkpointer, over
+
+
+def test_a_commit_waits_for_its_future_never_moves_latest_back_and_a_failed_save_leaves_it(tmp_path: Path) -> None:
+    checkpointer, over = committer(tmp_path)
+    slow: Future[None] = Future()
+    checkpointer.commit(10, slow, "ten")
+    checkpointer.commit(20, None, "twenty")  # written already, as HF Trainer's save is
+    over.get(timeout=30)
+    assert framework_checkpoint(tmp_path) == (20, "twenty"), "a pending save holds back no later one"
+    slow.set_result(None)
+    over.get(timeout=30)
+    assert framework_checkpoint(tmp_path) == (20, "twenty"), "a save that ends later never moves latest back"
+    failing: Future[None] = Future()
+    checkpointer.commit(30, failing, "thirty")
+    failing.set_exception(OSError("No space left on device"))
+    over.get(timeout=30)
+    assert framework_checkpoint(tmp_path) == (20, "twenty"), "a failed save is never the resume point"
+    assert (sorted(checkpointer.saved), checkpointer.failures) == ([10, 20], 1), "10 is complete, just not latest"
+
+
+def test_a_commit_moves_latest_only_once_the_records_through_its_step_are_durable(tmp_path: Path) -> None:
+    durable, asked = threading.Event(), threading.Event()
+
+    def wait_durable(step: int, timeout: float) -> bool:
+        asked.set()
+        return durable.wait(timeout)
+
+    checkpointer, _ = committer(tmp_path, wait_durable)
+    checkpointer.commit(5, None, "five")
+    assert asked.wait(30), "the save is done: the commit now waits on the records"
+    assert framework_checkpoint(tmp_path) is None
+    durable.set()
+    assert checkpointer.join(timeout=30)
+    assert framework_checkpoint(tmp_path) == (5, "five")
+
+
+def test_a_commit_after_the_last_record_waits_only_for_the_records_there_are(tmp_path: Path) -> None:
+    """A framework need not log at the step it saves at: once the loop is over, the last record is
+    the one a commit waits for."""
+    checkpointer, _ = committer(tmp_path, lambda step, timeout: step <= 7)  # records through step 7, no more
+    checkpointer.commit(12, None, "twelve")
+    checkpointer.loop_over(7)
+    assert checkpointer.join(timeout=30)
+    assert framework_checkpoint(tmp_path) == (12, "twelve")
+
+
+def test_a_save_still_pending_at_finish_is_abandoned_and_never_latest(tmp_path: Path) -> None:
+    run = beacon.init(
+        "commit",
+        telemetry=False,
+        checkpoint_dir=tmp_path / "checkpoints",
+        heartbeat_file=tmp_path / "heartbeat",
+        shutdown_budget=1.0,
+        handle_signals=False,
+    )
+    run.log({"loss": 1.0}, 0)
+    assert run.commit_checkpoint(0, Future(), path=tmp_path / "never-finished")
+    report = run.finish()
+    assert report.checkpoint_abandoned and report.checkpoints == []
+    assert framework_checkpoint(run.settings.run_checkpoint_dir) is None
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_a_rerun_resumes_from_the_committed_checkpoint_only_while_it_exists(tmp_path: Path, present: bool) -> None:
+    settings: dict[str, Any] = {
+        "telemetry": False,
+        "checkpoint_dir": tmp_path / "checkpoints",
+        "heartbeat_file": tmp_path / "heartbeat",
+        "handle_signals": False,
+    }
+    first = beacon.init("commit", "resume", **settings)
+    saved = tmp_path / "checkpoint-7"
+    saved.mkdir()
+    first.log({"loss": 1.0}, 7)
+    first.commit_checkpoint(7, path=saved)
+    assert first.finish().checkpoints == [7]
+    if not present:
+        saved.rmdir()  # removed by the framework's own rotation, or a volume that lost it
+    again = beacon.init("commit", "resume", **settings)
+    again.finish()
+    expected = (8, str(saved)) if present else (0, None)
+    assert (again.resume_step, again.resume_checkpoint) == expected
+
+
+def test_dcp_async_save_futures_become_the_resume_point_a_rerun_loads(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """A real `torch.distributed.checkpoint.async_save` in a one-rank gloo group: each future is
+    committed; the rerun resumes after the last committed save and records each step once."""
+    env = environment(harness, "dcp-1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    saves = tmp_path / "dcp"
+    first = run_job([sys.executable, "-m", "tests.support.dcp_job", str(saves), "12", "1"], env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads(first.stdout.splitlines()[-1]) == {"state": "finished", "checkpoints": [4, 9]}
+    assert latest_pointer(harness, "dcp", "dcp-1") == {"step": 9, "framework": str(saves / "step-9")}
+    again = run_job([sys.executable, "-m", "tests.support.dcp_job", str(saves), "17", "2"], env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed 10 {saves / 'step-9'} 9.0" in again.stdout, "the weights of step 9, loaded by DCP"
+    assert sorted(records_by_step(as_writer, "dcp", "dcp-1")) == list(range(17))
+    hyperparams = s3_json(as_writer, contract.hyperparams_key("dcp", "dcp-1"))
+    assert hyperparams == {"optimizer": "sgd", "attempt": 1}, "create-only: the rerun's values never replace them"
