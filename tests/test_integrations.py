@@ -200,3 +200,64 @@ def test_dcp_async_save_futures_become_the_resume_point_a_rerun_loads(
     assert sorted(records_by_step(as_writer, "dcp", "dcp-1")) == list(range(17))
     hyperparams = s3_json(as_writer, contract.hyperparams_key("dcp", "dcp-1"))
     assert hyperparams == {"optimizer": "sgd", "attempt": 1}, "create-only: the rerun's values never replace them"
+
+
+# --- Lightning ----------------------------------------------------------------------------------
+LIGHTNING_JOB = [sys.executable, "-m", "tests.support.lightning_job"]
+
+
+def test_lightning_records_each_step_once_with_validation_merged_and_evaluation_as_a_phase(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """Two epochs of 8 steps, validation after each, a ModelCheckpoint every 5 steps."""
+    lightning_dir = tmp_path / "lightning"
+    done = run_job(
+        [*LIGHTNING_JOB, "--lightning-dir", str(lightning_dir), "--hold-evaluation"],
+        environment(harness, "pl-fit"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = records_by_step(as_writer, "lightning", "pl-fit")
+    assert sorted(records) == list(range(16)), "every step Lightning logged, once"
+    assert {"loss", "lr", "epoch"} <= records[0].keys()
+    assert {"loss", "val_loss"} <= records[7].keys() and {"loss", "val_loss"} <= records[15].keys(), (
+        "validation at the end of an epoch is merged into that step's record"
+    )
+    final = s3_json(as_writer, contract.final_status_key("lightning", "pl-fit"))
+    assert (final["state"], final["last_step"], final["checkpoints"]) == ("finished", 15, [4, 9, 14])
+    hyperparams = s3_json(as_writer, contract.hyperparams_key("lightning", "pl-fit"))
+    assert hyperparams["learning_rate"] == 0.05, "the module's save_hyperparameters() is kept with the run"
+    latest = latest_pointer(harness, "lightning", "pl-fit")
+    assert latest == {"step": 14, "framework": str(lightning_dir / "epoch=1-step=15.ckpt")}, (
+        "the last ModelCheckpoint file is the resume point, at the step its weights include"
+    )
+    assert contract.Phase.EVALUATION in phases_sent(as_writer, "pl-fit"), "validation is work, not a stall"
+
+
+def test_lightning_records_an_exception_as_failed_after_delivering_what_was_logged(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    done = run_job(
+        [*LIGHTNING_JOB, "--lightning-dir", str(tmp_path / "lightning"), "--fail-at", "6"],
+        environment(harness, "pl-fail"),
+    )
+    assert done.returncode == 1 and "ValueError: a bug in the team's training_step" in done.stderr
+    final = s3_json(as_writer, contract.final_status_key("lightning", "pl-fail"))
+    assert (final["state"], final["error"], final["last_step"]) == ("failed", "ValueError", 5)
+    assert sorted(records_by_step(as_writer, "lightning", "pl-fail")) == list(range(6))
+
+
+def test_lightning_records_its_own_sigterm_handling_as_preempted(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """Lightning owns SIGTERM (the run is made with handle_signals=False): it finishes the step, raises
+    SIGTERMException on every rank and finalizes with "failed"; Beacon records the preemption."""
+    done = run_job(
+        [*LIGHTNING_JOB, "--lightning-dir", str(tmp_path / "lightning"), "--sigterm-at", "3"],
+        environment(harness, "pl-term"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]  # SIGTERMException is a SystemExit without a code
+    assert "fit returned" not in done.stdout
+    final = s3_json(as_writer, contract.final_status_key("lightning", "pl-term"))
+    assert (final["state"], final["signal"], final["error"]) == ("preempted", "SIGTERM", None)
+    assert sorted(records_by_step(as_writer, "lightning", "pl-term")) == list(range(final["last_step"] + 1))
+    assert final["last_step"] == 3, "the step that received the signal finished and was recorded"
