@@ -261,3 +261,78 @@ def test_lightning_records_its_own_sigterm_handling_as_preempted(
     assert (final["state"], final["signal"], final["error"]) == ("preempted", "SIGTERM", None)
     assert sorted(records_by_step(as_writer, "lightning", "pl-term")) == list(range(final["last_step"] + 1))
     assert final["last_step"] == 3, "the step that received the signal finished and was recorded"
+
+
+# --- Hugging Face Trainer -------------------------------------------------------------------------
+HF_JOB = ["-m", "tests.support.hf_job"]
+
+
+def hf_command(output_dir: Path, *extra: str, ranks: int = 1) -> list[str]:
+    if ranks == 1:
+        return [sys.executable, *HF_JOB, "--output-dir", str(output_dir), *extra]
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    return [torchrun, "--standalone", f"--nproc-per-node={ranks}", *HF_JOB, "--output-dir", str(output_dir), *extra]
+
+
+def test_hf_trainer_records_each_step_once_evaluation_as_a_phase_and_commits_its_saves(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """Six steps, logging every step, evaluation and a save every 3."""
+    output_dir = tmp_path / "trainer"
+    done = run_job(hf_command(output_dir, "--hold-evaluation"), environment(harness, "hf-1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = records_by_step(as_writer, "hf", "hf-1")
+    assert sorted(records) == list(range(1, 7)), "every step the Trainer logged, once"
+    assert {"loss", "learning_rate", "grad_norm", "eval_loss"} <= records[3].keys(), "evaluation merged into its step"
+    assert {"loss", "eval_loss", "train_loss", "train_runtime"} <= records[6].keys(), "the summary joins the last step"
+    final = s3_json(as_writer, contract.final_status_key("hf", "hf-1"))
+    assert (final["state"], final["last_step"], final["checkpoints"]) == ("finished", 6, [3, 6])
+    assert latest_pointer(harness, "hf", "hf-1") == {"step": 6, "framework": str(output_dir / "checkpoint-6")}
+    hyperparams = s3_json(as_writer, contract.hyperparams_key("hf", "hf-1"))
+    assert hyperparams["training_arguments"]["max_steps"] == 6 and hyperparams["model_config"]["hidden_size"] == 16
+    assert contract.Phase.EVALUATION in phases_sent(as_writer, "hf-1"), "evaluation is work, not a stall"
+
+
+def test_hf_trainer_on_two_ranks_writes_from_rank_0_alone_each_step_once(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    done = run_job(hf_command(tmp_path / "trainer", ranks=2), environment(harness, "hf-2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "train returned 0" in done.stdout and "train returned 1" in done.stdout
+    records = records_by_step(as_writer, "hf", "hf-2")  # rank 0 alone, no step twice
+    assert sorted(records) == list(range(1, 7))
+    final = s3_json(as_writer, contract.final_status_key("hf", "hf-2"))
+    assert (final["state"], final["world_size"], final["checkpoints"]) == ("finished", 2, [3, 6])
+
+
+def test_hf_trainer_records_an_exception_as_failed_after_delivering_what_was_logged(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    done = run_job(hf_command(tmp_path / "trainer", "--fail-at", "4"), environment(harness, "hf-fail"))
+    assert done.returncode == 1 and "ValueError: a bug in the team's data" in done.stderr
+    final = s3_json(as_writer, contract.final_status_key("hf", "hf-fail"))
+    assert (final["state"], final["error"], final["last_step"], final["checkpoints"]) == (
+        "failed",
+        "ValueError",
+        4,
+        [3],
+    )
+    assert sorted(records_by_step(as_writer, "hf", "hf-fail")) == list(range(1, 5))
+
+
+def test_hf_trainer_stops_saves_and_records_preempted_on_sigterm(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """The Trainer has no SIGTERM handling of its own: Beacon's stops it after the step, with a save."""
+    output_dir = tmp_path / "trainer"
+    done = run_job(hf_command(output_dir, "--sigterm-at", "2"), environment(harness, "hf-term"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    final = s3_json(as_writer, contract.final_status_key("hf", "hf-term"))
+    assert (final["state"], final["signal"], final["last_step"], final["checkpoints"]) == (
+        "preempted",
+        "SIGTERM",
+        2,
+        [2],
+    )
+    assert latest_pointer(harness, "hf", "hf-term") == {"step": 2, "framework": str(output_dir / "checkpoint-2")}
+    assert sorted(records_by_step(as_writer, "hf", "hf-term")) == [1, 2]
