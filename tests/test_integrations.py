@@ -87,6 +87,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def test_the_runtime_imports_a_framework_only_when_its_integration_is_imported() -> None:
+    frameworks = "{'lightning', 'pytorch_lightning', 'transformers', 'accelerate'}"
+    probe = (
+        "import sys, beacon, beacon.integrations, beacon.integrations.common\n"
+        f"print(sorted({{name.split('.')[0] for name in sys.modules}} & {frameworks}))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
+
+
 # --- checkpoints a framework writes: Run.commit_checkpoint ----------------------------------------
 def committer(directory: Path, wait_durable: Any = None) -> tuple[AsyncCheckpointer, queue.Queue[float]]:
     """A checkpointer whose records are durable at once unless told otherwise; the queue gets one
