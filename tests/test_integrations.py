@@ -16,8 +16,10 @@ from typing import Any
 
 import beacon
 import pytest
+import torch
 from beacon import contract
 from beacon.checkpoint import AsyncCheckpointer, framework_checkpoint
+from beacon.integrations.common import StepRecords, numeric_metrics
 
 from tests.conftest import WriterSession
 from tests.job_harness import JobHarness, delivered_records
@@ -95,6 +97,38 @@ def test_the_runtime_imports_a_framework_only_when_its_integration_is_imported()
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
+
+
+class RecordingRun:
+    """What StepRecords hands to `run.log`."""
+
+    finished = None
+
+    def __init__(self) -> None:
+        self.logged: list[tuple[int, dict[str, Any]]] = []
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.logged.append((step, dict(metrics)))
+
+
+def test_a_steps_log_calls_become_one_record_and_a_step_already_recorded_is_refused_aloud(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run: Any = RecordingRun()
+    steps = StepRecords()
+    steps.add(run, 3, {"loss": 1.0})
+    steps.add(run, 3, {"val_loss": 2.0})  # validation at the same step
+    steps.add(run, 4, {"loss": 0.5})  # a later step: step 3 is over
+    steps.add(run, 3, {"late": 1.0})
+    steps.flush(run)
+    assert run.logged == [(3, {"loss": 1.0, "val_loss": 2.0}), (4, {"loss": 0.5})]
+    assert "late for step 3 came after step 4: not recorded" in caplog.text
+
+
+def test_only_numbers_are_recorded_under_names_run_log_accepts() -> None:
+    logged = {"loss": 0.5, "step_count": 3, "acc": torch.tensor(0.75), "val acc": 0.5, "model": "bert"}
+    numbers = numeric_metrics({**logged, "histogram": torch.ones(3)})
+    assert numbers.keys() == {"loss", "step_count", "acc", "val_acc"}
 
 
 # --- checkpoints a framework writes: Run.commit_checkpoint ----------------------------------------

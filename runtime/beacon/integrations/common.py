@@ -52,10 +52,10 @@ class StepRecords:
             return
         if step <= self.recorded_through or (self.step is not None and step < self.step):
             log.warning(
-                "%s for step %d came after step %d was recorded: not recorded (one record per step)",
+                "%s for step %d came after step %d: not recorded (one record per step, in step order)",
                 ", ".join(sorted(metrics)),
                 step,
-                max(self.recorded_through, self.step or -1),
+                self.recorded_through if self.step is None else max(self.recorded_through, self.step),
             )
             return
         if self.step is not None and step > self.step:
