@@ -239,7 +239,11 @@ def test_item7_sagemaker_checkpoint_sync_passes_the_bucket_policy(aws: Deploymen
 )
 def test_item7_history_stays_create_only(aws: Deployment, experiment: str, run: str) -> None:
     assert set(contract.APPEND_ONLY_KINDS).isdisjoint(contract.OVERWRITABLE_KINDS)
-    for key in (contract.events_key(experiment, run, 1), contract.tensorboard_key(experiment, run, "f")):
+    for key in (
+        contract.events_key(experiment, run, 1),
+        contract.tensorboard_key(experiment, run, "f"),
+        contract.hyperparams_key(experiment, run),
+    ):
         assert decide(aws, put(aws, DEMO, key)) is Decision.EXPLICIT_DENY, key
         assert_allowed(aws, put(aws, DEMO, key, **{"s3:if-none-match": "*"}))
         # Multipart parts carry no header and create nothing on their own.

@@ -1,6 +1,11 @@
 """Asynchronous checkpoints: the loop hands over a CPU snapshot and goes on; a thread writes it to the
 volume, records it as the latest (write temp, rename) and uploads it. The loop never waits on disk
-or network, and neither does the heartbeat."""
+or network, and neither does the heartbeat.
+
+A checkpoint a framework writes itself (HF Trainer's save, `torch.distributed.checkpoint.async_save`)
+is committed instead: a thread waits for the framework's save and for the records, then points
+`latest` at the framework's path. Either way `latest` only moves forward, and only to a step whose
+records are durable."""
 
 from __future__ import annotations
 
@@ -22,7 +27,12 @@ from beacon.spool import fsync_directory, write_atomically
 
 log = logging.getLogger("beacon.checkpoint")
 LATEST = "latest.json"
+# In latest.json: the pointer names a checkpoint a framework wrote (its path, or null), not a Beacon file.
+FRAMEWORK_KEY = "framework"
 COPY_POLL_S = 0.001
+COMMIT_POLL_S = 0.25
+# After the loop ended: how long a commit still waits for the last records to be fsync'd.
+COMMIT_FINAL_WAIT_S = 60.0
 
 
 def snapshot(state: Any, staging: Any = None) -> Any:
@@ -103,16 +113,50 @@ def step_of(path: Path) -> int | None:
     return int(digits) if path.name.startswith("step-") and path.suffix == ".pt" and digits.isdigit() else None
 
 
-def latest_checkpoint(directory: Path) -> tuple[int, Path] | None:
-    """What `latest.json` points to, or None when it is absent or unreadable."""
+def _pointer(directory: Path, *, quiet: bool = False) -> dict[str, Any] | None:
+    """`latest.json` as written, or None when it is absent or unreadable."""
     try:
         latest = json.loads((directory / LATEST).read_text())
-        return int(latest["step"]), directory / str(latest["file"])
+        int(latest["step"])
+        if FRAMEWORK_KEY not in latest:
+            str(latest["file"])
+        return dict(latest)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as error:
-        log.warning("%s is unreadable (%s); ignoring it", directory / LATEST, error)
+        if not quiet:
+            log.warning("%s is unreadable (%s); ignoring it", directory / LATEST, error)
         return None
+
+
+def latest_checkpoint(directory: Path) -> tuple[int, Path] | None:
+    """The Beacon checkpoint `latest.json` points to; None when it is absent, unreadable, or points
+    to a framework's checkpoint (`framework_checkpoint`)."""
+    latest = _pointer(directory)
+    if latest is None or FRAMEWORK_KEY in latest:
+        return None
+    return int(latest["step"]), directory / str(latest["file"])
+
+
+def framework_checkpoint(directory: Path) -> tuple[int, str | None] | None:
+    """(step, path) when `latest.json` points to a checkpoint a framework wrote itself and committed
+    (`Run.commit_checkpoint`); the path is the framework's own, None if none was given."""
+    latest = _pointer(directory, quiet=True)
+    if latest is None or FRAMEWORK_KEY not in latest:
+        return None
+    path = latest[FRAMEWORK_KEY]
+    return int(latest["step"]), None if path is None else str(path)
+
+
+def wait_for_save(future: Any) -> None:
+    """Block until a framework's save finished; raise what it raised. Takes a concurrent Future
+    (`dcp.async_save`), the AsyncSaveResponse `dcp.async_save` returns with a stager, or a
+    torch.futures.Future."""
+    future = getattr(future, "upload_completion", future)
+    if hasattr(future, "result"):
+        future.result()
+    else:
+        future.wait()
 
 
 def load_resume_point(directory: Path, *, at_most: int | None = None) -> tuple[int, dict[str, Any]] | None:
@@ -183,6 +227,11 @@ class AsyncCheckpointer:
         self.on_finished = on_finished
         self._thread: threading.Thread | None = None
         self._staging: Any = None  # the last snapshot's memory, reused by the next one
+        self._commits: list[threading.Thread] = []
+        self._promotion = threading.Lock()
+        self._promoted = -1
+        self._loop_over = threading.Event()
+        self._last_record_step = -1
         self.saved: list[int] = []
         self.skipped: list[int] = []
         self.failures = 0
@@ -221,7 +270,8 @@ class AsyncCheckpointer:
             if not self.wait_durable(step, 60.0):
                 log.warning("records through step %d are not durable yet; checkpoint kept but not latest", step)
                 return
-            write_atomically(self.directory / LATEST, json.dumps({"step": step, "file": name}).encode())
+            if not self._promote(step, {"step": step, "file": name}):
+                return
             kill_points.hit(kill_points.CHECKPOINT_PROMOTED)
             self._retain(step)
             if self.upload is not None:
@@ -232,6 +282,64 @@ class AsyncCheckpointer:
             log.error("checkpoint of step %d failed: %s", step, error)
         finally:
             self.on_finished(time.monotonic() - started)
+
+    def _promote(self, step: int, pointer: dict[str, Any]) -> bool:
+        """Point `latest` at `step`, unless a later step is already there: commits end out of order."""
+        with self._promotion:
+            if step <= self._promoted:
+                log.info(
+                    "checkpoint of step %d is ready after that of step %d: latest stays there", step, self._promoted
+                )
+                return False
+            write_atomically(self.directory / LATEST, json.dumps(pointer).encode())
+            self._promoted = step
+            return True
+
+    def commit(self, step: int, future: Any, path: str | None) -> None:
+        """Make a checkpoint the framework wrote (or is writing: `future`) the resume point, once its
+        save finished and every record through `step` is durable. Returns at once."""
+        self._commits = [thread for thread in self._commits if thread.is_alive()]
+        thread = threading.Thread(
+            target=self._commit,
+            args=(step, future, path, time.monotonic()),
+            name=f"beacon-commit-{step}",
+            daemon=True,
+        )
+        self._commits.append(thread)
+        thread.start()
+
+    def _commit(self, step: int, future: Any, path: str | None, started: float) -> None:
+        try:
+            if future is not None:
+                wait_for_save(future)
+            if not self._durable_through(step):
+                log.warning("records through step %d are not durable; latest stays before it", step)
+                return
+            self._promote(step, {"step": step, FRAMEWORK_KEY: path})
+            self.saved.append(step)  # complete and durable, even if a later one was ready first
+        except Exception as error:  # whatever the framework's save raised
+            with self._promotion:  # commits run side by side
+                self.failures += 1
+            log.error("checkpoint of step %d failed (%s: %s); latest stays", step, type(error).__name__, error)
+        finally:
+            self.on_finished(time.monotonic() - started)
+
+    def _durable_through(self, step: int) -> bool:
+        """Wait until records through `step` are durable. A framework logs when it likes (every 50
+        steps, or not at the step it saved at), so while the loop runs this waits for a record at or
+        after `step`; once it ended, for the last record there will be."""
+        while not self._loop_over.is_set():
+            asked = time.monotonic()
+            if self.wait_durable(step, COMMIT_POLL_S):
+                return True
+            if time.monotonic() - asked < COMMIT_POLL_S / 2:  # the spool stopped: no answer will come soon
+                self._loop_over.wait(COMMIT_POLL_S)
+        return self.wait_durable(min(step, self._last_record_step), COMMIT_FINAL_WAIT_S)
+
+    def loop_over(self, last_step: int) -> None:
+        """No record after `last_step` will come: commits waiting for a later one wait for this one."""
+        self._last_record_step = last_step
+        self._loop_over.set()
 
     def _retain(self, latest: int) -> None:
         """Keep `latest` and the newest checkpoint before it (a fallback); S3 versions keep all.
@@ -246,7 +354,9 @@ class AsyncCheckpointer:
                 path.unlink(missing_ok=True)
 
     def join(self, timeout: float) -> bool:
-        """Wait for the in-flight checkpoint; False if it is still writing after `timeout`."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return not self.in_flight
+        """Wait for the in-flight checkpoint and commits; False if any is still going after `timeout`."""
+        deadline = time.monotonic() + timeout
+        for thread in [self._thread, *self._commits]:
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not self.in_flight and not any(thread.is_alive() for thread in self._commits)

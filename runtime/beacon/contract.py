@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -20,9 +21,10 @@ CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
 PREFLIGHT = "preflight"
 STATUS = "status"
+PARAMS = "params"  # the run's hyperparameters, written once
 SAGEMAKER_VOLUME = "sagemaker-volume"  # SageMaker's checkpoint sync of the job's volume
 # History that must never be overwritten: create-only writes (If-None-Match: *).
-APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD)
+APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD, PARAMS)
 # What may be written without If-None-Match: checkpoints (versioning keeps old ones), the final
 # status (a restart rewrites it) and SageMaker's sync, which sends no conditional header.
 OVERWRITABLE_KINDS = (CHECKPOINTS, STATUS, SAGEMAKER_VOLUME)
@@ -60,6 +62,12 @@ def preflight_key(experiment: str, run: str, probe: str) -> str:
 def final_status_key(experiment: str, run: str) -> str:
     """The run's final state (`FinalState`), written at its end; a later restart rewrites it."""
     return f"{run_prefix(experiment, run)}{STATUS}/final.json"
+
+
+def hyperparams_key(experiment: str, run: str) -> str:
+    """The run's hyperparameters (`hyperparams_document`), create-only: a restart of the run finds the
+    first attempt's values there and never replaces them."""
+    return f"{run_prefix(experiment, run)}{PARAMS}/hyperparams.json"
 
 
 def overwritable_resource_patterns() -> list[str]:
@@ -135,6 +143,37 @@ class Record:
             seq=int(body["seq"]),
             rank=int(body.get("rank", 0)),
         )
+
+
+def _plain(value: Any) -> Any:
+    """`value` as strict JSON: mappings and sequences kept, non-finite floats as in records, a
+    one-element tensor or NumPy scalar as its number, anything else as its text."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, set | frozenset):
+        return sorted((_plain(item) for item in value), key=str)
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return _encode_value(value)
+    if single_number(value):
+        return _plain(value.item())
+    return str(value)
+
+
+def single_number(value: Any) -> bool:
+    """A one-element tensor (`numel()`) or NumPy value (`size`): one number behind `.item()`."""
+    if not hasattr(value, "item"):
+        return False
+    numel = getattr(value, "numel", None)
+    return bool(numel() == 1) if callable(numel) else getattr(value, "size", None) == 1
+
+
+def hyperparams_document(params: Mapping[str, Any]) -> bytes:
+    """The body of `hyperparams_key`: strict JSON, keys sorted, so equal values give equal bytes."""
+    return json.dumps(_plain(params), sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def records_of(body: bytes | str) -> list[Record]:

@@ -7,12 +7,16 @@
         if run.should_stop(): break               # SIGTERM on any rank: every rank stops together
     run.finish()                                  # bounded drain; the final state says how it ended
 
+Frameworks that save their own checkpoints hand them over with `run.commit_checkpoint`; their
+integrations (`beacon.integrations`) also use `run.mark_step` and `run.log_hyperparams`.
+
 Only rank 0 writes (records, TensorBoard, CloudWatch, the final state); every rank touches its own
 liveness file and loads the resume checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -28,7 +32,13 @@ import torch.distributed as dist
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import aws, contract
-from beacon.checkpoint import AsyncCheckpointer, Uploader, checkpoint_name, load_resume_point
+from beacon.checkpoint import (
+    AsyncCheckpointer,
+    Uploader,
+    checkpoint_name,
+    framework_checkpoint,
+    load_resume_point,
+)
 from beacon.contract import FinalState, Phase
 from beacon.distributed import World, world_from_environment
 from beacon.lifeline import die_with_parent
@@ -101,7 +111,12 @@ class Run:
         self.last_step = -1
         self._resume_state: dict[str, Any] | None = None
         self.resume_step = 0
+        # The framework's own checkpoint to resume from (`commit_checkpoint`'s path), as given.
+        self.resume_checkpoint: str | None = None
         self._in_setup = True
+        self._marked_step: int | None = None
+        self._hyperparams_sent: bytes | None = None
+        self._hyperparams_writes: list[threading.Thread] = []
         self._known_metrics: set[str] = set()
         self._signals: StopSignals | None = None
         self._early_signal: str | None = None
@@ -133,9 +148,35 @@ class Run:
                 if not isinstance(name, str) or not contract.METRIC_NAME_PATTERN.match(name):
                     raise ValueError(f"run.log: metric name {name!r} must match {contract.METRIC_NAME_PATTERN.pattern}")
             self._known_metrics.update(metrics)
-        self.progress.step_finished()
+        self.mark_step(step)
         self.last_step = step
         self.telemetry.log(step, metrics)
+
+    def mark_step(self, step: int) -> None:
+        """`step` finished, whether or not it has metrics: the stall clock restarts. A framework logs
+        every few steps; its integration marks every one, so a long log interval is not a stall."""
+        if self._in_setup:
+            self._in_setup = False
+            self.progress.leave(Phase.SETUP)
+        if step != self._marked_step:  # once per step, so steps/s counts steps, not calls
+            self._marked_step = step
+            self.progress.step_finished()
+
+    def log_hyperparams(self, params: Mapping[str, Any]) -> None:
+        """Keep the run's hyperparameters beside its records: rank 0 writes them once, create-only
+        (`contract.hyperparams_key`), on a thread of its own. A restarted run with the same values
+        finds them there; other values are refused (the first attempt's stay) and logged."""
+        if not self.is_writer:
+            return
+        document = contract.hyperparams_document(params)
+        if document == self._hyperparams_sent:
+            return
+        self._hyperparams_sent = document
+        write = threading.Thread(
+            target=self.telemetry.publish_hyperparams, args=(document,), name="beacon-hyperparams", daemon=True
+        )
+        self._hyperparams_writes.append(write)
+        write.start()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -160,6 +201,17 @@ class Run:
         with self.progress.phase(Phase.CHECKPOINT):
             return self.checkpointer.save(step, {**state, "step": step})
 
+    def commit_checkpoint(self, step: int, future: Any = None, *, path: str | os.PathLike[str] | None = None) -> bool:
+        """Make a checkpoint the framework wrote itself the resume point: HF Trainer's save (`future`
+        None: written already) or `torch.distributed.checkpoint.async_save` (its future). `latest`
+        moves to it once the future finished and every record through `step` is durable; a failed
+        save leaves `latest` where it was. Waits on a thread of its own, so this returns at once.
+        A resumed run finds `path` in `run.resume_checkpoint`. Rank 0 only: False elsewhere."""
+        if self.checkpointer is None:
+            return False
+        self.checkpointer.commit(step, future, None if path is None else os.fspath(path))
+        return True
+
     def load_checkpoint(self) -> dict[str, Any] | None:
         """The state saved at `resume_step - 1`, once; None on a fresh run."""
         state, self._resume_state = self._resume_state, None
@@ -180,7 +232,10 @@ class Run:
         if self.mirrors is not None:
             self.mirrors.finishing(state)  # they drain beside the uploads, on their own threads
         checkpoint_done = True
+        for write in self._hyperparams_writes:
+            write.join(timeout=max(0.0, (deadline - time.monotonic()) / 4))
         if self.checkpointer is not None:
+            self.checkpointer.loop_over(self.last_step)
             # Finish the in-flight checkpoint if the budget allows; otherwise abandon it (its temp
             # file never became `latest`, so a resume uses the previous one).
             checkpoint_done = self.checkpointer.join(timeout=max(0.0, (deadline - time.monotonic()) / 2))
@@ -194,7 +249,7 @@ class Run:
             error=error_name,
             last_step=self.last_step,
             delivery=delivery,
-            checkpoints=list(self.checkpointer.saved) if self.checkpointer else [],
+            checkpoints=sorted(self.checkpointer.saved) if self.checkpointer else [],
             checkpoint_abandoned=not checkpoint_done,
             aws_requests=dict(aws.REQUESTS.by_service),
             mirrors=mirrors,
@@ -368,8 +423,14 @@ def _build(settings: RunSettings, world: World, liveness: Liveness, stop: thread
         stop=stop,
         mirrors=mirrors,
     )
-    resume_point = load_resume_point(settings.run_checkpoint_dir, at_most=run.resume_limit)
-    if resume_point is not None:
+    # A framework's checkpoint: rank 0 decides (its files may be on rank 0's disk alone), all follow.
+    committed = world.broadcast(
+        json.dumps(_framework_resume_point(settings, run.resume_limit) if world.is_writer else None)
+    )
+    if (framework := json.loads(committed)) is not None:
+        run.resume_step, run.resume_checkpoint = int(framework[0]) + 1, framework[1]
+        log.info("rank %d resumes after step %d from %s", world.rank, framework[0], framework[1])
+    elif (resume_point := load_resume_point(settings.run_checkpoint_dir, at_most=run.resume_limit)) is not None:
         step, run._resume_state = resume_point
         run.resume_step = step + 1
         log.info(
@@ -403,6 +464,26 @@ def _writer_mirrors(settings: RunSettings, telemetry: NullTelemetry) -> Mirrors 
             for name in settings.mirrors
         ]
     )
+
+
+def _framework_resume_point(settings: RunSettings, resume_limit: int | None) -> tuple[int, str | None] | None:
+    """The committed framework checkpoint to resume from; None when there is none, or it is ahead of
+    the durable records, or it is gone."""
+    committed = framework_checkpoint(settings.run_checkpoint_dir)
+    if committed is None:
+        return None
+    step, path = committed
+    if resume_limit is not None and step > resume_limit:
+        log.warning(
+            "committed checkpoint of step %d is ahead of the durable records (step %d): no resume point",
+            step,
+            resume_limit,
+        )
+        return None
+    if path is not None and "://" not in path and not os.path.exists(path):
+        log.warning("committed checkpoint %s of step %d is gone: no resume point", path, step)
+        return None
+    return committed
 
 
 def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClock) -> tuple[NullTelemetry, int]:

@@ -105,6 +105,8 @@ class NullTelemetry:
 
     def publish_final(self, summary: dict[str, Any]) -> None: ...
 
+    def publish_hyperparams(self, document: bytes) -> None: ...
+
 
 class Telemetry(NullTelemetry):
     def __init__(
@@ -527,6 +529,23 @@ class Telemetry(NullTelemetry):
         try:
             self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=json.dumps(summary).encode())
         except (ClientError, BotoCoreError) as error:
+            log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
+
+    def publish_hyperparams(self, document: bytes) -> None:
+        """Create-only, like the records: an attempt that finds other values there keeps them."""
+        key = contract.hyperparams_key(self.config.experiment, self.config.run)
+        try:
+            self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=document, IfNoneMatch="*")
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "PreconditionFailed":
+                log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
+            elif not self._same_object(key, document):
+                log.warning(
+                    "s3://%s/%s holds other hyperparameters (an earlier attempt of this run): kept, these not written",
+                    self.config.bucket,
+                    key,
+                )
+        except (BotoCoreError, OSError) as error:
             log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
 
     # --- shutdown ---------------------------------------------------------------------------------
