@@ -424,7 +424,8 @@ def test_a_slow_s3_does_not_delay_durability(tmp_path: Path) -> None:
 
 # --- defect 12: a TensorBoard part left open by a crash ------------------------------------------
 def test_a_tensorboard_part_a_crash_left_open_is_sealed_and_uploaded_on_restart(tmp_path: Path) -> None:
-    first = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=RecordingCloudWatch())
+    # A flush interval no persist outlasts: the part stays open however slow this machine is.
+    first = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=RecordingCloudWatch(), **{"--flush-interval": "3600"})
     first.log(0, {"loss": 1.0})
     first._persist(final=False)  # the part is open, its points on disk; then the process dies
     (part,) = (tmp_path / "spool" / "tensorboard").glob("part-*")
