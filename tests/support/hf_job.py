@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -106,7 +107,9 @@ def main() -> None:
     )
     with beacon_callback:
         trainer.train(resume_from_checkpoint=beacon_callback.run.resume_checkpoint)
-    print("train returned", beacon_callback.run.world.rank, flush=True)
+    # One write of the whole line: print() writes its pieces apart, and two ranks share the pipe.
+    sys.stdout.write(f"train returned {beacon_callback.run.world.rank}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
