@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from beacon import contract
+from beacon.preflight import reported_seconds
 
 from beacon_ops.processes import end_process_tree
 from tests.support import local_tls
@@ -43,8 +43,9 @@ class JobResult:
 
 def preflight_seconds(text: str) -> float:
     """Preflight's own time, as the job reports it (on failure and on success)."""
-    (seconds,) = re.findall(r"preflight (?:stopped after|passed in) ([0-9.]+) s", text)
-    return float(seconds)
+    seconds = reported_seconds(text)
+    assert seconds is not None, f"the job reported no preflight time: {text[-500:]}"
+    return seconds
 
 
 @dataclass

@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -68,6 +69,16 @@ TRANSIENT_CODES = frozenset(
         "PriorRequestNotComplete",
     }
 )
+
+
+REPORTED_TIME = re.compile(r"preflight (?:stopped after|passed in) ([0-9.]+) s")
+
+
+def reported_seconds(log_text: str) -> float | None:
+    """Preflight's own time, as a job's log reports it on failure and on success: interpreter
+    start-up and imports are not preflight, and a busy machine makes them slow."""
+    found = REPORTED_TIME.findall(log_text)
+    return float(found[-1]) if found else None
 
 
 class PreflightError(Exception):
