@@ -240,7 +240,8 @@ def print_smoke(report: SmokeReport, path: Path) -> None:
         table.add_row(
             "records in S3",
             f"{v.records_in_s3} of {v.steps_expected} (lost {v.records_lost}, "
-            f"duplicated {v.records_duplicated}), writer ranks {v.writer_ranks}",
+            f"duplicated {v.records_duplicated}, superseded by a restart {v.records_superseded}), "
+            f"writer ranks {v.writer_ranks}",
         )
         table.add_row("versioning", f"bucket {v.bucket_versioning}; versions per chunk {versions}")
         table.add_row("checkpoints", str(v.checkpoints))

@@ -24,8 +24,14 @@ class RunEvidence:
     errors: list[str] = field(default_factory=list)
 
     @property
+    def history(self) -> contract.History:
+        """The live history across the run's attempts; superseded records are kept, and counted apart."""
+        return contract.history(self.records)
+
+    @property
     def steps(self) -> list[int]:
-        return sorted(r.step for r in self.records)
+        """The steps of the live history: one each, whatever restarts went through them again."""
+        return self.history.live_steps
 
     @property
     def last_step(self) -> int | None:
@@ -33,7 +39,8 @@ class RunEvidence:
 
     @property
     def duplicated(self) -> int:
-        return len(self.steps) - len(set(self.steps))
+        """Records of one (attempt, step) beyond the first: never expected."""
+        return len(self.history.duplicated)
 
     @property
     def writer_ranks(self) -> list[int]:

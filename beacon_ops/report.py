@@ -18,9 +18,14 @@ def render_png(
     progress: list[tuple[float, float]],
 ) -> Path:
     figure, (loss_axis, time_axis) = plt.subplots(1, 2, figsize=(11, 4))
-    ordered = sorted((r for r in records if r.loss is not None), key=lambda r: r.step)
-    loss_axis.plot([r.step for r in ordered], [r.loss for r in ordered], color="tab:blue")
-    loss_axis.set(title="Loss (every record, read back from S3)", xlabel="step", ylabel="cross-entropy")
+    history = contract.history(records)
+    live = [r for r in history.live if r.loss is not None]
+    loss_axis.plot([r.step for r in live], [r.loss for r in live], color="tab:blue")
+    # A restart's superseded past stays visible, faint, where it diverged from the live history.
+    for attempt in sorted({r.attempt for r in history.superseded}):
+        past = [r for r in history.superseded if r.attempt == attempt and r.loss is not None]
+        loss_axis.plot([r.step for r in past], [r.loss for r in past], color="tab:gray", alpha=0.4, linewidth=1)
+    loss_axis.set(title="Loss (live history, read back from S3)", xlabel="step", ylabel="cross-entropy")
     start = min([t for t, _ in heartbeats] + [t for t, _ in progress] or [0.0])
     time_axis.plot(
         [t - start for t, _ in progress], [v for _, v in progress], color="tab:orange", label="progress age (s)"

@@ -25,6 +25,7 @@ class Verification:
     records_in_s3: int
     records_lost: int
     records_duplicated: int
+    records_superseded: int  # earlier attempts' records of steps a restart went through again: kept
     writer_ranks: list[int]
     chunk_versions: dict[str, int]
     checkpoints: int
@@ -110,9 +111,10 @@ def verify_run(
     states = evaluate_recorded(alarms, samples, beats[0][0], beats[-1][0]) if beats else {}
     return Verification(
         steps_expected=steps,
-        records_in_s3=len(seen),
+        records_in_s3=len(evidence.records),
         records_lost=len(expected - set(seen)),
-        records_duplicated=len(seen) - len(set(seen)),
+        records_duplicated=evidence.duplicated,
+        records_superseded=len(evidence.history.superseded),
         writer_ranks=evidence.writer_ranks,
         chunk_versions=versions,
         checkpoints=len(evidence.checkpoints),

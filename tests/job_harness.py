@@ -157,6 +157,17 @@ def delivered_records(s3: Any, bucket: str, experiment: str, run: str) -> list[c
     return records
 
 
+def assert_live_history_once(records: list[contract.Record], steps: int) -> contract.History:
+    """Exactly once across restarts: one record per (attempt, step), one live record per step, no
+    gap in the sequence; a restart's superseded records are kept beside the live history."""
+    history = contract.history(records)
+    assert history.duplicated == [], "one record per (attempt, step)"
+    assert history.live_steps == list(range(steps)), "every step once in the live history, no gap"
+    assert sorted(r.seq for r in records) == list(range(len(records))), "the record sequence has no gap"
+    assert {r.rank for r in records} <= {0}, "rank 0 alone writes"
+    return history
+
+
 def keys_under(s3: Any, bucket: str, prefix: str) -> list[str]:
     keys: list[str] = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):

@@ -22,6 +22,7 @@ from tests.conftest import WriterSession
 from tests.fault_proxy import FaultPlan, FaultProxy
 from tests.job_harness import (
     JobHarness,
+    assert_live_history_once,
     delivered_records,
     finish,
     keys_under,
@@ -39,11 +40,11 @@ def harness(as_writer: WriterSession, strict_aws: str, tmp_path: Path) -> JobHar
     return JobHarness(strict_aws, as_writer.bucket, tmp_path, as_writer.credentials)
 
 
-def assert_exactly_once(records: list[contract.Record], steps: int) -> None:
-    assert sorted(r.step for r in records) == list(range(steps)), "every step once, no gap, no duplicate"
-    assert sorted(r.seq for r in records) == list(range(steps)), "the record sequence has no gap"
+def assert_exactly_once(records: list[contract.Record], steps: int) -> contract.History:
+    history = assert_live_history_once(records, steps)
     assert {r.rank for r in records} == {0}
     assert all(r.run and r.wall_time > 0 and r.loss is not None for r in records)
+    return history
 
 
 def test_a_smoke_run_delivers_every_record_once_and_its_loss_goes_down(
@@ -228,7 +229,11 @@ def test_killed_at_a_durable_state_transition_then_restarted_every_step_arrives_
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     resumed = harness.run(*common)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_exactly_once(delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", run), 300)
+    history = assert_exactly_once(delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", run), 300)
+    assert history.attempts == [0, 1], "the restart is the run's second attempt"
+    resumed_at = resumed.summary["start_step"]
+    assert {r.step for r in history.superseded} <= set(range(resumed_at, 300)), "only steps gone through again"
+    assert all(r.attempt == 1 for r in history.live if r.step >= resumed_at)
 
 
 def free_port() -> int:

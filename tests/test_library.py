@@ -18,7 +18,7 @@ from beacon import contract
 from beacon.settings import RunSettings, SettingsError
 
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, delivered_records
+from tests.job_harness import JobHarness, assert_live_history_once, delivered_records
 from tests.synth import ROOT
 
 PLAIN_LOOP = """
@@ -196,8 +196,12 @@ def test_a_rerun_with_the_same_run_id_knows_its_resume_step_and_records_each_ste
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resume 10 [9.0, 9.0]" in again.stdout, "resumed after the checkpoint of step 9"
-    steps = sorted(r.step for r in delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "lib-resume"))
-    assert steps == list(range(25)), "the replayed steps 10-14 were recorded once, by the first attempt"
+    records = delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "lib-resume")
+    history = assert_live_history_once(records, 25)
+    assert [(r.attempt, r.step) for r in history.superseded] == [(0, s) for s in range(10, 15)], (
+        "the first attempt's steps 10-14 are kept and marked: the model went through them again"
+    )
+    assert {r.attempt for r in history.live if r.step >= 10} == {1}, "the live history is the second attempt's"
 
 
 def test_signal_handling_is_the_users_to_keep_and_finish_gives_it_back(tmp_path: Path) -> None:

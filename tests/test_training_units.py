@@ -62,6 +62,61 @@ def test_after_a_crash_the_open_chunk_is_sealed_without_its_torn_line_and_number
     assert contract.Record.from_line(chunk.body()).seq == 7
 
 
+def records_of_attempts(*attempts: tuple[int, range]) -> list[contract.Record]:
+    records: list[contract.Record] = []
+    for attempt, steps in attempts:
+        for step in steps:
+            records.append(contract.Record("e", "r", step, {"loss": float(step)}, 1.0, len(records), attempt=attempt))
+    return records
+
+
+def test_the_live_history_is_what_the_model_went_through_across_resumes() -> None:
+    """Attempt 0 reached step 59; attempt 1 resumed from the checkpoint of step 40 and died at 45;
+    attempt 2 resumed from 40 again and finished. Steps 41-59 of attempt 0 and 41-45 of attempt 1
+    are a past the model no longer has: kept and marked, never in the live history."""
+    records = records_of_attempts((0, range(0, 60)), (1, range(41, 46)), (2, range(41, 100)))
+    history = contract.history(reversed(records))
+    assert history.live_steps == list(range(100))
+    assert [r.attempt for r in history.live] == [0] * 41 + [2] * 59
+    assert [(r.attempt, r.step) for r in history.superseded] == [(0, s) for s in range(41, 60)] + [
+        (1, s) for s in range(41, 46)
+    ]
+    assert history.duplicated == [] and history.attempts == [0, 1, 2]
+
+
+def test_a_restart_that_has_not_yet_caught_up_leaves_no_live_record_where_its_past_was_superseded() -> None:
+    """Attempt 1 took over at step 41 and is at 45: attempt 0's steps 46-59 are superseded already,
+    so the live history ends at 45 instead of mixing two pasts."""
+    history = contract.history(records_of_attempts((0, range(0, 60)), (1, range(41, 46))))
+    assert history.live_steps == list(range(46))
+    assert {r.step for r in history.superseded} == set(range(41, 60))
+
+
+def test_a_second_record_of_one_attempt_and_step_is_a_duplicate_and_old_lines_read_as_attempt_0() -> None:
+    first, second = records_of_attempts((0, range(3)), (0, range(2, 3)))[2:]
+    assert contract.history([first, second]).duplicated == [second]
+    line = first.to_line()
+    assert contract.Record.from_line(line) == first
+    without_attempt = line.replace(b'"attempt":0,', b"")
+    assert b"attempt" not in without_attempt and contract.Record.from_line(without_attempt).attempt == 0
+
+
+def test_each_restart_is_the_next_attempt_and_counts_its_own_durable_steps(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    assert spool.begin_attempt() == 0, "a fresh run is attempt 0"
+    spool.append(records_of_attempts((0, range(10))))
+    spool.sync()
+    spool.seal()
+    spool.close()
+    again = Spool(tmp_path)
+    assert (again.last_step, again.begin_attempt()) == (9, 1)
+    assert again.durable_step == -1, "a checkpoint of attempt 1 waits for attempt 1's records"
+    again.append([contract.Record("e", "r", 5, {"loss": 1.0}, 1.0, attempt=1)])
+    again.sync()
+    assert again.durable_step == 5
+    again.close()
+
+
 def test_progress_age_grows_when_steps_stop_but_not_during_a_checkpoint() -> None:
     now = [0.0]
     clock = ProgressClock(now=lambda: now[0])

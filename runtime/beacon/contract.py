@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -111,19 +111,23 @@ class Record:
     wall_time: float
     seq: int = -1
     rank: int = 0  # the rank that wrote it: only rank 0 writes
+    # The run's attempt that went through this step: 0, then one more at each restart. A restart that
+    # resumes from a checkpoint goes through some steps again; see `history`.
+    attempt: int = 0
 
     @property
     def loss(self) -> float | None:
         return self.metrics.get(LOSS_KEY)
 
     def with_seq(self, seq: int) -> Record:
-        return Record(self.experiment, self.run, self.step, self.metrics, self.wall_time, seq, self.rank)
+        return Record(self.experiment, self.run, self.step, self.metrics, self.wall_time, seq, self.rank, self.attempt)
 
     def to_line(self) -> bytes:
         body = {
             "experiment": self.experiment,
             "run": self.run,
             "rank": self.rank,
+            "attempt": self.attempt,
             "step": self.step,
             "seq": self.seq,
             "wall_time": self.wall_time,
@@ -142,7 +146,56 @@ class Record:
             wall_time=float(body["wall_time"]),
             seq=int(body["seq"]),
             rank=int(body.get("rank", 0)),
+            attempt=int(body.get("attempt", 0)),
         )
+
+
+@dataclass(frozen=True)
+class History:
+    """A run's records as the model went through them. When attempt k resumes from a checkpoint and
+    first logs step N, the records of earlier attempts from step N on describe a past the model no
+    longer has: they are superseded (kept in S3, marked here, never deleted)."""
+
+    live: list[Record]  # one per step, in step order
+    superseded: list[Record]
+    duplicated: list[Record]  # a second record of one (attempt, step): never expected
+
+    @property
+    def live_steps(self) -> list[int]:
+        return [record.step for record in self.live]
+
+    @property
+    def attempts(self) -> list[int]:
+        return sorted({record.attempt for record in (*self.live, *self.superseded)})
+
+
+def history(records: Iterable[Record]) -> History:
+    """Sort `records` into the live history, the superseded records and the duplicates. An attempt's
+    first logged step is where it took over: a record of attempt a at step s is superseded when a
+    later attempt first logged at or before s."""
+    first_step: dict[int, int] = {}
+    unique: dict[tuple[int, int], Record] = {}
+    duplicated: list[Record] = []
+    for record in sorted(records, key=lambda r: r.seq):
+        key = (record.attempt, record.step)
+        if key in unique:
+            duplicated.append(record)
+            continue
+        unique[key] = record
+        first_step[record.attempt] = min(first_step.get(record.attempt, record.step), record.step)
+    # The earliest step any later attempt took over at, for each attempt.
+    taken_over_at: dict[int, float] = {}
+    earliest = math.inf
+    for attempt in sorted(first_step, reverse=True):
+        taken_over_at[attempt] = earliest
+        earliest = min(earliest, first_step[attempt])
+    live: list[Record] = []
+    superseded: list[Record] = []
+    for (attempt, step), record in unique.items():
+        (superseded if step >= taken_over_at[attempt] else live).append(record)
+    live.sort(key=lambda r: r.step)
+    superseded.sort(key=lambda r: (r.attempt, r.step))
+    return History(live, superseded, duplicated)
 
 
 def _plain(value: Any) -> Any:

@@ -68,7 +68,8 @@ def reconcile(s3: Any, *, bucket: str, experiment: str, run: str, spool: Spool) 
     records = contract.records_of(body)
     seq = max((r.seq for r in records), default=-1)
     step = max((r.step for r in records), default=-1)
-    spool.continue_after(chunk=last, seq=seq, step=step)
+    attempt = max((r.attempt for r in records), default=-1)
+    spool.continue_after(chunk=last, seq=seq, step=step, attempt=attempt)
     return Reconciliation(len(in_s3), delivered, last)
 
 

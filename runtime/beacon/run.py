@@ -111,6 +111,8 @@ class Run:
         self.last_step = -1
         self._resume_state: dict[str, Any] | None = None
         self.resume_step = 0
+        # This process's attempt of the run (rank 0 counts them; 0 elsewhere): 0, then one more per restart.
+        self.attempt = 0
         # The framework's own checkpoint to resume from (`commit_checkpoint`'s path), as given.
         self.resume_checkpoint: str | None = None
         self._in_setup = True
@@ -439,6 +441,9 @@ def _build(settings: RunSettings, world: World, liveness: Liveness, stop: thread
             settings.run_checkpoint_dir / checkpoint_name(step),
             step,
         )
+    run.attempt = telemetry.begin_attempt()
+    if run.attempt:
+        log.info("attempt %d of run %s", run.attempt, settings.run)
     telemetry.start()  # heartbeats from the start of setup: a long setup is not silence
     if mirrors is not None:
         mirrors.start()

@@ -105,6 +105,7 @@ class Spool:
         self._state_seq: int = state.get("next_seq", 0)
         self.next_seq = 0
         self.last_step = -1
+        self.last_attempt = -1  # the highest attempt of any record here (or in S3, after `continue_after`)
         self.recovered_records = 0
         self._sealed: dict[int, Chunk] = {}
         for sequence in self._sealed_sequences():
@@ -150,6 +151,7 @@ class Spool:
             record = Record.from_line(line)
             self.next_seq = max(self.next_seq, record.seq + 1)
             self.last_step = max(self.last_step, record.step)
+            self.last_attempt = max(self.last_attempt, record.attempt)
 
     def _recover_open_chunk(self) -> None:
         path = self.directory / OPEN
@@ -175,15 +177,26 @@ class Spool:
         sequence = max(sequence, max(self._sealed, default=-1) + 1)
         self._seal_path(path, len(lines), sequence)
 
-    def continue_after(self, *, chunk: int, seq: int, step: int) -> None:
+    def continue_after(self, *, chunk: int, seq: int, step: int, attempt: int) -> None:
         """Continue after what S3 already holds (a new volume under an existing run)."""
         with self._lock:
             self.next_chunk = max(self.next_chunk, chunk + 1)
             self.next_seq = max(self.next_seq, seq + 1)
             self.last_step = max(self.last_step, step)
+            self.last_attempt = max(self.last_attempt, attempt)
             self.durable_step = max(self.durable_step, self.last_step)
             self.durable_seq = max(self.durable_seq, self.next_seq - 1)
             self._write_state()
+
+    def begin_attempt(self) -> int:
+        """Start the next attempt of the run: 0 on a fresh run, one more than any attempt whose records
+        are here or in S3 otherwise. From here on `last_step` and `durable_step` are this attempt's, so
+        a checkpoint waits for its own records, not for those of an attempt that went further."""
+        with self._lock:
+            attempt = self.last_attempt + 1 if self.last_step >= 0 else 0
+            self.last_attempt = attempt
+            self.last_step = self.durable_step = -1
+            return attempt
 
     # --- writing (the spool thread) -------------------------------------------------------
     def _refuse_if_unusable(self) -> None:

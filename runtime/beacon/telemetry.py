@@ -93,6 +93,11 @@ class NullTelemetry:
 
     def start(self) -> None: ...
 
+    attempt = 0
+
+    def begin_attempt(self) -> int:
+        return self.attempt
+
     def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
 
     def checkpoint_finished(self, seconds: float) -> None: ...
@@ -155,15 +160,19 @@ class Telemetry(NullTelemetry):
         self._threads = [self._spool_thread, self._upload_thread, self._heartbeat_thread]
         self._seal_leftover_tensorboard()
 
+    def begin_attempt(self) -> int:
+        """Before `start`: this process's records form the next attempt of the run."""
+        self.attempt = self.spool.begin_attempt()
+        return self.attempt
+
     # --- the training thread's side: cheap -------------------------------------------------
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """A queue append and nothing else: values (tensors too) are read on the spool thread."""
-        if step <= self.resumed_after_step:
-            return  # a step replayed after resuming from a checkpoint was recorded before
+        """A queue append and nothing else: values (tensors too) are read on the spool thread. A step
+        gone through again after a resume is recorded again, under this attempt (`contract.history`)."""
         if self._fatal is not None:
             raise self._fatal
         self._queue.append((step, dict(metrics), time.time()))
@@ -176,7 +185,7 @@ class Telemetry(NullTelemetry):
         """Block (a checkpoint thread, never the loop) until records through `step` are fsync'd."""
         deadline = time.monotonic() + timeout
         with self._durable:
-            while self.spool.durable_step < step and step > self.resumed_after_step:
+            while self.spool.durable_step < step:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._spool_done.is_set():
                     return self.spool.durable_step >= step
@@ -251,7 +260,9 @@ class Telemetry(NullTelemetry):
         while self._queue:
             step, raw, wall_time = self._queue.popleft()
             metrics = {name: metric_value(value) for name, value in raw.items()}
-            drained.append(Record(self.config.experiment, self.config.run, step, metrics, wall_time))
+            drained.append(
+                Record(self.config.experiment, self.config.run, step, metrics, wall_time, attempt=self.attempt)
+            )
         if drained:
             with self._window_lock:
                 for record in drained:
