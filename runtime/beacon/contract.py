@@ -22,6 +22,9 @@ TENSORBOARD = "tensorboard"
 PREFLIGHT = "preflight"
 STATUS = "status"
 PARAMS = "params"  # the run's hyperparameters, written once
+INDEX = "index"  # what each group of event chunks holds, so a reader finds the tail without listing them all
+# Event chunks per index document: a 1,000,000-record run of 2,000 chunks has 32 of them.
+INDEX_GROUP = 64
 SAGEMAKER_VOLUME = "sagemaker-volume"  # SageMaker's checkpoint sync of the job's volume
 # History that must never be overwritten: create-only writes (If-None-Match: *).
 APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD, PARAMS)
@@ -45,6 +48,12 @@ def run_prefix(experiment: str, run: str) -> str:
 
 def events_key(experiment: str, run: str, chunk: int) -> str:
     return f"{run_prefix(experiment, run)}{EVENTS}/chunk-{chunk:08d}.jsonl"
+
+
+def index_key(experiment: str, run: str, group: int) -> str:
+    """The index of chunks `group * INDEX_GROUP` to `(group + 1) * INDEX_GROUP - 1`, create-only, written
+    once S3 holds all of them; the chunks after the last index are the run's tail."""
+    return f"{run_prefix(experiment, run)}{INDEX}/index-{group:08d}.json"
 
 
 def tensorboard_key(experiment: str, run: str, file_name: str) -> str:
@@ -227,6 +236,51 @@ def single_number(value: Any) -> bool:
 def hyperparams_document(params: Mapping[str, Any]) -> bytes:
     """The body of `hyperparams_key`: strict JSON, keys sorted, so equal values give equal bytes."""
     return json.dumps(_plain(params), sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+@dataclass(frozen=True)
+class ChunkSummary:
+    """What one event chunk holds, without its records: an entry of the run's index."""
+
+    chunk: int
+    records: int
+    first_seq: int
+    last_seq: int
+    first_step: int
+    last_step: int
+    attempts: tuple[int, ...]
+    first_wall_time: float
+    last_wall_time: float
+
+    @classmethod
+    def of(cls, chunk: int, records: list[Record]) -> ChunkSummary:
+        return cls(
+            chunk=chunk,
+            records=len(records),
+            first_seq=min(r.seq for r in records),
+            last_seq=max(r.seq for r in records),
+            first_step=min(r.step for r in records),
+            last_step=max(r.step for r in records),
+            attempts=tuple(sorted({r.attempt for r in records})),
+            first_wall_time=min(r.wall_time for r in records),
+            last_wall_time=max(r.wall_time for r in records),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "attempts": list(self.attempts)}
+
+    @classmethod
+    def from_dict(cls, body: Mapping[str, Any]) -> ChunkSummary:
+        return cls(**{**body, "attempts": tuple(int(a) for a in body["attempts"])})
+
+
+def index_document(group: int, summaries: list[ChunkSummary]) -> bytes:
+    body = {"group": group, "chunks_per_group": INDEX_GROUP, "chunks": [s.to_dict() for s in summaries]}
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+def summaries_of(document: bytes) -> list[ChunkSummary]:
+    return [ChunkSummary.from_dict(entry) for entry in json.loads(document)["chunks"]]
 
 
 def records_of(body: bytes | str) -> list[Record]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from beacon import kill_points
-from beacon.contract import Record
+from beacon.contract import ChunkSummary, Record, records_of
 
 OPEN = "open.jsonl"
 SEALED = "sealed"
@@ -55,9 +55,55 @@ class Chunk:
     sequence: int
     path: Path
     records: int
+    # Kept while the records were appended; a chunk found on disk after a restart has none yet.
+    known_summary: ChunkSummary | None = None
 
     def body(self) -> bytes:
         return self.path.read_bytes()
+
+    def summary(self, body: bytes | None = None) -> ChunkSummary:
+        if self.known_summary is not None:
+            return self.known_summary
+        return ChunkSummary.of(self.sequence, records_of(self.body() if body is None else body))
+
+
+class RunningSummary:
+    """The open chunk's summary, kept up to date as records are appended (no re-reading at seal)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.low_step = self.high_step = 0
+        self.attempts: set[int] = set()
+        self.low_wall = self.high_wall = 0.0
+        self.first: Record | None = None
+        self.last: Record | None = None
+
+    def add(self, record: Record) -> None:
+        if self.first is None:
+            self.first = record
+            self.low_step = self.high_step = record.step
+            self.low_wall = self.high_wall = record.wall_time
+        else:
+            self.low_step, self.high_step = min(self.low_step, record.step), max(self.high_step, record.step)
+            self.low_wall, self.high_wall = min(self.low_wall, record.wall_time), max(self.high_wall, record.wall_time)
+        self.last = record
+        self.count += 1
+        self.attempts.add(record.attempt)
+
+    def of(self, chunk: int) -> ChunkSummary | None:
+        if self.first is None or self.last is None:
+            return None
+        return ChunkSummary(
+            chunk=chunk,
+            records=self.count,
+            first_seq=self.first.seq,
+            last_seq=self.last.seq,
+            first_step=self.low_step,
+            last_step=self.high_step,
+            attempts=tuple(sorted(self.attempts)),
+            first_wall_time=self.low_wall,
+            last_wall_time=self.high_wall,
+        )
 
 
 class SpoolFullError(OSError):
@@ -114,6 +160,9 @@ class Spool:
         self._open = self._open_chunk()
         self._reopen = False  # a seal renamed the chunk but could not open the next one yet
         self.open_records = 0
+        # The open chunk's summary; it covers only what this process appended: a chunk reopened after a
+        # restart holds no records (recovery seals it), so the two always agree.
+        self._open_summary = RunningSummary()
         # Records appended since the last fsync, and the open chunk's size at that fsync: after a failed
         # write or fsync the tail is cut back and these bytes are written again, until one fsync
         # succeeds. An fsync that failed once may report success later for pages it dropped.
@@ -210,9 +259,11 @@ class Spool:
             return
         self._refuse_if_unusable()
         for record in records:
-            line = record.with_seq(self.next_seq).to_line()
+            numbered = record.with_seq(self.next_seq)
+            line = numbered.to_line()
             self.next_seq += 1
             self.last_step = max(self.last_step, record.step)
+            self._open_summary.add(numbered)
             self._unsynced += line
         self.open_records += len(records)
 
@@ -249,16 +300,18 @@ class Spool:
         with on_spool_disk(self.directory):
             if self._sealing_as is None:
                 self._sealing_as = self.next_chunk
-            chunk = self._seal_path(self.directory / OPEN, self.open_records, self._sealing_as)
+            summary = self._open_summary.of(self._sealing_as)
+            chunk = self._seal_path(self.directory / OPEN, self.open_records, self._sealing_as, summary)
             self._sealing_as = None
             self.open_records, self._synced_size = 0, 0
+            self._open_summary = RunningSummary()
             self._reopen = True  # set first: a failing close or open is retried by the next sync
             self._open.close()
             self._open = self._open_chunk()
             self._reopen = False
         return chunk
 
-    def _seal_path(self, path: Path, records: int, sequence: int) -> Chunk:
+    def _seal_path(self, path: Path, records: int, sequence: int, summary: ChunkSummary | None = None) -> Chunk:
         target = self.sealed_path(sequence)
         with self._lock:
             self.next_chunk = max(self.next_chunk, sequence + 1)
@@ -268,7 +321,7 @@ class Spool:
             os.replace(path, target)
         kill_points.hit(kill_points.SEAL_RENAMED)
         fsync_directory(self.sealed_dir)
-        chunk = Chunk(sequence, target, records)
+        chunk = Chunk(sequence, target, records, summary)
         with self._lock:
             self._sealed[sequence] = chunk
         return chunk

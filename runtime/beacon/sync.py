@@ -22,6 +22,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import aws, contract
+from beacon.index import IndexWriter
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.spool import OPEN, STATE, Spool
 
@@ -61,6 +62,7 @@ def sync_spool(directory: Path, *, s3: Any, bucket: str, quiet_s: float = QUIET_
         )
     spool = Spool(directory)  # seals what the dead job left open; a torn tail is cut
     report = SyncReport(experiment, run)
+    index = IndexWriter(s3, bucket=bucket, experiment=experiment, run=run)
     try:
         reconciled = reconcile(s3, bucket=bucket, experiment=experiment, run=run, spool=spool)
         report.already_in_s3 = reconciled.already_delivered
@@ -82,6 +84,7 @@ def sync_spool(directory: Path, *, s3: Any, bucket: str, quiet_s: float = QUIET_
                     ) from None
                 report.already_in_s3 += 1
             spool.acknowledge(chunk)
+            index.acknowledged(chunk.summary(body))
     except RunConflictError as error:
         raise SyncRefused(str(error)) from None
     except (ClientError, BotoCoreError) as error:

@@ -27,6 +27,7 @@ from torch.utils.tensorboard import SummaryWriter  # at import: seconds the spoo
 
 from beacon import contract, kill_points
 from beacon.contract import Record
+from beacon.index import IndexWriter
 from beacon.progress import ProgressClock
 from beacon.reconcile import RunConflictError
 from beacon.run_alarms import RunAlarms
@@ -132,6 +133,7 @@ class Telemetry(NullTelemetry):
         self.run_alarms = run_alarms
         self.resumed_after_step = resumed_after_step
         self.report = DeliveryReport()
+        self.index = IndexWriter(s3, bucket=config.bucket, experiment=config.experiment, run=config.run)
         self._queue: collections.deque[tuple[int, dict[str, Any], float]] = collections.deque()
         self._window = WindowStats()
         self._window_lock = threading.Lock()
@@ -366,6 +368,10 @@ class Telemetry(NullTelemetry):
             self._window.upload_latencies_ms.append((time.monotonic() - started) * 1000)
         self.spool.acknowledge(chunk)
         self.report.chunks_uploaded += 1
+        try:
+            self.index.acknowledged(chunk.summary(body))
+        except Exception:  # the index helps readers of long runs; it never holds up delivery
+            log.exception("index of chunk %d not updated", chunk.sequence)
         return True
 
     def _same_object(self, key: str, body: bytes) -> bool:
