@@ -406,6 +406,19 @@ class TrainingMonitoring(Construct):
         )
         dashboard.add_widgets(
             cw.GraphWidget(
+                title="Slowest rank's progress age, s (multi-rank jobs; `beacon doctor` names the rank)",
+                left=[self._search(contract.SLOWEST_RANK_PROGRESS_AGE, "Maximum", period, "")],
+                left_annotations=[stall_threshold],
+                width=12,
+            ),
+            cw.GraphWidget(
+                title="Steps between the furthest and the least advanced rank",
+                left=[self._search(contract.RANK_STEP_SPREAD, "Maximum", period, "")],
+                width=12,
+            ),
+        )
+        dashboard.add_widgets(
+            cw.GraphWidget(
                 title="Failed pods (training namespace; the Job replaces each)",
                 left=[self.restarts_alarm.metric],
                 width=12,

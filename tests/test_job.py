@@ -269,7 +269,12 @@ def test_every_pod_of_a_two_node_job_passes_its_own_probes_while_it_trains(
     pods = []
     for index in range(2):
         (tmp_path / f"pod-{index}").mkdir()
-        env = {**harness.env(), **{e["name"]: on_pod(e["value"], index) for e in container["env"]}}
+        downward = {"metadata.name": f"train-{index}", "spec.nodeName": f"node-{index}"}  # what the kubelet fills in
+        rendered = {
+            e["name"]: on_pod(e["value"], index) if "value" in e else downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
+            for e in container["env"]
+        }
+        env = {**harness.env(), **rendered}
         command = [sys.executable if part == "python" else part for part in container["command"]]
         args = [on_pod(arg, index) for arg in container["args"]]
         pods.append(subprocess.Popen([*command, *args], cwd=ROOT, env=env, text=True, start_new_session=True,

@@ -77,9 +77,15 @@ def test_the_sagemaker_job_runs_the_same_entry_point_and_settings_with_sagemaker
     (train,) = job["spec"]["template"]["spec"]["containers"]
     container = manifests.sagemaker_container(BASE)
     assert [*container.entrypoint, *container.arguments] == [*train["command"], *train["args"]]
-    on_eks = {e["name"]: e["value"] for e in train["env"]}
+    on_eks = {e["name"]: e["value"] for e in train["env"] if "value" in e}
     differing = {k for k in on_eks if on_eks[k] != container.environment[k]}
-    assert differing == {"BEACON_SPOOL_DIR", "BEACON_CHECKPOINT_DIR", "BEACON_HEARTBEAT_FILE"}
+    on_the_volume = {
+        "BEACON_SPOOL_DIR",
+        "BEACON_CHECKPOINT_DIR",
+        "TORCH_FR_DUMP_TEMP_FILE",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    }
+    assert differing == {*on_the_volume, "BEACON_HEARTBEAT_FILE"}, "only paths differ: SageMaker's volume is elsewhere"
     assert container.environment["BEACON_SPOOL_DIR"] == f"{manifests.SAGEMAKER_VOLUME}/spool"
     assert container.checkpoint_s3_uri == f"s3://bucket/experiments/smoke/{BASE.name}/sagemaker-volume/"
 
@@ -93,7 +99,7 @@ def test_the_smoke_job_from_a_team_file_lasts_long_enough_for_its_run_alarms() -
     config = load_team("demo")
     spec = manifests.smoke_job_spec(config, image="i", bucket="b", region="us-east-1")
     (job,) = manifests.smoke_job(spec)
-    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
     # Two 30 s periods (the first heartbeat's, then one evaluated) and one more beat.
     assert float(env["BEACON_MIN_DURATION"]) == 2 * contract.HEARTBEAT_PERIOD_S + spec.heartbeat_interval
     assert env["BEACON_STEPS"] == str(config.training.smoke_steps)
@@ -137,7 +143,7 @@ def test_a_team_job_gets_every_safety_setting_for_its_own_image_and_command() ->
     assert any(r["action"] == "FailJob" for r in rules) and any(r["action"] == "Ignore" for r in rules)
     probes = " ".join(train["livenessProbe"]["exec"]["command"] + train["startupProbe"]["exec"]["command"])
     assert all(path in probes for path in manifests.liveness_files(8)), "every local rank's own liveness file"
-    env = {e["name"]: e["value"] for e in train["env"]}
+    env = {e["name"]: e["value"] for e in train["env"] if "value" in e}
     assert env["BEACON_RUN_ID"] == "resnet-0412" and env["BEACON_EXPERIMENT"] == "resnet"
     assert env["BEACON_BUCKET"] == TEAM_JOB.bucket and env["BEACON_CLOUDWATCH_METRICS"] == "lr"
     assert env["BEACON_SPOOL_DIR"].startswith(manifests.ARTIFACTS_MOUNT)
@@ -163,3 +169,16 @@ def test_the_smoke_job_is_a_training_job_of_the_smoke_command() -> None:
 def test_a_team_job_with_bad_settings_is_refused_naming_the_field(change: dict[str, object], names: str) -> None:
     with pytest.raises(ValueError, match=re.escape(names)):
         dataclasses.replace(TEAM_JOB, **change)  # type: ignore[arg-type]
+
+
+def test_every_rank_knows_its_pod_and_node_and_keeps_its_flight_recorder_under_the_run() -> None:
+    """The downward API gives each rank its pod and node for its progress signal; the flight
+    recorder dumps beside it, on the shared volume, when a collective times out."""
+    job, _service = manifests.smoke_job(dataclasses.replace(BASE, nodes=2))
+    (train,) = job["spec"]["template"]["spec"]["containers"]
+    fields = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in train["env"] if "valueFrom" in e}
+    assert fields == {"BEACON_POD_NAME": "metadata.name", "BEACON_NODE_NAME": "spec.nodeName"}
+    env = {e["name"]: e["value"] for e in train["env"] if "value" in e}
+    ranks = f"{manifests.ARTIFACTS_MOUNT}/spool/{env['BEACON_EXPERIMENT']}/{env['BEACON_RUN_ID']}/ranks/"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == env["TORCH_FR_DUMP_TEMP_FILE"] == ranks + "flight-recorder-rank-"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0

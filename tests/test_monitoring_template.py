@@ -277,7 +277,7 @@ def test_dashboard_has_every_widget_the_issue_lists(demo: Synthesized) -> None:
         "stalled: 180 s",
     ):
         assert needle in body, needle
-    for metric in (*contract.JOB_METRICS, *contract.EVENT_METRICS):
+    for metric in (*contract.JOB_METRICS, *contract.EVENT_METRICS, *contract.RANK_METRICS):
         if metric is not contract.STEP:
             assert f'MetricName=\\\\\\"{metric.name}\\\\\\"' in body, metric.name
     assert "Team,Experiment,Run,Phase}" in body, "phases are graphed per phase"

@@ -157,6 +157,7 @@ def _environment(
     volume: str = ARTIFACTS_MOUNT,
     heartbeat_file: str = HEARTBEAT_FILE,
 ) -> dict[str, str]:
+    flight_recorder = f"{volume}/spool/{spec.experiment}/{spec.name}/ranks/flight-recorder-rank-"
     return {
         "BEACON_TEAM": spec.team,
         "BEACON_EXPERIMENT": spec.experiment,
@@ -167,6 +168,13 @@ def _environment(
         "BEACON_HEARTBEAT_INTERVAL": str(spec.heartbeat_interval),
         "BEACON_HEARTBEAT_FILE": heartbeat_file,
         "BEACON_SHUTDOWN_BUDGET": str(spec.shutdown_budget),
+        # PyTorch's flight recorder: each rank's last collectives, dumped beside its progress signal
+        # when a collective times out (`beacon.ranks`).
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": flight_recorder,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": flight_recorder,
         **dict(spec.environment),
         "AWS_REGION": spec.region,
         "PYTHONUNBUFFERED": "1",
@@ -233,7 +241,11 @@ def training_job(spec: TrainingJobSpec) -> list[dict[str, Any]]:
                 "image": spec.image,
                 "command": LAUNCH_COMMAND,
                 "args": _torchrun_args(spec),
-                "env": [{"name": k, "value": v} for k, v in _environment(spec).items()],
+                "env": [{"name": k, "value": v} for k, v in _environment(spec).items()]
+                + [  # where each rank runs, for its progress signal (`beacon.ranks`)
+                    {"name": "BEACON_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "BEACON_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                ],
                 "resources": resources,
                 "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}],
                 "startupProbe": {

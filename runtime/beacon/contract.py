@@ -22,6 +22,7 @@ TENSORBOARD = "tensorboard"
 PREFLIGHT = "preflight"
 STATUS = "status"
 PARAMS = "params"  # the run's hyperparameters, written once
+RANKS = "ranks"  # every rank's progress signal and stack dumps, uploaded at the end of an attempt
 INDEX = "index"  # what each group of event chunks holds, so a reader finds the tail without listing them all
 # Event chunks per index document: a 1,000,000-record run of 2,000 chunks has 32 of them.
 INDEX_GROUP = 64
@@ -54,6 +55,11 @@ def index_key(experiment: str, run: str, group: int) -> str:
     """The index of chunks `group * INDEX_GROUP` to `(group + 1) * INDEX_GROUP - 1`, create-only, written
     once S3 holds all of them; the chunks after the last index are the run's tail."""
     return f"{run_prefix(experiment, run)}{INDEX}/index-{group:08d}.json"
+
+
+def rank_evidence_key(experiment: str, run: str, attempt: int, file_name: str) -> str:
+    """A rank's last progress document, stack dumps or flight-recorder dump, as the attempt left it."""
+    return f"{run_prefix(experiment, run)}{RANKS}/attempt-{attempt:05d}/{file_name}"
 
 
 def tensorboard_key(experiment: str, run: str, file_name: str) -> str:
@@ -411,6 +417,13 @@ CLOUDWATCH_VALUE_LIMIT = 2.0**360
 # with each heartbeat while such a phase lasts, so it is not among the metrics every run has.
 PHASE_SECONDS = Metric("PhaseSeconds", Unit.SECONDS, high_resolution=True)
 
+# The cross-rank view, sent by rank 0 of a job with more than one rank (`beacon.ranks`): the
+# progress age of the slowest rank (a hung or dead rank stops rewriting its document and ages), and
+# how many steps lie between the furthest and the least advanced rank.
+SLOWEST_RANK_PROGRESS_AGE = Metric("SlowestRankProgressAge", Unit.SECONDS, high_resolution=True)
+RANK_STEP_SPREAD = Metric("RankStepSpread", Unit.COUNT, high_resolution=True)
+RANK_METRICS = (SLOWEST_RANK_PROGRESS_AGE, RANK_STEP_SPREAD)
+
 JOB_METRICS = (
     LOSS,
     STEP,
@@ -449,7 +462,7 @@ def team_metric(name: str) -> Metric:
 
 
 def reserved_metric_names() -> frozenset[str]:
-    return frozenset(metric.name for metric in (*JOB_METRICS, *EVENT_METRICS))
+    return frozenset(metric.name for metric in (*JOB_METRICS, *EVENT_METRICS, *RANK_METRICS))
 
 
 # Container Insights (the CloudWatch Observability add-on) publishes these.

@@ -26,6 +26,7 @@ class ProgressClock:
         self._phases: list[tuple[str, float]] = []  # open phases, outermost first, with start times
         self._paused_since: float | None = None  # when the outermost open phase began
         self.steps = 0
+        self.dispatched_step = -1  # the last step the loop dispatched: set by `Run.mark_step`, read by ranks
 
     def step_finished(self) -> None:
         with self._lock:

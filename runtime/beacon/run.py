@@ -22,7 +22,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
@@ -47,6 +47,7 @@ from beacon.mirrors import MIRROR_SHARE, RunInfo, build
 from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, Mirrors, MirrorWorker, s3_chunks
 from beacon.preflight import PreflightError, run_preflight
 from beacon.progress import ProgressClock
+from beacon.ranks import RankSignal
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings, SettingsError, generated_run_id
@@ -60,6 +61,8 @@ FINISH_MARGIN_S = 30.0
 # The least the tracker mirrors get once the uploads are over, to send the last records and the state.
 MIRROR_LAST_WORD_S = 1.0
 PHASE_NAME_LIMIT = 64
+RANK_SIGNAL_INTERVAL_S = 5.0  # how often each rank rewrites its progress document, at most
+FLIGHT_RECORDER_ENTRIES = 2000  # collectives kept per rank for a timeout's dump
 
 
 @dataclass
@@ -124,6 +127,7 @@ class Run:
         self._early_signal: str | None = None
         self._owned_world: Any = None  # the context that made the process group, if init made it
         self.finished: FinishReport | None = None
+        self.rank_signal: RankSignal | None = None  # this rank's progress signal and stack dumps
 
     # --- identity ---------------------------------------------------------------------------------
     @property
@@ -162,6 +166,7 @@ class Run:
             self.progress.leave(Phase.SETUP)
         if step != self._marked_step:  # once per step, so steps/s counts steps, not calls
             self._marked_step = step
+            self.progress.dispatched_step = step
             self.progress.step_finished()
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
@@ -258,8 +263,12 @@ class Run:
         )
         self.finished = report
         self.telemetry.publish_final(self._final_record(report))
+        if self.rank_signal is not None:  # before the last barrier: rank 0 then uploads every rank's last word
+            self.rank_signal.stop(ended=f"{state.value}: {error_name}" if error_name else state.value)
         try:
             self.world.finish_together(self.settings.shutdown_budget + FINISH_MARGIN_S)
+            if self.rank_signal is not None:
+                self.telemetry.publish_rank_evidence(self.settings.run_ranks_dir, self.attempt)
         finally:
             self.liveness.stop()
             if self._signals is not None:
@@ -316,6 +325,7 @@ class StopSignals:
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
         self.received: str | None = None
+        self.on_signal: Callable[[str], None] | None = None
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             log.warning("beacon.init outside the main thread: no SIGTERM handling (stop with run.stop.set())")
@@ -327,6 +337,8 @@ class StopSignals:
         self.received = signal.Signals(signum).name
         logging.getLogger("beacon").warning("received %s: finishing the step, then draining", self.received)
         self.stop.set()
+        if self.on_signal is not None:
+            self.on_signal(f"received {self.received}")
 
     def restore(self) -> None:
         for signum, previous in self._previous.items():
@@ -356,6 +368,8 @@ def init(
     elif experiment is not None or run_id is not None or overrides:
         raise SettingsError("settings: pass either a RunSettings or individual settings, not both")
     owned = None
+    if settings.telemetry and settings.run:
+        keep_flight_recorder(settings)  # before the process group exists: torch reads it at creation
     if dist.is_available() and dist.is_initialized():
         world = World.of_current_group()
     else:
@@ -364,13 +378,31 @@ def init(
     stop = threading.Event()
     signals = StopSignals(stop) if handle_signals else None  # from the start: a SIGTERM during preflight drains too
     liveness = Liveness(settings.heartbeat_file, local_rank=world.local_rank, interval=settings.heartbeat_interval)
+    rank_signal: RankSignal | None = None
     try:
         if handle_signals and "TORCHELASTIC_RUN_ID" in os.environ:
             die_with_parent(signal.SIGTERM)  # a killed launcher: drain, rather than run on as an orphan
         liveness.start()  # every rank's own sign of life, from before setup until the drain is over
         settings = settings.with_run(world.broadcast(settings.run or generated_run_id()))
-        run = _build(settings, world, liveness, stop, resume)
+        progress = ProgressClock()
+        progress.enter(Phase.SETUP)  # left at the first log: a long setup is work, not a stall
+        if settings.telemetry:
+            rank_signal = RankSignal(
+                settings.run_ranks_dir,
+                rank=world.rank,
+                local_rank=world.local_rank,
+                world_size=world.size,
+                progress=progress,
+                interval=min(settings.heartbeat_interval, RANK_SIGNAL_INTERVAL_S),
+                stall_dump_after=settings.stall_dump_after,
+            ).start()
+            if signals is not None:
+                signals.on_signal = rank_signal.dump_stacks  # an eviction keeps each rank's stacks
+        run = _build(settings, world, liveness, stop, resume, progress)
+        run.rank_signal = rank_signal
     except BaseException:
+        if rank_signal is not None:
+            rank_signal.stop()
         liveness.stop()
         if signals is not None:
             signals.restore()
@@ -382,9 +414,9 @@ def init(
     return run
 
 
-def _build(settings: RunSettings, world: World, liveness: Liveness, stop: threading.Event, resume: str) -> Run:
-    progress = ProgressClock()
-    progress.enter(Phase.SETUP)  # left at the first log: a long setup is work, not a stall
+def _build(
+    settings: RunSettings, world: World, liveness: Liveness, stop: threading.Event, resume: str, progress: ProgressClock
+) -> Run:
     telemetry: NullTelemetry = NullTelemetry()
     mirrors: Mirrors | None = None
     checkpointer: AsyncCheckpointer | None = None
@@ -441,13 +473,28 @@ def _build(settings: RunSettings, world: World, liveness: Liveness, stop: thread
             settings.run_checkpoint_dir / checkpoint_name(step),
             step,
         )
-    run.attempt = telemetry.begin_attempt()
+    run.attempt = int(world.broadcast(str(telemetry.begin_attempt())) or 0)  # every rank's evidence names it
     if run.attempt:
         log.info("attempt %d of run %s", run.attempt, settings.run)
     telemetry.start()  # heartbeats from the start of setup: a long setup is not silence
     if mirrors is not None:
         mirrors.start()
     return run
+
+
+def keep_flight_recorder(settings: RunSettings) -> None:
+    """PyTorch's flight recorder for nccl (and gloo where this torch has it): the last collectives of
+    each rank, dumped under the run's ranks directory when a collective times out. The Job sets the
+    same variables; a value already set wins."""
+    prefix = str(settings.run_ranks_dir / "flight-recorder-rank-")
+    for name, value in (
+        ("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES)),
+        ("TORCH_NCCL_TRACE_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES)),
+        ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+        ("TORCH_FR_DUMP_TEMP_FILE", prefix),
+        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", prefix),
+    ):
+        os.environ.setdefault(name, value)
 
 
 def _writer_mirrors(settings: RunSettings, telemetry: NullTelemetry) -> Mirrors | None:
@@ -543,4 +590,6 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
         run_alarms=alarms,
         resumed_after_step=spool.last_step,
     )
+    if world.size > 1:
+        telemetry.ranks_dir = settings.run_ranks_dir
     return telemetry, spool.last_step

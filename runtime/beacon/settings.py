@@ -44,6 +44,8 @@ class RunSettings:
     heartbeat_interval: float = 15.0  # seconds between heartbeats and metric batches
     heartbeat_file: Path = Path("/tmp/beacon-heartbeat")  # each local rank touches <file>.<rank>
     shutdown_budget: float = 60.0  # seconds to drain after the loop ends (SIGTERM included)
+    # A rank whose progress (phases excluded) is this old dumps its stacks beside its progress signal.
+    stall_dump_after: float = float(contract.STALL_THRESHOLD_S)
     alarms: bool = True  # create this run's alarms from the team's template, delete them on exit
     allow_ephemeral_spool: bool = False  # a spool on tmpfs/overlay/emptyDir: local development only
     telemetry: bool = True  # every sink on; off only to measure overhead
@@ -62,7 +64,7 @@ class RunSettings:
             _check(kind, lambda value, kind=kind: contract.validate_id(kind, value), getattr(self, kind))
         if self.run:
             _check("run", lambda value: contract.validate_id("run", value), self.run)
-        for name in ("flush_interval", "heartbeat_interval", "shutdown_budget"):
+        for name in ("flush_interval", "heartbeat_interval", "shutdown_budget", "stall_dump_after"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise SettingsError(f"{_label(name)}: must be a number > 0, got {value!r}")
@@ -99,6 +101,11 @@ class RunSettings:
     @property
     def run_spool_dir(self) -> Path:
         return self.spool_dir / self.experiment / self.run
+
+    @property
+    def run_ranks_dir(self) -> Path:
+        """Every rank's progress signal and stack dumps: on the run's shared volume where pods share one."""
+        return self.run_spool_dir / contract.RANKS
 
     @property
     def run_checkpoint_dir(self) -> Path:

@@ -29,6 +29,7 @@ from beacon import contract, kill_points
 from beacon.contract import Record
 from beacon.index import IndexWriter
 from beacon.progress import ProgressClock
+from beacon.ranks import view_of
 from beacon.reconcile import RunConflictError
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings
@@ -113,6 +114,8 @@ class NullTelemetry:
 
     def publish_hyperparams(self, document: bytes) -> None: ...
 
+    def publish_rank_evidence(self, directory: Path, attempt: int) -> None: ...
+
 
 class Telemetry(NullTelemetry):
     def __init__(
@@ -133,6 +136,8 @@ class Telemetry(NullTelemetry):
         self.run_alarms = run_alarms
         self.resumed_after_step = resumed_after_step
         self.report = DeliveryReport()
+        # Every rank's progress documents, for the cross-rank view (None with a single rank).
+        self.ranks_dir: Path | None = None
         self.index = IndexWriter(s3, bucket=config.bucket, experiment=config.experiment, run=config.run)
         self._queue: collections.deque[tuple[int, dict[str, Any], float]] = collections.deque()
         self._window = WindowStats()
@@ -512,6 +517,9 @@ class Telemetry(NullTelemetry):
             datum(contract.STEPS_PER_SECOND, run_dims, Value=(steps - last_steps) / max(mono - last_mono, 1e-6)),
         ]
         phase = self.progress.current_phase()  # setup, evaluation, checkpoint: work, not a stall
+        if self.ranks_dir is not None and (view := view_of(self.ranks_dir, now)) is not None:
+            data.append(datum(contract.SLOWEST_RANK_PROGRESS_AGE, run_dims, Value=view.slowest_progress_age))
+            data.append(datum(contract.RANK_STEP_SPREAD, run_dims, Value=float(view.step_spread)))
         if phase is not None:
             phase_dims = contract.phase_dimensions(self.config.team, self.config.experiment, self.config.run, phase[0])
             data.append(datum(contract.PHASE_SECONDS, phase_dims, Value=phase[1]))
@@ -547,6 +555,22 @@ class Telemetry(NullTelemetry):
             self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=json.dumps(summary).encode())
         except (ClientError, BotoCoreError) as error:
             log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
+
+    def publish_rank_evidence(self, directory: Path, attempt: int) -> None:
+        """Every rank's last word, stack dumps and flight-recorder dumps, from the run's ranks directory
+        to S3, create-only under the attempt. Only rank 0 calls AWS; when rank 0 is the rank that
+        stopped, the files stay on the volume for the alarm's function and `beacon.sync`."""
+        for path in sorted(directory.glob("*")):
+            if not path.is_file() or path.name.startswith(".") or path.stat().st_size == 0:
+                continue
+            key = contract.rank_evidence_key(self.config.experiment, self.config.run, attempt, path.name)
+            try:
+                self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
+            except ClientError as error:
+                if error.response["Error"]["Code"] != "PreconditionFailed":
+                    log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
+            except (BotoCoreError, OSError) as error:
+                log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
 
     def publish_hyperparams(self, document: bytes) -> None:
         """Create-only, like the records: an attempt that finds other values there keeps them."""

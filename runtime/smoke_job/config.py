@@ -38,12 +38,14 @@ class JobConfig:
     namespace: str
     region: str
     shutdown_budget: float
+    stall_dump_after: float
     alarms: bool
     allow_ephemeral_spool: bool
     telemetry: bool
     step_sleep: float
     setup_sleep: float
     hang_after_step: int
+    hang_rank: int
     min_duration: float
 
     def with_run(self, run: str) -> JobConfig:
@@ -151,12 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
         "AWS region (defaults to AWS_REGION)",
     )
     add("--shutdown-budget", _positive_float, 60.0, "seconds to drain everything after SIGTERM")
+    add(
+        "--stall-dump-after",
+        _positive_float,
+        float(contract.STALL_THRESHOLD_S),
+        "seconds without progress after which a rank dumps its stacks",
+    )
     add("--alarms", _bool, True, "create this run's alarms from the team's template, delete them on exit")
     add("--allow-ephemeral-spool", _bool, False, "accept a spool on tmpfs/overlay (local development only)")
     add("--telemetry", _bool, True, "all sinks on; off only to measure overhead")
     add("--step-sleep", float, 0.0, "extra seconds per step (fault tests slow the loop with it)")
     add("--setup-sleep", _non_negative_float, 0.0, "extra seconds of setup before the first step (tests)")
     add("--hang-after-step", int, -1, "hang the loop after this step, heartbeat alive (fault tests and benchmarks)")
+    add("--hang-rank", int, -1, "with --hang-after-step, only this rank hangs; the others block in a collective")
     add(
         "--min-duration",
         _non_negative_float,

@@ -64,7 +64,7 @@ class Job:
                     time.sleep(config.step_sleep)
                 if config.min_duration:
                     self._pace(loop_started, step - run.resume_step + 1, config.steps - run.resume_step)
-                if step == config.hang_after_step:
+                if step == config.hang_after_step and config.hang_rank in (-1, run.world.rank):
                     log.warning("hanging after step %d (--hang-after-step); the heartbeat goes on", step)
                     run.stop.wait()
         except beacon.SpoolFullError as error:

@@ -1,0 +1,232 @@
+"""Every rank's progress and, when it stops, its stacks: the evidence that names the rank.
+
+When one rank of a distributed job hangs, every other rank blocks in its next collective and rank 0's
+heartbeat goes on; only a per-rank view says which rank stopped. Each rank writes a small document
+(`rank-<r>.json`: last dispatched step, phase, wall time, pod, node, instance) under the run on the
+spool volume, from a thread of its own: never the training thread (which only stores the step it
+dispatched), never the liveness thread (the shared volume is a network file system, and liveness
+stays pod-local). Rank 0's heartbeat reads the documents for the cross-rank view.
+
+Stacks are dumped with `faulthandler` into `stacks-rank-<r>.txt` beside it:
+- by this thread, once per stop, when the rank's progress is older than `stall_dump_after`;
+- by faulthandler's own watchdog (a C thread, no GIL needed) when this thread itself could not run
+  for that long: a C call holding the GIL is then the hang, and the dump shows where;
+- on SIGTERM, before the drain (`dump_stacks`), so an eviction keeps the evidence.
+py-spy would add native frames but needs ptrace (SYS_PTRACE in the pod); the Python frames name the
+collective or the data loader a rank waits in, and the nccl flight recorder covers what nccl does.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from beacon.progress import ProgressClock
+
+log = logging.getLogger("beacon.ranks")
+
+
+def rank_document_name(rank: int) -> str:
+    return f"rank-{rank:05d}.json"
+
+
+def stacks_name(rank: int) -> str:
+    return f"stacks-rank-{rank:05d}.txt"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a rank runs, from the Job's downward API environment (empty off Kubernetes)."""
+
+    pod: str
+    node: str
+    instance: str
+
+    @classmethod
+    def from_environment(cls) -> Placement:
+        return cls(
+            pod=os.environ.get("BEACON_POD_NAME", os.environ.get("HOSTNAME", "")),
+            node=os.environ.get("BEACON_NODE_NAME", ""),
+            instance=os.environ.get("BEACON_INSTANCE_TYPE", ""),
+        )
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """One rank's last word: what `rank-<r>.json` holds."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    step: int  # the last step the host dispatched (-1 before the first)
+    phase: str
+    progress_age: float  # seconds since the last step, phases excluded
+    wall_time: float  # when this document was written
+    last_step_wall_time: float  # when the last step was dispatched, as wall time
+    pid: int
+    pod: str
+    node: str
+    instance: str
+    stacks_dumped: int  # dumps so far
+    # How this rank ended (`finished`, `failed: RuntimeError`, `preempted`), written by its last word;
+    # empty while it runs, and forever if it was killed outright: its silence is then the sign.
+    ended: str = ""
+
+    @classmethod
+    def from_document(cls, body: bytes) -> RankProgress:
+        return cls(**json.loads(body))
+
+
+def read_ranks(directory: Path) -> list[RankProgress]:
+    """Every rank's latest document under `directory` (a run's `ranks/`), in rank order."""
+    found = []
+    for path in sorted(directory.glob("rank-*.json")):
+        try:
+            found.append(RankProgress.from_document(path.read_bytes()))
+        except (OSError, ValueError, TypeError):  # being replaced, or torn by a dead node: the next read
+            continue
+    return found
+
+
+@dataclass(frozen=True)
+class CrossRankView:
+    """Rank 0's view of all ranks, for its heartbeat: who is slowest, and how far apart they are."""
+
+    ranks: int
+    slowest_rank: int
+    slowest_progress_age: float
+    step_spread: int
+
+    @classmethod
+    def of(cls, ranks: list[RankProgress], now: float) -> CrossRankView | None:
+        if not ranks:
+            return None
+        # A document that stopped being rewritten ages too: a dead or frozen rank is the slowest.
+        ages = {r.rank: r.progress_age + max(0.0, now - r.wall_time) for r in ranks}
+        slowest = max(ages, key=lambda rank: ages[rank])
+        steps = [r.step for r in ranks]
+        return cls(len(ranks), slowest, ages[slowest], max(steps) - min(steps))
+
+
+class RankSignal:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        progress: ProgressClock,
+        interval: float,
+        stall_dump_after: float,
+        placement: Placement | None = None,
+    ) -> None:
+        self.directory = directory
+        self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self.progress = progress
+        self.interval = interval
+        self.stall_dump_after = stall_dump_after
+        self.placement = placement or Placement.from_environment()
+        self.document = directory / rank_document_name(rank)
+        self.stacks = directory / stacks_name(rank)
+        self.dumps = 0
+        self._dumped_for: int | None = None  # the step whose stop was dumped already
+        self._stacks_file: IO[str] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="beacon-rank-signal", daemon=True)
+        self._warned = False
+
+    def start(self) -> RankSignal:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._stacks_file = open(self.stacks, "a")  # noqa: SIM115 - kept open for faulthandler's C writer
+        except OSError as error:
+            log.warning("rank %d: no progress signal under %s: %s", self.rank, self.directory, error)
+            return self
+        self._arm_watchdog()
+        self._thread.start()
+        return self
+
+    def _arm_watchdog(self) -> None:
+        if self._stacks_file is not None:
+            # Re-armed by every pass of the loop: it fires only if this thread could not run that long.
+            faulthandler.dump_traceback_later(
+                self.stall_dump_after + self.interval, repeat=False, file=self._stacks_file, exit=False
+            )
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._arm_watchdog()
+            self.write()
+            step, age = self.progress.dispatched_step, self.progress.progress_age()
+            if age >= self.stall_dump_after and self._dumped_for != step and self.progress.current_phase() is None:
+                self._dumped_for = step
+                self.dump_stacks(f"no progress for {age:.0f} s after step {step}")
+
+    def write(self, *, ended: str = "") -> None:
+        now = time.time()
+        age = self.progress.progress_age()
+        phase = self.progress.current_phase()
+        body = RankProgress(
+            rank=self.rank,
+            local_rank=self.local_rank,
+            world_size=self.world_size,
+            step=self.progress.dispatched_step,
+            phase=phase[0] if phase else self.progress.phase_name(),
+            progress_age=age,
+            wall_time=now,
+            last_step_wall_time=now - age,
+            pid=os.getpid(),
+            stacks_dumped=self.dumps,
+            ended=ended,
+            **asdict(self.placement),
+        )
+        temporary = self.document.with_name(f".{self.document.name}.tmp")
+        try:
+            temporary.write_text(json.dumps(asdict(body)))
+            os.replace(temporary, self.document)
+        except OSError as error:
+            if not self._warned:
+                log.warning("rank %d: cannot write %s: %s", self.rank, self.document, error)
+                self._warned = True
+
+    def dump_stacks(self, reason: str) -> None:
+        """Every thread's Python stack into this rank's stacks file, headed by `reason`."""
+        if self._stacks_file is None:
+            return
+        try:
+            self._stacks_file.write(
+                f"--- rank {self.rank} pid {os.getpid()} at {time.time():.3f}, step "
+                f"{self.progress.dispatched_step}: {reason}\n"
+            )
+            self._stacks_file.flush()
+            faulthandler.dump_traceback(file=self._stacks_file, all_threads=True)
+            self._stacks_file.flush()
+            self.dumps += 1
+        except (OSError, ValueError) as error:
+            log.warning("rank %d: cannot dump stacks to %s: %s", self.rank, self.stacks, error)
+
+    def stop(self, *, ended: str = "stopped") -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=self.interval + 1)
+        faulthandler.cancel_dump_traceback_later()
+        if self._stacks_file is not None:
+            self.write(ended=ended)  # the last word: where and how this rank ended
+            self._stacks_file.close()
+            self._stacks_file = None
+
+
+def view_of(directory: Path, now: float | None = None) -> CrossRankView | None:
+    return CrossRankView.of(read_ranks(directory), time.time() if now is None else now)
+
+
+def describe(ranks: list[RankProgress]) -> dict[str, Any]:
+    return {str(r.rank): asdict(r) for r in ranks}

@@ -1,0 +1,221 @@
+"""Which rank stopped: every rank's progress signal and stack dumps (`beacon.ranks`), and rank 0's
+cross-rank view. Clocks are scaled: the stall dump after 2-3 s here stands for 90 s (ratio 1:30 to 1:45)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from beacon import contract
+from beacon.progress import ProgressClock
+from beacon.ranks import CrossRankView, Placement, RankProgress, RankSignal, read_ranks, stacks_name
+
+from beacon_ops.observe import metric_samples
+from tests.conftest import WriterSession
+from tests.job_harness import JobHarness, keys_under, signal_group, wait_for
+from tests.synth import ROOT
+
+PLACE = Placement(pod="train-0-abc", node="ip-10-0-1-5.ec2.internal", instance="g6.12xlarge")
+
+
+def signal_for(directory: Path, progress: ProgressClock, *, rank: int = 3, stall: float = 1.5) -> RankSignal:
+    return RankSignal(
+        directory,
+        rank=rank,
+        local_rank=rank % 2,
+        world_size=4,
+        progress=progress,
+        interval=0.2,
+        stall_dump_after=stall,
+        placement=PLACE,
+    )
+
+
+def test_a_rank_writes_its_step_phase_and_placement_and_its_stop_dumps_the_hanging_frame(tmp_path: Path) -> None:
+    progress = ProgressClock()
+    progress.dispatched_step = 41
+    progress.step_finished()
+    signal = signal_for(tmp_path, progress).start()
+    try:
+
+        def stuck_in_the_data_loader() -> None:
+            time.sleep(2.5)  # the loop stops here: no step for longer than the stall threshold
+
+        stuck_in_the_data_loader()
+        (document,) = read_ranks(tmp_path)
+    finally:
+        signal.stop()
+    assert (document.rank, document.step, document.phase) == (3, 41, "training")
+    assert (document.pod, document.node, document.instance) == (PLACE.pod, PLACE.node, PLACE.instance)
+    assert document.progress_age >= 1.5
+    stacks = (tmp_path / "stacks-rank-00003.txt").read_text()
+    assert "no progress for" in stacks and "after step 41" in stacks
+    assert "stuck_in_the_data_loader" in stacks, "the dump shows where the rank is stuck"
+    assert stacks.count("--- rank 3") == 1, "one dump per stop, not one per pass"
+
+
+def test_a_long_checkpoint_or_evaluation_phase_is_not_a_stop(tmp_path: Path) -> None:
+    progress = ProgressClock()
+    progress.step_finished()
+    signal = signal_for(tmp_path, progress).start()
+    try:
+        with progress.phase("checkpoint"):
+            time.sleep(2.5)
+            (document,) = read_ranks(tmp_path)
+    finally:
+        signal.stop()
+    assert document.phase == "checkpoint", "visible as what it is"
+    assert document.progress_age < 1.5, "and kept out of the stall clock"
+    assert "--- rank" not in (tmp_path / "stacks-rank-00003.txt").read_text()
+
+
+def test_a_c_call_holding_the_gil_is_dumped_by_faulthandlers_watchdog(tmp_path: Path) -> None:
+    """The rank's own thread cannot run while a C call holds the GIL (here a regular expression
+    that backtracks for seconds); faulthandler's watchdog, a C thread, dumps anyway."""
+    script = tmp_path / "held.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import re, time
+            from pathlib import Path
+            from beacon.progress import ProgressClock
+            from beacon.ranks import RankSignal
+            progress = ProgressClock()
+            progress.step_finished()
+            signal = RankSignal(Path({str(tmp_path)!r}), rank=5, local_rank=1, world_size=8, progress=progress,
+                                interval=0.2, stall_dump_after=0.5).start()
+            time.sleep(0.5)
+            def forward_holding_the_gil():
+                re.match(r"(a+)+$", "a" * 25 + "b")
+            forward_holding_the_gil()
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    stacks = (tmp_path / "stacks-rank-00005.txt").read_text()
+    assert "Timeout (0:00:00" in stacks and "forward_holding_the_gil" in stacks
+
+
+def test_a_dead_rank_stops_rewriting_its_document_and_becomes_the_slowest() -> None:
+    def rank(number: int, step: int, age: float, written: float) -> RankProgress:
+        return RankProgress(number, number, 4, step, "training", age, written, written - age, 1, "p", "n", "i", 0)
+
+    now = 1_000.0
+    ranks = [rank(0, 120, 0.5, now), rank(1, 121, 0.2, now), rank(2, 120, 0.4, now), rank(3, 97, 1.0, now - 40)]
+    view = CrossRankView.of(ranks, now)
+    assert view is not None
+    assert (view.slowest_rank, view.step_spread) == (3, 24)
+    assert view.slowest_progress_age == 41.0, "its last age plus the time since it last wrote"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_node(harness: JobHarness, node: int, port: int, *job_args: str) -> subprocess.Popen[str]:
+    """One "node" of a two-node job: its own torchrun agent, two ranks, rendezvous on loopback."""
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    rendezvous = ["--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    env = {**harness.env(), "BEACON_POD_NAME": f"train-{node}", "BEACON_NODE_NAME": f"node-{node}"}
+    return subprocess.Popen(
+        [torchrun, *rendezvous, "--nproc-per-node=2", "-m", "smoke_job.train", *harness.args(*job_args)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_where_the_others_wait(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """Rank 3 hangs after step 20 (a test-only fault flag); ranks 0-2 block in the next step's
+    first collective. Each rank's document and stack dump say so; rank 0's heartbeat publishes the
+    slowest rank's progress age; a SIGTERM dumps every rank's stacks before the drain."""
+    harness = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, as_writer.credentials)
+    run = "ranks-hang"
+    job_args = ["--run-id", run, "--steps", "100000", "--step-sleep", "0.05", "--alarms", "false"]
+    job_args += ["--hang-after-step", "20", "--hang-rank", "3", "--stall-dump-after", "3"]
+    port = free_port()
+    nodes = [start_node(harness, node, port, *job_args) for node in (0, 1)]
+    ranks_dir = tmp_path / "spool" / "smoke" / run / "ranks"
+    try:
+        stacks = [ranks_dir / stacks_name(rank) for rank in range(4)]
+        dumped = lambda: all(s.exists() and "no progress for" in s.read_text() for s in stacks)  # noqa: E731
+        assert wait_for(dumped, timeout=240), [p.poll() for p in nodes]
+        documents = {r.rank: r for r in read_ranks(ranks_dir)}
+        assert sorted(documents) == [0, 1, 2, 3]
+        assert {(r.rank, r.pod, r.node) for r in documents.values()} == {
+            (0, "train-0", "node-0"), (1, "train-0", "node-0"), (2, "train-1", "node-1"), (3, "train-1", "node-1")
+        }  # fmt: skip
+        assert {r.step for r in documents.values()} == {20}, "every rank dispatched step 20, none got further"
+        hung = stacks[3].read_text()
+        assert "smoke_job/job.py" in hung and "in train" in hung, hung[-3000:]
+        for waiting in stacks[:3]:
+            assert " in all_reduce" in waiting.read_text(), "the others wait in the next collective"
+        time.sleep(3)  # rank 0's heartbeats (1 s apart here) carry the cross-rank view meanwhile
+        for node in nodes:
+            os.killpg(node.pid, signal.SIGTERM)
+        terminated = lambda: all("received SIGTERM" in s.read_text() for s in stacks)  # noqa: E731
+        assert wait_for(terminated, timeout=30), "a SIGTERM keeps every rank's stacks before the drain"
+    finally:
+        for node in nodes:
+            signal_group(node, signal.SIGKILL)
+            node.communicate(timeout=60)
+    as_writer.aws.reset_auth_only()  # read as the admin
+    samples = metric_samples(
+        as_writer.aws.client("cloudwatch"),
+        contract.SLOWEST_RANK_PROGRESS_AGE,
+        contract.run_dimensions("demo", "smoke", run),
+        statistic="Maximum",
+        period=1,
+    )
+    assert max(s.value for s in samples) >= 3, "rank 0's heartbeat published the slowest rank's progress age"
+
+
+def test_a_rank_killed_outright_leaves_its_last_document_and_the_others_stacks_name_it(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """SIGKILL of rank 3: it writes nothing more, so its document is the oldest and has no last word;
+    the other ranks lose their peer in the next collective and say so in theirs."""
+    harness = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, as_writer.credentials)
+    run = "ranks-kill"
+    job_args = ("--run-id", run, "--steps", "100000", "--step-sleep", "0.05", "--alarms", "false")
+    port = free_port()
+    nodes = [start_node(harness, node, port, *job_args) for node in (0, 1)]
+    ranks_dir = tmp_path / "spool" / "smoke" / run / "ranks"
+    try:
+        stepping = lambda: len(r := read_ranks(ranks_dir)) == 4 and min(d.step for d in r) >= 10  # noqa: E731
+        assert wait_for(stepping, timeout=240), [p.poll() for p in nodes]
+        (victim,) = [r for r in read_ranks(ranks_dir) if r.rank == 3]
+        os.kill(victim.pid, signal.SIGKILL)
+        for node in nodes:
+            node.communicate(timeout=120)
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                signal_group(node, signal.SIGKILL)
+                node.communicate(timeout=60)
+    documents = {r.rank: r for r in read_ranks(ranks_dir)}
+    view = CrossRankView.of(list(documents.values()), max(r.wall_time for r in documents.values()))
+    assert view is not None and view.slowest_rank == 3, "the rank that stopped writing is the slowest"
+    assert documents[3].ended == "", "killed outright: no last word, its silence is the sign"
+    for rank in (0, 1, 2):
+        # gloo reports the lost peer at once (nccl would hang until its timeout, and dump its flight recorder)
+        assert documents[rank].ended == "failed: RuntimeError", documents[rank]
+    as_writer.aws.reset_auth_only()  # read as the admin
+    uploaded = keys_under(as_writer.aws.client("s3"), as_writer.bucket, contract.run_prefix("smoke", run) + "ranks/")
+    attempt = contract.rank_evidence_key("smoke", run, 0, "")
+    assert attempt + "rank-00003.json" in uploaded, "rank 0 uploads the dead rank's last document from the volume"
+    assert attempt + "rank-00000.json" in uploaded
