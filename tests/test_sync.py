@@ -67,9 +67,12 @@ def test_a_stranded_spool_is_pushed_once_and_a_second_push_sends_nothing(
     harness: JobHarness, as_writer: WriterSession, tmp_path: Path
 ) -> None:
     directory = stranded_spool(tmp_path / "volume", "stranded-1", 35)
-    first = sync(harness, directory)
+    (directory / "ranks").mkdir()
+    (directory / "ranks" / "stacks-rank-00003.txt").write_text("--- rank 3: no progress for 95 s\n")
+    first = sync(harness, aged(directory))
     assert first.returncode == 0, first.stderr[-2000:]
     assert "4 chunk(s) uploaded (35 records)" in first.stdout
+    assert "1 rank file(s)" in first.stdout, "the hung rank's stacks, kept on the volume, reach S3 too"
     again = sync(harness, aged(directory))
     assert again.returncode == 0 and "0 chunk(s) uploaded" in again.stdout
     steps = sorted(r.step for r in delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "stranded-1"))

@@ -28,6 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
+from beacon import contract
 from beacon.progress import ProgressClock
 
 log = logging.getLogger("beacon.ranks")
@@ -222,6 +225,25 @@ class RankSignal:
             self.write(ended=ended)  # the last word: where and how this rank ended
             self._stacks_file.close()
             self._stacks_file = None
+
+
+def upload_rank_evidence(s3: Any, *, bucket: str, experiment: str, run: str, attempt: int, directory: Path) -> int:
+    """Every file of a run's ranks directory (progress documents, stack and flight-recorder dumps) to
+    S3, create-only under the attempt; the number uploaded. A file already there stays as it is."""
+    uploaded = 0
+    for path in sorted(directory.glob("*")) if directory.is_dir() else []:
+        if not path.is_file() or path.name.startswith(".") or path.stat().st_size == 0:
+            continue
+        key = contract.rank_evidence_key(experiment, run, attempt, path.name)
+        try:
+            s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
+            uploaded += 1
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "PreconditionFailed":
+                log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
+        except (BotoCoreError, OSError) as error:
+            log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
+    return uploaded
 
 
 def view_of(directory: Path, now: float | None = None) -> CrossRankView | None:

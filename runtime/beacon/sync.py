@@ -23,6 +23,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import aws, contract
 from beacon.index import IndexWriter
+from beacon.ranks import upload_rank_evidence
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.spool import OPEN, STATE, Spool
 
@@ -42,6 +43,7 @@ class SyncReport:
     chunks_uploaded: int = 0
     already_in_s3: int = 0
     records_sent: int = 0
+    rank_files: int = 0  # progress documents and dumps the dead job's ranks left under `ranks/`
 
 
 def sync_spool(directory: Path, *, s3: Any, bucket: str, quiet_s: float = QUIET_S) -> SyncReport:
@@ -85,6 +87,10 @@ def sync_spool(directory: Path, *, s3: Any, bucket: str, quiet_s: float = QUIET_
                 report.already_in_s3 += 1
             spool.acknowledge(chunk)
             index.acknowledged(chunk.summary(body))
+        report.rank_files = upload_rank_evidence(
+            s3, bucket=bucket, experiment=experiment, run=run, attempt=max(spool.last_attempt, 0),
+            directory=directory / contract.RANKS,
+        )  # fmt: skip
     except RunConflictError as error:
         raise SyncRefused(str(error)) from None
     except (ClientError, BotoCoreError) as error:
@@ -116,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REFUSED
     print(
         f"beacon sync: {report.experiment}/{report.run}: {report.chunks_uploaded} chunk(s) uploaded "
-        f"({report.records_sent} records), {report.already_in_s3} already in s3://{args.bucket}"
+        f"({report.records_sent} records), {report.already_in_s3} already in s3://{args.bucket}; "
+        f"{report.rank_files} rank file(s)"
     )
     return 0
 

@@ -29,7 +29,7 @@ from beacon import contract, kill_points
 from beacon.contract import Record
 from beacon.index import IndexWriter
 from beacon.progress import ProgressClock
-from beacon.ranks import view_of
+from beacon.ranks import upload_rank_evidence, view_of
 from beacon.reconcile import RunConflictError
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings
@@ -560,17 +560,10 @@ class Telemetry(NullTelemetry):
         """Every rank's last word, stack dumps and flight-recorder dumps, from the run's ranks directory
         to S3, create-only under the attempt. Only rank 0 calls AWS; when rank 0 is the rank that
         stopped, the files stay on the volume for the alarm's function and `beacon.sync`."""
-        for path in sorted(directory.glob("*")):
-            if not path.is_file() or path.name.startswith(".") or path.stat().st_size == 0:
-                continue
-            key = contract.rank_evidence_key(self.config.experiment, self.config.run, attempt, path.name)
-            try:
-                self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
-            except ClientError as error:
-                if error.response["Error"]["Code"] != "PreconditionFailed":
-                    log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
-            except (BotoCoreError, OSError) as error:
-                log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
+        upload_rank_evidence(
+            self.s3, bucket=self.config.bucket, experiment=self.config.experiment, run=self.config.run,
+            attempt=attempt, directory=directory,
+        )  # fmt: skip
 
     def publish_hyperparams(self, document: bytes) -> None:
         """Create-only, like the records: an attempt that finds other values there keeps them."""
