@@ -17,6 +17,7 @@ from beacon.progress import ProgressClock
 from beacon.ranks import CrossRankView, Placement, RankProgress, RankSignal, read_ranks, stacks_name
 
 from beacon_ops.observe import metric_samples
+from beacon_ops.rank_verdict import which_rank
 from tests.conftest import WriterSession
 from tests.job_harness import JobHarness, keys_under, signal_group, wait_for
 from tests.synth import ROOT
@@ -164,6 +165,19 @@ def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_wher
         assert "smoke_job/job.py" in hung and "in train" in hung, hung[-3000:]
         for waiting in stacks[:3]:
             assert " in all_reduce" in waiting.read_text(), "the others wait in the next collective"
+        verdict = which_rank(list(documents.values()), {rank: stacks[rank].read_text() for rank in range(4)})
+        assert verdict is not None, "the doctor's reading names a rank"
+        assert (verdict.rank, verdict.how, verdict.step, verdict.pod, verdict.node) == (
+            3,
+            "hung",
+            20,
+            "train-1",
+            "node-1",
+        )
+        assert verdict.where.startswith(str(ROOT / "runtime" / "smoke_job" / "job.py")) and "in train" in verdict.where
+        assert verdict.waiting == {"all_reduce": [0, 1, 2]}
+        assert verdict.line().startswith("rank 3 on pod train-1, node node-1 hung at step 20 in training (")
+        assert verdict.line().endswith("; 3 rank(s) wait in all_reduce (0, 1, 2)")
         time.sleep(3)  # rank 0's heartbeats (1 s apart here) carry the cross-rank view meanwhile
         for node in nodes:
             os.killpg(node.pid, signal.SIGTERM)
@@ -211,6 +225,8 @@ def test_a_rank_killed_outright_leaves_its_last_document_and_the_others_stacks_n
     view = CrossRankView.of(list(documents.values()), max(r.wall_time for r in documents.values()))
     assert view is not None and view.slowest_rank == 3, "the rank that stopped writing is the slowest"
     assert documents[3].ended == "", "killed outright: no last word, its silence is the sign"
+    verdict = which_rank(list(documents.values()), {})
+    assert verdict is not None and (verdict.rank, verdict.how) == (3, "died")
     for rank in (0, 1, 2):
         # gloo reports the lost peer at once (nccl would hang until its timeout, and dump its flight recorder)
         assert documents[rank].ended == "failed: RuntimeError", documents[rank]
@@ -219,3 +235,48 @@ def test_a_rank_killed_outright_leaves_its_last_document_and_the_others_stacks_n
     attempt = contract.rank_evidence_key("smoke", run, 0, "")
     assert attempt + "rank-00003.json" in uploaded, "rank 0 uploads the dead rank's last document from the volume"
     assert attempt + "rank-00000.json" in uploaded
+
+
+def dump(rank: int, *main_frames: str) -> str:
+    """A stacks file as faulthandler writes it: a helper thread, then the main thread."""
+    frames = "\n".join(
+        f'  File "{file}", line 1 in {function}' for file, function in (f.split(":") for f in main_frames)
+    )
+    return (
+        f"--- rank {rank} pid 1 at 1.0, step 7: no progress for 95 s after step 7\n"
+        "Thread 0x1 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n'
+        '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+        f"Current thread 0x2 (most recent call first):\n{frames}\n"
+        '  File "<frozen runpy>", line 198 in _run_module_as_main\n'
+    )
+
+
+WAITING = ("/venv/torch/distributed/distributed_c10d.py:all_reduce", "/app/train.py:main")
+
+
+def progress_of(rank: int, *, phase: str = "training", ended: str = "", written: float = 100.0) -> RankProgress:
+    return RankProgress(rank, rank, 4, 7, phase, 95.0, written, written - 95, 1, f"pod-{rank}", "n", "i", 1, ended)
+
+
+def test_a_rank_in_a_long_checkpoint_while_the_others_wait_is_not_a_hang() -> None:
+    ranks = [progress_of(0), progress_of(1), progress_of(2), progress_of(3, phase="checkpoint")]
+    stacks = {r: dump(r, *WAITING) for r in range(3)} | {3: dump(3, "/app/train.py:save_checkpoint")}
+    assert which_rank(ranks, stacks) is None
+
+
+def test_the_rank_outside_any_collective_is_the_one_that_hung_and_its_frame_is_named() -> None:
+    ranks = [progress_of(r) for r in range(4)]
+    stacks = {r: dump(r, *WAITING) for r in (0, 1, 3)} | {2: dump(2, "/app/data.py:__next__", "/app/train.py:main")}
+    verdict = which_rank(ranks, stacks)
+    assert verdict is not None and (verdict.rank, verdict.how, verdict.where) == (
+        2,
+        "hung",
+        "/app/data.py:1 in __next__",
+    )
+    assert verdict.waiting == {"all_reduce": [0, 1, 3]}
+
+
+def test_ranks_that_all_progress_name_no_one() -> None:
+    assert which_rank([progress_of(r, written=100.0 + r) for r in range(4)], {}) is None
+    assert which_rank([progress_of(0)], {}) is None, "a single rank has no other to compare with"
