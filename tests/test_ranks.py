@@ -3,6 +3,7 @@ cross-rank view. Clocks are scaled: the stall dump after 2-3 s here stands for 9
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from beacon import contract
 from beacon.progress import ProgressClock
-from beacon.ranks import CrossRankView, Placement, RankProgress, RankSignal, read_ranks, stacks_name
+from beacon.ranks import CrossRankView, PhaseFollower, Placement, RankProgress, RankSignal, read_ranks, stacks_name
 
 from beacon_ops.observe import metric_samples
 from beacon_ops.rank_verdict import which_rank
@@ -182,7 +183,8 @@ def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_wher
         for node in nodes:
             os.killpg(node.pid, signal.SIGTERM)
         terminated = lambda: all("received SIGTERM" in s.read_text() for s in stacks)  # noqa: E731
-        assert wait_for(terminated, timeout=30), "a SIGTERM keeps every rank's stacks before the drain"
+        missing = lambda: [r for r, s in enumerate(stacks) if "received SIGTERM" not in s.read_text()]  # noqa: E731
+        assert wait_for(terminated, timeout=60), f"a SIGTERM keeps every rank's stacks; none from ranks {missing()}"
     finally:
         for node in nodes:
             signal_group(node, signal.SIGKILL)
@@ -280,3 +282,24 @@ def test_the_rank_outside_any_collective_is_the_one_that_hung_and_its_frame_is_n
 def test_ranks_that_all_progress_name_no_one() -> None:
     assert which_rank([progress_of(r, written=100.0 + r) for r in range(4)], {}) is None
     assert which_rank([progress_of(0)], {}) is None, "a single rank has no other to compare with"
+
+
+def test_rank_0s_stall_clock_pauses_while_another_rank_is_in_a_named_phase() -> None:
+    """Rank 3 checkpoints for 150 s while rank 0 waits in the next collective: rank 0's ProgressAge
+    must not cross the stall threshold; it counts again once rank 3's document is back in training."""
+    now = [0.0]
+    clock = ProgressClock(now=lambda: now[0])
+    clock.step_finished()
+    follower = PhaseFollower(clock)
+    training = [progress_of(r) for r in range(4)]
+    checkpointing = [*training[:3], progress_of(3, phase="checkpoint")]
+    now[0] = 10.0
+    follower.follow([dataclasses.replace(r, wall_time=now[0]) for r in checkpointing], now[0])
+    assert clock.current_phase() == ("rank 3 checkpoint", 0.0), "visible as what it is"
+    now[0] = 160.0
+    follower.follow([dataclasses.replace(r, wall_time=now[0]) for r in checkpointing], now[0])
+    assert clock.progress_age() == 10.0, "150 s of rank 3's checkpoint are work, not a stall"
+    now[0] = 170.0
+    follower.follow([dataclasses.replace(r, wall_time=now[0]) for r in training], now[0])
+    now[0] = 200.0
+    assert clock.current_phase() is None and clock.progress_age() == 40.0, "the clock runs again (200 - 160 s)"

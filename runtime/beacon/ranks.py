@@ -31,6 +31,7 @@ from typing import IO, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract
+from beacon.contract import Phase
 from beacon.progress import ProgressClock
 
 log = logging.getLogger("beacon.ranks")
@@ -227,6 +228,37 @@ class RankSignal:
             self._stacks_file = None
 
 
+class PhaseFollower:
+    """Rank 0's stall clock follows the other ranks' phases. While rank 3 writes a 150 s checkpoint,
+    rank 0 waits in the next collective and its own progress stops: without this, its ProgressAge
+    would cross the stall threshold on a healthy job. Each other rank's named phase, as its document
+    shows it, is entered on rank 0's clock (as `rank 3 checkpoint`) until the document says it ended."""
+
+    def __init__(self, progress: ProgressClock, *, own_rank: int = 0, fresh_for: float = 60.0) -> None:
+        self.progress = progress
+        self.own_rank = own_rank
+        self.fresh_for = fresh_for  # a document older than this no longer says what its rank does
+        self.followed: dict[int, str] = {}
+
+    def follow(self, ranks: list[RankProgress], now: float) -> None:
+        current = {
+            r.rank: f"rank {r.rank} {r.phase}"
+            for r in ranks
+            if r.rank != self.own_rank
+            and r.phase != Phase.TRAINING
+            and not r.ended
+            and now - r.wall_time < self.fresh_for
+        }
+        for rank, name in list(self.followed.items()):
+            if current.get(rank) != name:
+                self.progress.leave(name)
+                del self.followed[rank]
+        for rank, name in current.items():
+            if rank not in self.followed:
+                self.progress.enter(name)
+                self.followed[rank] = name
+
+
 def upload_rank_evidence(s3: Any, *, bucket: str, experiment: str, run: str, attempt: int, directory: Path) -> int:
     """Every file of a run's ranks directory (progress documents, stack and flight-recorder dumps) to
     S3, create-only under the attempt; the number uploaded. A file already there stays as it is."""
@@ -244,11 +276,3 @@ def upload_rank_evidence(s3: Any, *, bucket: str, experiment: str, run: str, att
         except (BotoCoreError, OSError) as error:
             log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
     return uploaded
-
-
-def view_of(directory: Path, now: float | None = None) -> CrossRankView | None:
-    return CrossRankView.of(read_ranks(directory), time.time() if now is None else now)
-
-
-def describe(ranks: list[RankProgress]) -> dict[str, Any]:
-    return {str(r.rank): asdict(r) for r in ranks}

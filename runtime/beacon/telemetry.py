@@ -29,7 +29,7 @@ from beacon import contract, kill_points
 from beacon.contract import Record
 from beacon.index import IndexWriter
 from beacon.progress import ProgressClock
-from beacon.ranks import upload_rank_evidence, view_of
+from beacon.ranks import CrossRankView, PhaseFollower, read_ranks, upload_rank_evidence
 from beacon.reconcile import RunConflictError
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings
@@ -138,6 +138,7 @@ class Telemetry(NullTelemetry):
         self.report = DeliveryReport()
         # Every rank's progress documents, for the cross-rank view (None with a single rank).
         self.ranks_dir: Path | None = None
+        self._phases_of_other_ranks = PhaseFollower(progress)
         self.index = IndexWriter(s3, bucket=config.bucket, experiment=config.experiment, run=config.run)
         self._queue: collections.deque[tuple[int, dict[str, Any], float]] = collections.deque()
         self._window = WindowStats()
@@ -507,6 +508,8 @@ class Telemetry(NullTelemetry):
                 **value,
             }
 
+        ranks = read_ranks(self.ranks_dir) if self.ranks_dir is not None else []
+        self._phases_of_other_ranks.follow(ranks, now)  # before ProgressAge: their phases are work too
         mono, steps = time.monotonic(), self.progress.steps
         last_mono, last_steps = self._last_rate_sample
         self._last_rate_sample = (mono, steps)
@@ -517,7 +520,7 @@ class Telemetry(NullTelemetry):
             datum(contract.STEPS_PER_SECOND, run_dims, Value=(steps - last_steps) / max(mono - last_mono, 1e-6)),
         ]
         phase = self.progress.current_phase()  # setup, evaluation, checkpoint: work, not a stall
-        if self.ranks_dir is not None and (view := view_of(self.ranks_dir, now)) is not None:
+        if self.ranks_dir is not None and (view := CrossRankView.of(ranks, now)) is not None:
             data.append(datum(contract.SLOWEST_RANK_PROGRESS_AGE, run_dims, Value=view.slowest_progress_age))
             data.append(datum(contract.RANK_STEP_SPREAD, run_dims, Value=float(view.step_spread)))
         if phase is not None:
