@@ -5,14 +5,37 @@ never silently lost. Imports nothing of Beacon's outside this package.
     run = beacon.init("my-experiment")
     run.log({"loss": loss}, step)
     run.finish()
+
+The names below load on first use: `beacon.contract` (the record type, the key layout) and
+`beacon.ranks` import without torch, for readers such as the operator and the alarm's function.
 """
 
-from beacon.contract import FinalState, Record
-from beacon.lifeline import dataloader_worker_dies_with_its_rank as worker_init_fn
-from beacon.preflight import PreflightError
-from beacon.run import FinishReport, Run, init
-from beacon.settings import RunSettings, SettingsError
-from beacon.spool import SpoolDiskError, SpoolFullError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from beacon.contract import FinalState, Record
+    from beacon.lifeline import dataloader_worker_dies_with_its_rank as worker_init_fn
+    from beacon.preflight import PreflightError
+    from beacon.run import FinishReport, Run, init
+    from beacon.settings import RunSettings, SettingsError
+    from beacon.spool import SpoolDiskError, SpoolFullError
+
+_WHERE = {
+    "FinalState": ("beacon.contract", "FinalState"),
+    "Record": ("beacon.contract", "Record"),
+    "worker_init_fn": ("beacon.lifeline", "dataloader_worker_dies_with_its_rank"),
+    "PreflightError": ("beacon.preflight", "PreflightError"),
+    "FinishReport": ("beacon.run", "FinishReport"),
+    "Run": ("beacon.run", "Run"),
+    "init": ("beacon.run", "init"),
+    "RunSettings": ("beacon.settings", "RunSettings"),
+    "SettingsError": ("beacon.settings", "SettingsError"),
+    "SpoolDiskError": ("beacon.spool", "SpoolDiskError"),
+    "SpoolFullError": ("beacon.spool", "SpoolFullError"),
+}
 
 __all__ = [
     "FinalState",
@@ -27,3 +50,15 @@ __all__ = [
     "init",
     "worker_init_fn",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        try:  # a submodule, as `import beacon` used to load them all: beacon.contract, beacon.run, ...
+            return importlib.import_module(f"beacon.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module 'beacon' has no attribute {name!r}") from None
+    module, attribute = _WHERE[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
