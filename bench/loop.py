@@ -219,45 +219,40 @@ def sustained(args: argparse.Namespace) -> None:
     samples: list[dict[str, float]] = []
     started = time.monotonic()
     logged = 0
-    outage_asked = False
+    inside = 0.0
+    next_sample = started
 
     def sample() -> None:
-        samples.append(
-            {
-                "t": time.monotonic() - started,
-                "logged": logged,
-                "acked": tracker.acknowledged(),
-                "rss_mb": resident_mb(),
-            }
-        )
+        nonlocal next_sample
+        now = time.monotonic() - started
+        samples.append({"t": now, "logged": logged, "acked": tracker.acknowledged(), "rss_mb": resident_mb()})
+        next_sample += args.sample_s
 
-    sample()
-    next_sample = started + args.sample_s
-    inside = 0.0
-    while logged < args.records:
-        burst = min(1000, args.records - logged)
-        inside += timed_steps(tracker, logged, burst)
-        logged += burst
+    def log_burst(count: int) -> None:
+        """`count` records as fast as the thread can, held back only while more than `queued` records
+        wait in memory for the spool: the spool's pace, not the bench's, sets the figure."""
+        nonlocal logged, inside
+        while logged - tracker.telemetry.report.records > args.queued:
+            time.sleep(0.001)
+        inside += timed_steps(tracker, logged, count)
+        logged += count
         if time.monotonic() >= next_sample:
             sample()
-            next_sample += args.sample_s
-        if args.outage_at and not outage_asked and logged >= args.outage_at:
-            outage_asked = True
-            emit(event="outage", logged=logged)  # the bench stops S3 and answers on stdin when it is back
-            waiting = threading.Thread(target=sys.stdin.readline, daemon=True)
-            waiting.start()
-            while waiting.is_alive():  # the loop goes on logging through the outage
-                inside += timed_steps(tracker, logged, 100)
-                logged += 100
-                if time.monotonic() >= next_sample:
-                    sample()
-                    next_sample += args.sample_s
+
+    sample()
+    outage = threading.Thread(target=sys.stdin.readline, daemon=True)  # the bench's word: S3 is back
+    while logged < args.records:
+        log_burst(min(1000, args.records - logged))
+        if args.outage_at and logged >= args.outage_at and not outage.is_alive() and not outage.ident:
+            emit(event="outage", logged=logged)  # the bench makes S3 unreachable, then answers on stdin
+            outage.start()
+        while outage.is_alive():  # the loop goes on logging through the outage
+            log_burst(100)
     last_log = time.monotonic()
     while tracker.acknowledged() < logged:
         time.sleep(args.sample_s / 10)
         if time.monotonic() >= next_sample:
             sample()
-            next_sample += args.sample_s
     sample()
     report = tracker.run.finish()
     emit(
@@ -301,6 +296,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--outage-at", type=int, default=0)
     parser.add_argument("--sample-s", type=float, default=1.0)
+    parser.add_argument("--queued", type=int, default=20_000, help="records let wait in memory for the spool")
     args = parser.parse_args()
     {"cost": cost, "sustained": sustained, "mirror": mirror}[args.mode](args)
 
