@@ -226,7 +226,7 @@ def sustained(args: argparse.Namespace) -> None:
         nonlocal next_sample
         now = time.monotonic() - started
         samples.append({"t": now, "logged": logged, "acked": tracker.acknowledged(), "rss_mb": resident_mb()})
-        next_sample += args.sample_s
+        next_sample = time.monotonic() + args.sample_s
 
     def log_burst(count: int) -> None:
         """`count` records as fast as the thread can, held back only while more than `queued` records
@@ -240,10 +240,13 @@ def sustained(args: argparse.Namespace) -> None:
             sample()
 
     sample()
+    outage_t = float("nan")
     outage = threading.Thread(target=sys.stdin.readline, daemon=True)  # the bench's word: S3 is back
     while logged < args.records:
         log_burst(min(1000, args.records - logged))
         if args.outage_at and logged >= args.outage_at and not outage.is_alive() and not outage.ident:
+            sample()
+            outage_t = samples[-1]["t"]
             emit(event="outage", logged=logged)  # the bench makes S3 unreachable, then answers on stdin
             outage.start()
         while outage.is_alive():  # the loop goes on logging through the outage
@@ -261,6 +264,7 @@ def sustained(args: argparse.Namespace) -> None:
         seconds=samples[-1]["t"],
         log_seconds=last_log - started,
         ms_per_log=1000 * inside / logged,
+        outage_t=outage_t,
         samples=samples,
         delivered=report.delivered,
     )
