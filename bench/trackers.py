@@ -289,7 +289,7 @@ def bench_sustained(
     peak = max(sample["rss_mb"] for sample in samples)
     return {
         "sustained_records": result["records"],
-        "sustained_records_per_s": steady["acked"] / steady["t"],
+        "sustained_records_per_s": steady["acked"] / steady["t"] if steady["t"] > 0 else 0.0,
         "sustained_with_outage_records_per_s": result["records"] / result["seconds"],
         "sustained_log_records_per_s": result["records"] / result["log_seconds"],
         "sustained_ms_per_log": result["ms_per_log"],
