@@ -3,6 +3,7 @@ things measured in the same run, interleaved (A B A B ...), median of several re
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -30,6 +31,8 @@ from beacon_ops.processes import end_process_tree
 from beacon_ops.templates import load_templates
 from beacon_ops.verify import recorded_samples
 from bench.cost import bench_idle_cost
+from bench.mlflow_server import MlflowServer
+from bench.trackers import bench_mirror_lag, bench_sustained, bench_trackers
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / ".beacon" / "bench"
@@ -359,6 +362,11 @@ GOALS = {
     "stall_detection_s": ("<=", 180),
     "stall_alarm_s": ("<=", 180),
     "demo_wall_s": ("<=", 90),
+    "beacon_log_ms_per_step": ("<=", 0.05),
+    "beacon_records_lost_after_sigkill": ("<=", 0),
+    "sustained_records_per_s": (">=", 20_000),
+    "sustained_rss_growth_mb": ("<=", 64),
+    "mirror_lag_median_s": ("<=", 2.0),
 }
 
 
@@ -370,39 +378,79 @@ def cpu_model() -> str:
     return names[0] if names else platform.processor() or "unknown"
 
 
+def bench_library(bench: Bench, records: int, outage_s: float) -> dict[str, Any]:
+    """Issue 14's figures: Beacon beside MLflow, TensorBoard and W&B offline in one run (the same loop,
+    10 metrics a step), sustained records/s to S3 with memory through an S3 outage, the MLflow mirror's lag."""
+    report: dict[str, Any] = {}
+    env = {**bench.env(), "BEACON_ALARMS": "false"}
+    with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
+        mlflow = MlflowServer(Path(scratch))
+        mlflow.start()
+        try:
+            print("bench: Beacon, MLflow, TensorBoard, W&B offline: the same loop, then SIGKILL", flush=True)
+            report.update(bench_trackers(env, s3=bench.aws.client("s3", **bench.writer), bucket=BUCKET, mlflow=mlflow))
+            beacon = report["trackers"]["beacon"]
+            report["beacon_log_ms_per_step"] = beacon["ms_per_step"]
+            report["beacon_records_lost_after_sigkill"] = beacon["records_lost_after_sigkill"]
+            print("bench: the MLflow mirror's lag in steady state", flush=True)
+            report.update(bench_mirror_lag(env, bucket=BUCKET, mlflow=mlflow))
+        finally:
+            mlflow.stop()
+    print(f"bench: sustained records/s to S3, {records} records, a {outage_s:.0f} s S3 outage half-way", flush=True)
+    report.update(bench_sustained(env, s3_endpoint=bench.aws.url, bucket=BUCKET, records=records, outage_s=outage_s))
+    return report
+
+
+def print_trackers(trackers: dict[str, Any]) -> None:
+    print(f"\n{'tracker':12} {'ms/step':>9} {'durable s':>10} {'lost/logged after SIGKILL':>27}")
+    for name, row in trackers.items():
+        lost = f"{row['records_lost_after_sigkill']}/{row['records_logged']}"
+        print(f"{name:12} {row['ms_per_step']:9.4f} {row['durable_s']:10.3f} {lost:>27}")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.run")
+    parser.add_argument("--records", type=int, default=1_000_000, help="records for the sustained figure")
+    parser.add_argument("--outage-s", type=float, default=60.0, help="the S3 outage during the sustained run")
+    parser.add_argument("--only-library", action="store_true", help="only issue 14's figures (the library's)")
+    args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "system": platform.platform()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    print("bench: synth (full app vs empty app, interleaved)", flush=True)
-    report.update(bench_synth())
-    print("bench: idle cost of both profiles from their templates (rewrites the README's table)", flush=True)
-    with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
-        report.update(bench_idle_cost(Path(scratch)))
+    if not args.only_library:
+        print("bench: synth (full app vs empty app, interleaved)", flush=True)
+        report.update(bench_synth())
+        print("bench: idle cost of both profiles from their templates (rewrites the README's table)", flush=True)
+        with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
+            report.update(bench_idle_cost(Path(scratch)))
     with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
         bench = open_bench(Path(scratch))
         try:
-            print("bench: checkpoint (async hand-over vs the same save and upload on the loop)", flush=True)
-            report.update(bench_checkpoint(bench))
-            print("bench: telemetry on vs off (moto in its own process)", flush=True)
-            report.update(bench_telemetry(bench))
-            print("bench: detection with the production heartbeat (takes a few minutes)", flush=True)
-            report.update(bench_detection(bench))
-            print("bench: requests and cost per job", flush=True)
-            report.update(bench_cost(bench))
+            if not args.only_library:
+                print("bench: checkpoint (async hand-over vs the same save and upload on the loop)", flush=True)
+                report.update(bench_checkpoint(bench))
+                print("bench: telemetry on vs off (moto in its own process)", flush=True)
+                report.update(bench_telemetry(bench))
+                print("bench: detection with the production heartbeat (takes a few minutes)", flush=True)
+                report.update(bench_detection(bench))
+                print("bench: requests and cost per job", flush=True)
+                report.update(bench_cost(bench))
+            report.update(bench_library(bench, args.records, args.outage_s))
         finally:
             bench.aws.stop()
-    print("bench: beacon local end to end", flush=True)
-    report.update(bench_demo())
+    if not args.only_library:
+        print("bench: beacon local end to end", flush=True)
+        report.update(bench_demo())
+    goals = {name: goal for name, goal in GOALS.items() if name in report}
     report["goals"] = {
         name: {"goal": f"{op} {limit}", "met": report[name] <= limit if op == "<=" else report[name] >= limit}
-        for name, (op, limit) in GOALS.items()
+        for name, (op, limit) in goals.items()
     }
     (OUT / "report.json").write_text(json.dumps(report, indent=2))
     print(f"\n{'figure':36} {'value':>12}  goal")
-    for name, (op, limit) in GOALS.items():
+    for name, (op, limit) in goals.items():
         met = "ok" if report["goals"][name]["met"] else "MISSED"
         print(f"{name:36} {report[name]:12.3f}  {op} {limit}  {met}")
     for name in (
@@ -411,7 +459,9 @@ def main() -> None:
         "idle_cost_per_month_usd",
         "idle_cost_lean_per_month_usd",
     ):
-        print(f"{name:36} {report[name]:12.4f}")
+        if name in report:
+            print(f"{name:36} {report[name]:12.4f}")
+    print_trackers(report["trackers"])
     print(f"\nreport: {OUT / 'report.json'}")
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from beacon_ops.embedded import Provisioned, provision_team
+from bench.mlflow_server import MlflowServer
 from config import TeamConfig, load_team
 from config.model import TEAMS_DIR, parse_team
 from tests.fault_proxy import FaultPlan, FaultProxy
@@ -77,6 +78,17 @@ def moto_server(_moto_process_server: MotoServer) -> Iterator[MotoServer]:
     _moto_process_server.reset()
     yield _moto_process_server
     _moto_process_server.reset()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """A real `mlflow server` on 127.0.0.1 (SQLite store), one per test session."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @dataclass

@@ -29,10 +29,10 @@ from beacon.mirrors.worker import MIRRORS_DIR, MirrorWorker, SpoolReader
 from beacon.settings import RunSettings, SettingsError
 from beacon.spool import Spool
 
+from bench.mlflow_server import MlflowServer
+from bench.wandb_log import read_offline_run
 from tests.conftest import WriterSession
 from tests.job_harness import JobHarness, delivered_records
-from tests.support.mlflow_server import MlflowServer
-from tests.support.wandb_log import read_offline_run
 from tests.synth import ROOT
 
 # A team's loop. It pauses (reads a line) after PAUSE_AT once that step is mirrored, so the test can
@@ -70,16 +70,6 @@ print(json.dumps({"state": report.state.value, "mirrors": mirrors}), flush=True)
 
 
 # --- fixtures ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def tracker(mlflow_server: MlflowServer) -> Iterator[MlflowServer]:
     """The session's MLflow server, running again after a test that stopped it."""

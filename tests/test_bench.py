@@ -1,0 +1,71 @@
+"""`make bench`'s library figures (issue 14), each bench function at a tiny scale: the report's shape,
+and what must hold at any speed. No timing is asserted here: the goals live in `make bench` alone."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from beacon_ops.embedded_aws import ADMIN, REGION
+from bench.mlflow_server import MlflowServer
+from bench.trackers import TRACKERS, bench_mirror_lag, bench_sustained, bench_trackers
+from tests.moto_server import MotoServer
+
+BUCKET = "beacon-bench-test"
+
+
+@pytest.fixture
+def env(moto_server: MotoServer) -> dict[str, str]:
+    moto_server.client("s3").create_bucket(Bucket=BUCKET)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
+    return {
+        **base,
+        "AWS_ENDPOINT_URL": moto_server.url,
+        "AWS_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": ADMIN["aws_access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": ADMIN["aws_secret_access_key"],
+        "BEACON_ALARMS": "false",
+    }
+
+
+def test_the_trackers_side_by_side_and_what_a_sigkill_leaves(
+    env: dict[str, str], moto_server: MotoServer, mlflow_server: MlflowServer
+) -> None:
+    report = bench_trackers(
+        env,
+        s3=moto_server.client("s3"),
+        bucket=BUCKET,
+        mlflow=mlflow_server,
+        rounds=2,
+        steps=100,
+        kill_steps=20,
+        step_s=0.005,
+    )
+    assert set(report["trackers"]) == set(TRACKERS)
+    for name, row in report["trackers"].items():
+        assert row["records_logged"] == 220, name
+        assert len(row["ms_per_step_rounds"]) == 2 and row["ms_per_step"] > 0, name
+        assert row["durable_s"] >= 0, name
+        assert 0 <= row["records_lost_after_sigkill"] <= 220, name
+        # What the tracker itself called durable before the kill survives it.
+        assert row["durable_records_lost"] == 0, name
+    beacon = report["trackers"]["beacon"]
+    assert beacon["spool_fsync_s"] <= beacon["durable_s"]
+    # A SIGKILL takes at most what was still queued in memory: the steps after the last durable one.
+    assert beacon["records_lost_after_sigkill"] <= 20
+
+
+def test_sustained_through_an_s3_outage_delivers_every_record(moto_server: MotoServer, env: dict[str, str]) -> None:
+    report = bench_sustained(env, s3_endpoint=moto_server.url, bucket=BUCKET, records=2000, outage_s=2.0)
+    assert report["sustained_delivered"] is True
+    assert report["sustained_records"] >= 2000  # the loop logs on through the outage
+    assert report["sustained_records_per_s"] >= 0 and report["sustained_with_outage_records_per_s"] > 0
+    assert report["sustained_rss_start_mb"] > 0
+    assert [sample["acked"] for sample in report["sustained_samples"]][-1] == report["sustained_records"]
+
+
+def test_the_mlflow_mirror_lag(env: dict[str, str], mlflow_server: MlflowServer) -> None:
+    report = bench_mirror_lag(env, bucket=BUCKET, mlflow=mlflow_server, steps=50, step_s=0.01)
+    assert report["mirror_behind_at_finish"] == 0
+    assert 0 <= report["mirror_lag_median_s"] <= report["mirror_lag_max_s"]
