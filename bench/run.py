@@ -352,6 +352,42 @@ def bench_demo(rounds: int = 3) -> dict[str, Any]:
     return {"demo_wall_s": median_of(walls), "demo_wall_rounds_s": walls, "demo_ok": ok}
 
 
+def bench_rank_signal(rounds: int = 7, steps: int = 20_000, ranks: int = 4) -> dict[str, Any]:
+    """Issue 17: what the per-rank progress signal adds on the training thread. The loop's own part is
+    the step it stores for the signal (`Run.mark_step`); the signal threads of 4 ranks (one process
+    here, rewriting every 20 ms instead of 5 s, so contention shows) run beside it. Timed inside the
+    call, median of rounds, with and without the signals, interleaved."""
+    from beacon.progress import ProgressClock
+    from beacon.ranks import RankSignal
+
+    def loop(with_signals: bool) -> float:
+        progress = ProgressClock()
+        with tempfile.TemporaryDirectory() as directory:
+            signals = [
+                RankSignal(
+                    Path(directory), rank=r, local_rank=r, world_size=ranks, progress=progress,
+                    interval=0.02, stall_dump_after=3600,
+                ).start()
+                for r in range(ranks)
+            ] if with_signals else []  # fmt: skip
+            spent = 0.0
+            for step in range(steps):
+                started = time.perf_counter()
+                progress.dispatched_step = step  # what mark_step adds for the signal
+                progress.step_finished()
+                spent += time.perf_counter() - started
+            for signal in signals:
+                signal.stop()
+        return spent / steps * 1000
+
+    without, with_signals = interleaved(lambda: loop(False), lambda: loop(True), rounds)
+    # The goal bounds what the signal adds; the whole stored-step call, signals running, bounds that.
+    return {
+        "rank_signal_ms_per_step": median_of(with_signals),
+        "rank_signal_added_ms_per_step": median_of(with_signals) - median_of(without),
+    }
+
+
 GOALS = {
     "synth_ratio": ("<=", 2.0),
     "telemetry_throughput_ratio": (">=", 0.99),
@@ -367,6 +403,7 @@ GOALS = {
     "sustained_records_per_s": (">=", 20_000),
     "sustained_rss_growth_mb": ("<=", 64),
     "mirror_lag_median_s": ("<=", 2.0),
+    "rank_signal_ms_per_step": ("<=", 0.01),
 }
 
 
@@ -438,6 +475,8 @@ def main() -> None:
                 print("bench: requests and cost per job", flush=True)
                 report.update(bench_cost(bench))
             report.update(bench_library(bench, args.records, args.outage_s))
+            print("bench: the per-rank progress signal's cost on the training thread (4 ranks)", flush=True)
+            report.update(bench_rank_signal())
         finally:
             bench.aws.stop()
     if not args.only_library:

@@ -69,3 +69,11 @@ def test_the_mlflow_mirror_lag(env: dict[str, str], mlflow_server: MlflowServer)
     report = bench_mirror_lag(env, bucket=BUCKET, mlflow=mlflow_server, steps=50, step_s=0.01)
     assert report["mirror_behind_at_finish"] == 0
     assert 0 <= report["mirror_lag_median_s"] <= report["mirror_lag_max_s"]
+
+
+def test_the_rank_signal_figure_is_measured_with_the_signals_running() -> None:
+    from bench.run import bench_rank_signal
+
+    figures = bench_rank_signal(rounds=1, steps=200)
+    assert set(figures) == {"rank_signal_ms_per_step", "rank_signal_added_ms_per_step"}
+    assert figures["rank_signal_ms_per_step"] > 0
