@@ -23,15 +23,15 @@ from typing import Any
 from beacon import contract
 from beacon.preflight import reported_seconds
 
-from beacon_ops.alarms import AlarmSet, alarm_set_for_run
-from beacon_ops.doctor import Diagnosis, DoctorInputs, diagnose
+from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
 from beacon_ops.embedded import Provisioned, provision_team
 from beacon_ops.embedded_aws import ACCOUNT, REGION, EmbeddedAws
-from beacon_ops.observe import read_run
+from beacon_ops.evidence.alarms import AlarmSet, alarm_set_for_run
+from beacon_ops.evidence.reading import read_run
+from beacon_ops.evidence.verify import Verification, recorded_samples, verify_run
 from beacon_ops.processes import end_process_tree
 from beacon_ops.report import render_png
 from beacon_ops.templates import Template, load_templates
-from beacon_ops.verify import Verification, recorded_samples, verify_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TEAM = "demo"

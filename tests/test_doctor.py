@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from beacon import contract
 
-from beacon_ops.doctor import Diagnosis, DoctorInputs, diagnose
+from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
 from tests.conftest import WriterSession
 from tests.job_harness import JobHarness, signal_group, wait_for
 from tests.moto_server import REGION

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from beacon import contract
 
-from beacon_ops.observe import metric_samples
+from beacon_ops.evidence.reading import metric_samples
 from tests.conftest import WriterSession
 from tests.fault_proxy import OVERTAKEN, FaultPlan, FaultProxy, FaultSchedule
 from tests.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for

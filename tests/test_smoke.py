@@ -28,8 +28,8 @@ import pytest
 from beacon import contract
 
 from beacon_ops.embedded import OPERATOR, Provisioned, provision_team
-from beacon_ops.smoke import read_outputs
-from beacon_ops.smoke_eks import TOKEN_PREFIX, eks_token
+from beacon_ops.smoke.eks import TOKEN_PREFIX, eks_token
+from beacon_ops.smoke.flow import read_outputs
 from config import TeamConfig
 from stacks.outputs import OPERATOR_NEEDS as STACK_OUTPUTS
 from tests.fake_kubernetes import FakeKubernetes

@@ -13,7 +13,7 @@ from rich.table import Table
 from beacon_ops.aws_access import describe_aws_error
 from beacon_ops.cli.common import REGION_HELP, console, fail, identifier, session_or_fail, stack_outputs, team_or_fail
 from beacon_ops.credentials import assume_role_credentials
-from beacon_ops.doctor import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose
+from beacon_ops.doctor.diagnosis import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose
 from stacks import outputs as outputs_of
 
 STYLE = {OK: "green", WARN: "yellow", FAIL: "red"}

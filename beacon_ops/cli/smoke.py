@@ -14,10 +14,10 @@ from rich.table import Table
 
 from beacon_ops.aws_access import describe_aws_error
 from beacon_ops.cli.common import REGION_HELP, console, fail, session_or_fail, team_or_fail
-from beacon_ops.smoke import SmokeReport
+from beacon_ops.smoke.flow import SmokeReport
 
 
-class Target(StrEnum):
+class Where(StrEnum):
     EKS = "eks"
     SAGEMAKER = "sagemaker"
 
@@ -57,7 +57,7 @@ def print_smoke(report: SmokeReport, path: Path) -> None:
 
 def smoke(
     team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name (config/teams/<team>.toml)")],
-    target: Annotated[Target, typer.Option(envvar="BEACON_SMOKE_TARGET", help="where the job runs")] = Target.EKS,
+    target: Annotated[Where, typer.Option(envvar="BEACON_SMOKE_TARGET", help="where the job runs")] = Where.EKS,
     region: Annotated[str | None, typer.Option(help=REGION_HELP)] = None,
     report_path: Annotated[Path, typer.Option("--report", envvar="BEACON_SMOKE_REPORT", help="JSON report")] = Path(
         ".beacon/smoke/report.json"
@@ -75,7 +75,7 @@ def smoke(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """After `cdk deploy`: run a fresh smoke job on the team's stack and prove nothing was lost."""
-    from beacon_ops.smoke import Access, SmokeError, read_outputs
+    from beacon_ops.smoke.flow import Access, SmokeError, Target, fresh_spec, read_outputs, run_smoke
 
     config = team_or_fail("smoke", team, as_json=as_json)
     session = session_or_fail("smoke", region=region, config=config, as_json=as_json)
@@ -90,26 +90,26 @@ def smoke(
         with console.status(f"beacon smoke: reading the stacks of {team} in {region}") as status:
             outputs = read_outputs(session.client("cloudformation"), team, region)
             access = Access.open(session, outputs.reader_role_arn)
-            if target is Target.EKS:
-                from beacon_ops.smoke_eks import run_eks_smoke
+            where: Target
+            if target is Where.EKS:
+                from beacon_ops.smoke.eks import EksTarget
 
-                report = run_eks_smoke(
-                    access,
-                    outputs,
-                    config,
+                where = EksTarget(
+                    access=access,
+                    outputs=outputs,
                     kubernetes_url=kubernetes_url,
                     start_timeout_s=start_timeout,
                     timeout_s=timeout or 1800,
                     keep=keep,
-                    show=show,
                     poll_interval_s=poll_interval,
                 )
             else:
-                from beacon_ops.smoke_sagemaker import run_sagemaker_smoke
+                from beacon_ops.smoke.sagemaker import SageMakerTarget
 
-                report = run_sagemaker_smoke(
-                    access, outputs, config, timeout_s=timeout, show=show, poll_interval_s=poll_interval
+                where = SageMakerTarget(
+                    access=access, outputs=outputs, config=config, timeout_s=timeout, poll_interval_s=poll_interval
                 )
+            report = run_smoke(where, access, outputs, fresh_spec(config, outputs), show=show)
     except SmokeError as error:
         raise fail("smoke", str(error), as_json=as_json) from None
     except (ClientError, BotoCoreError) as error:

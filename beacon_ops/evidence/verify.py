@@ -7,8 +7,8 @@ from typing import Any
 
 from beacon import contract
 
-from beacon_ops.alarms import ALARM, AlarmSet, SeriesKey, series_key
-from beacon_ops.observe import RunEvidence, metric_samples
+from beacon_ops.evidence.alarms import ALARM, AlarmSet, SeriesKey, series_key
+from beacon_ops.evidence.reading import RunEvidence, metric_samples
 
 NOT_ARMED = "NOT_ARMED"
 EVALUATED_METRICS = (

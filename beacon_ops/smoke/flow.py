@@ -1,7 +1,9 @@
 """`beacon smoke`: after `cdk deploy`, run the bundled smoke job on a team's stack and prove it.
 
-The targets (EKS, SageMaker) differ only in how the job is launched, watched and cleaned up. Reading
-the stack outputs, watching delivery to S3, verifying, and the report are shared here.
+One flow, run_smoke(target, ...): the targets (EKS, SageMaker) differ only in how the job is launched,
+watched, its logs collected and cleaned up (the Target protocol). Reading the stack outputs, watching
+delivery to S3, reading the run once for verification and the doctor, and the report are here. The
+job spec is the flow's parameter, so a team's own job can go through the same flow.
 """
 
 from __future__ import annotations
@@ -11,17 +13,17 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import boto3
 from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.alarms import ALARM, AlarmSet
 from beacon_ops.credentials import assume_role_credentials
-from beacon_ops.doctor import DoctorInputs, diagnose
-from beacon_ops.observe import read_run
-from beacon_ops.verify import Verification, verify_run
+from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
+from beacon_ops.evidence.alarms import ALARM, AlarmSet
+from beacon_ops.evidence.reading import RunEvidence, read_run
+from beacon_ops.evidence.verify import Verification, verify_run
 from config import TeamConfig
 from stacks import outputs as outputs_of
 from workloads.manifests import SmokeJobSpec, smoke_job_spec
@@ -261,9 +263,11 @@ class SmokeReport:
 
 
 def verify(report: SmokeReport, access: Access, outputs: TeamOutputs, *, steps: int, started: datetime) -> None:
-    """The checks both targets share; on a failure, also the doctor's verdicts for the run."""
+    """The checks both targets share; on a failure, also the doctor's verdicts for the run. The run
+    is read from S3 once: verification and the doctor take the same reading."""
     report.stack_outputs = asdict(outputs)
     s3, cloudwatch = access.as_reader("s3"), access.as_reader("cloudwatch")
+    evidence: RunEvidence | None = None
     try:
         evidence = read_run(s3, outputs.bucket, EXPERIMENT, report.run)
         report.verification = verify_run(
@@ -291,7 +295,8 @@ def verify(report: SmokeReport, access: Access, outputs: TeamOutputs, *, steps: 
                 s3=s3,
                 cloudwatch=cloudwatch,
                 probe_s3=None,
-            )
+            ),
+            evidence=evidence,  # None only where the reading itself failed: then the doctor reads
         )
         report.doctor = [asdict(v) for v in diagnosis.verdicts]
 
@@ -330,3 +335,45 @@ def conclude(
 
 def started_at() -> datetime:
     return datetime.now(UTC)
+
+
+class Target(Protocol):
+    """Where a smoke job runs. Each method is one step of run_smoke's flow."""
+
+    name: str
+
+    def launch(self, spec: SmokeJobSpec, report: SmokeReport, show: Show) -> None:
+        """Create the job (or raise SmokeError before anything is created); say in report.launched what."""
+
+    def wait(self, report: SmokeReport, delivery: Delivery, show: Show) -> None:
+        """Until the platform's verdict, or a bound runs out: report.platform_state and detail."""
+
+    def collect_logs(self, report: SmokeReport) -> None:
+        """The job's logs into report.logs (only for a run the platform failed)."""
+
+    def cleanup(self, report: SmokeReport) -> None:
+        """Leave nothing running or billing, whatever happened; report.cleaned_up says so."""
+
+
+def run_smoke(target: Target, access: Access, outputs: TeamOutputs, spec: SmokeJobSpec, *, show: Show) -> SmokeReport:
+    """Launch spec on target, watch delivery to S3, then verify the run (and diagnose it if it failed)."""
+    report = SmokeReport(target.name, outputs.team, outputs.region, spec.name)
+    began, clock = started_at(), time.monotonic()
+    target.launch(spec, report, show)
+    try:
+        delivery = Delivery.of_run(access, outputs, spec.name)
+        target.wait(report, delivery, show)
+        conclude(
+            report,
+            access,
+            outputs,
+            delivery,
+            steps=spec.steps,
+            started=began,
+            collect_logs=target.collect_logs,
+            show=show,
+        )
+    finally:
+        target.cleanup(report)
+        report.wall_seconds = time.monotonic() - clock
+    return report
