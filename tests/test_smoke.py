@@ -27,7 +27,7 @@ import boto3
 import pytest
 from beacon import contract
 
-from beacon_ops.embedded import OPERATOR, Provisioned, provision_team
+from beacon_ops.local.provision import OPERATOR, Provisioned, provision_team
 from beacon_ops.smoke.eks import TOKEN_PREFIX, eks_token
 from beacon_ops.smoke.flow import read_outputs
 from config import TeamConfig

@@ -23,7 +23,7 @@ import requests
 from beacon import contract
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from beacon_ops.embedded import OPERATOR
+from beacon_ops.local.provision import OPERATOR
 from tests.conftest import WriterSession
 from tests.job_harness import JobHarness, keys_under, wait_for
 from tests.moto_server import REGION

@@ -18,7 +18,7 @@ def local(
     ranks: Annotated[int, typer.Option(min=1, max=4)] = 2,
 ) -> None:
     """The whole flow on an embedded AWS (moto): no account needed. What `make demo` runs."""
-    from beacon_ops.local import run_local
+    from beacon_ops.local.demo import run_local
 
     with console.status("beacon local") as status:
 

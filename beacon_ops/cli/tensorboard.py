@@ -22,6 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from beacon_ops.aws_access import describe_aws_error
 from beacon_ops.cli.common import REGION_HELP, fail, identifier, session_or_fail, stack_outputs, team_or_fail
 from beacon_ops.credentials import assume_role_credentials
+from beacon_ops.local.processes import stop_process
 from stacks import outputs as outputs_of
 
 DEFAULT_PORT = 6006
@@ -108,12 +109,7 @@ def serve_directory(directory: Path, port: int) -> int:
         return process.wait()
     finally:
         if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
 
 
 def tensorboard(
