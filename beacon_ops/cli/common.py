@@ -11,7 +11,7 @@ import typer
 from beacon import contract
 from rich.console import Console
 
-from beacon_ops.aws_access import AccessError, open_session
+from beacon_ops.aws_access import AccessError, describe_stack, open_session
 from config import ConfigError, TeamConfig, load_team
 
 REGION_HELP = "AWS region (default: the team file's region, then AWS_REGION)"
@@ -67,5 +67,4 @@ def session_or_fail(command: str, *, region: str | None, config: TeamConfig, as_
 
 
 def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
-    answer = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
-    return {o["OutputKey"]: o["OutputValue"] for o in answer.get("Outputs", [])}
+    return describe_stack(cloudformation, stack)[1]

@@ -24,8 +24,8 @@ from beacon.preflight import reported_seconds
 
 from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import AlarmSet, alarm_set_for_run
-from beacon_ops.evidence.reading import RunEvidence, read_run
-from beacon_ops.evidence.verify import Verification, recorded_samples, verify_run
+from beacon_ops.evidence.reading import RunEvidence
+from beacon_ops.evidence.verify import Verification, read_and_verify, recorded_samples
 from beacon_ops.local.moto import REGION
 from beacon_ops.local.plot import render_png
 from beacon_ops.local.processes import end_process_tree
@@ -310,15 +310,14 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
         log("waiting for the smoke job (paced so its run alarms arm)")
         finish_smoke(sandbox, job)
         log("verifying what reached S3 and CloudWatch, and evaluating the synthesized alarms")
-        reader_s3 = sandbox.client("s3", sandbox.reader)
-        evidence = read_run(reader_s3, BUCKET, EXPERIMENT, run)
         alarms: AlarmSet = alarm_set_for_run(monitoring, EXPERIMENT, run)
-        verification = verify_run(
-            evidence,
-            s3=reader_s3,
+        evidence, verification = read_and_verify(
+            s3=sandbox.client("s3", sandbox.reader),
             cloudwatch=sandbox.client("cloudwatch", sandbox.reader),
             bucket=BUCKET,
             team=TEAM,
+            experiment=EXPERIMENT,
+            run=run,
             steps=steps,
             alarms=alarms,
         )

@@ -25,7 +25,8 @@ from botocore.signers import RequestSigner
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from beacon_ops.smoke.flow import SHOW_EVERY_S, Access, Delivery, Show, SmokeError, SmokeReport, TeamOutputs
+from beacon_ops.evidence.reading import Delivery
+from beacon_ops.smoke.flow import SHOW_EVERY_S, Access, Show, SmokeError, SmokeReport, TeamOutputs
 from workloads import manifests
 
 TOKEN_PREFIX = "k8s-aws-v1."

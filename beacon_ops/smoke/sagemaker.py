@@ -14,7 +14,8 @@ from typing import Any
 from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.smoke.flow import SHOW_EVERY_S, Access, Delivery, Show, SmokeError, SmokeReport, TeamOutputs
+from beacon_ops.evidence.reading import Delivery
+from beacon_ops.smoke.flow import SHOW_EVERY_S, Access, Show, SmokeError, SmokeReport, TeamOutputs
 from config import TeamConfig
 from workloads import manifests
 
