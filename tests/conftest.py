@@ -9,11 +9,11 @@ import pytest
 from beacon_ops.local.sandbox import Sandbox, provision_sandbox
 from config import TeamConfig, load_team
 from config.model import TEAMS_DIR, parse_team
-from tests.fault_proxy import FaultPlan, FaultProxy
-from tests.moto_server import MotoServer
+from tests.support.fault_proxy import FaultPlan, FaultProxy
+from tests.support.moto_server import MotoServer
 from tests.support.policy_eval import ACCOUNT as POLICY_ACCOUNT
 from tests.support.strict_s3 import BucketPolicyGate
-from tests.synth import Synthesized, synthesize
+from tests.support.synth import Synthesized, synthesize
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 

@@ -21,7 +21,7 @@ from beacon_ops.evidence.alarms import (
     series_key,
 )
 from tests.support.simulate import SimulatedJob
-from tests.synth import Synthesized
+from tests.support.synth import Synthesized
 
 EXPERIMENT, RUN = "exp-1", "run-1"
 

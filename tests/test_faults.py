@@ -22,11 +22,11 @@ from beacon import contract
 
 from beacon_ops.evidence.reading import metric_samples
 from tests.conftest import WriterSession
-from tests.fault_proxy import OVERTAKEN, FaultPlan, FaultProxy, FaultSchedule
-from tests.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
 from tests.support import local_tls
+from tests.support.fault_proxy import OVERTAKEN, FaultPlan, FaultProxy, FaultSchedule
+from tests.support.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
 from tests.support.strict_s3 import BucketPolicyGate
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 PREFLIGHT_REQUESTS = 12  # the job's first requests (preflight) pass; faults start after them
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 ROOMS = {
     "app": ROOT / "app.py",

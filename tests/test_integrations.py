@@ -22,8 +22,8 @@ from beacon.checkpoint import AsyncCheckpointer, framework_checkpoint
 from beacon.integrations.common import StepRecords, numeric_metrics
 
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, delivered_records
-from tests.synth import ROOT
+from tests.support.job_harness import JobHarness, delivered_records
+from tests.support.synth import ROOT
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from beacon_ops.evidence.alarms import (
     series_key,
     team_alarm_definitions,
 )
-from tests.synth import Synthesized
+from tests.support.synth import Synthesized
 
 STACK = "beacon-demo-monitoring"
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 from workloads import manifests
 
 MAPPED_PATHS = {manifests.ARTIFACTS_MOUNT: "volume", manifests.RUNTIME_DIR: "runtime"}

@@ -19,7 +19,7 @@ from beacon.preflight import reported_seconds
 from beacon_ops.local.processes import end_process_tree
 from beacon_ops.local.sandbox import aws_env, job_args, job_command
 from tests.support import local_tls
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 
 @dataclass
