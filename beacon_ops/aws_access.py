@@ -7,6 +7,7 @@ environment (AWS_REGION, AWS_DEFAULT_REGION, the profile's region).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import boto3
 from botocore.exceptions import (
@@ -74,3 +75,9 @@ def describe_aws_error(error: ClientError | BotoCoreError) -> str:
         return f"AWS rejected the credentials ({error.response['Error']['Code']}); {LOGIN_HINT}"
     text = " ".join(str(error).split())
     return f"AWS refused a call: {text}" if isinstance(error, ClientError) else f"AWS could not be reached: {text}"
+
+
+def describe_stack(cloudformation: Any, stack: str) -> tuple[str, dict[str, str]]:
+    """A stack's status and outputs: the one reader of stack outputs (its keys: stacks/outputs.py)."""
+    answer = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
+    return str(answer.get("StackStatus", "")), {o["OutputKey"]: o["OutputValue"] for o in answer.get("Outputs", [])}

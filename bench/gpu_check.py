@@ -30,7 +30,7 @@ from beacon.distributed import backend_for
 from smoke_job.config import parse_args
 from smoke_job.job import Job
 
-from beacon_ops.embedded_aws import ADMIN, REGION, EmbeddedAws
+from beacon_ops.local.moto import ADMIN, REGION, EmbeddedAws
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no CUDA device: gpu-check needs one"

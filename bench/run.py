@@ -23,13 +23,13 @@ from beacon import contract
 from beacon.checkpoint import AsyncCheckpointer, Uploader, save_file
 from smoke_job.model import SmallConvNet
 
-from beacon_ops.alarms import alarm_set_for_run
-from beacon_ops.doctor import DoctorInputs, diagnose
-from beacon_ops.embedded import provision_team
-from beacon_ops.embedded_aws import ACCOUNT, REGION, EmbeddedAws
-from beacon_ops.processes import end_process_tree
+from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
+from beacon_ops.evidence.alarms import alarm_set_for_run
+from beacon_ops.evidence.verify import recorded_samples
+from beacon_ops.local.moto import ACCOUNT, REGION, EmbeddedAws
+from beacon_ops.local.processes import end_process_tree
+from beacon_ops.local.provision import provision_team
 from beacon_ops.templates import load_templates
-from beacon_ops.verify import recorded_samples
 from bench.cost import bench_idle_cost
 from bench.mlflow_server import MlflowServer
 from bench.trackers import bench_mirror_lag, bench_sustained, bench_trackers

@@ -242,7 +242,7 @@ def bench_sustained(
     acknowledged them all. Half-way, S3 is unreachable for `outage_s` (the fault proxy resets every S3
     connection) while the loop goes on logging. Resident memory is sampled every second. The rate is
     records S3-acknowledged per second up to the outage; the whole run's, outage included, beside it."""
-    from tests.fault_proxy import FaultPlan, FaultProxy
+    from tests.support.fault_proxy import FaultPlan, FaultProxy
 
     proxy = FaultProxy(s3_endpoint, FaultPlan(max_requests=10_000_000, max_lifetime_s=24 * 3600.0)).start()
     try:

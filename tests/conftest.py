@@ -2,20 +2,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
 import pytest
 
-from beacon_ops.embedded import Provisioned, provision_team
+from beacon_ops.local.sandbox import Sandbox, provision_sandbox
 from bench.mlflow_server import MlflowServer
 from config import TeamConfig, load_team
 from config.model import TEAMS_DIR, parse_team
-from tests.fault_proxy import FaultPlan, FaultProxy
-from tests.moto_server import ACCOUNT, REGION, MotoServer
+from tests.support.fault_proxy import FaultPlan, FaultProxy
+from tests.support.moto_server import MotoServer
 from tests.support.policy_eval import ACCOUNT as POLICY_ACCOUNT
 from tests.support.strict_s3 import BucketPolicyGate
-from tests.synth import Synthesized, synthesize
+from tests.support.synth import Synthesized, synthesize
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
@@ -91,30 +90,14 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
         server.stop()
 
 
-@dataclass
-class WriterSession:
-    """The demo team provisioned in moto from its templates, IAM enforced, acting as the writer."""
-
-    aws: MotoServer
-    provisioned: Provisioned
-    credentials: dict[str, str]
-
-    @property
-    def bucket(self) -> str:
-        return self.provisioned.store.bucket
-
-    def client(self, service: str) -> Any:
-        return self.aws.client(service, **self.credentials)
+# The demo team provisioned in moto from its templates, IAM enforced, acting as the writer: the same
+# sandbox `beacon local` opens (beacon_ops.local.sandbox), on the session's moto server.
+WriterSession = Sandbox
 
 
 @pytest.fixture
-def as_writer(demo: Synthesized, moto_server: MotoServer) -> WriterSession:
-    provisioned = provision_team(
-        demo.templates, "demo", clients=moto_server.client, account=ACCOUNT, region=REGION, bucket="beacon-demo-test"
-    )
-    moto_server.enforce_iam()
-    credentials = provisioned.writer_credentials(moto_server.client("sts", **provisioned.operator_keys))
-    return WriterSession(moto_server, provisioned, credentials)
+def as_writer(demo: Synthesized, moto_server: MotoServer, tmp_path: Path) -> WriterSession:
+    return provision_sandbox(moto_server, demo.templates, "demo", bucket="beacon-demo-test", workdir=tmp_path)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any
 
 from beacon_constructs.network import INTERFACE_ENDPOINTS
 from tests.conftest import ACCOUNT_TEAM
-from tests.synth import ROOT, Synthesized
+from tests.support.synth import ROOT, Synthesized
 
 
 def test_synth_with_an_account_passes_cdk_nag_and_needs_no_lookup(account_team: Synthesized) -> None:

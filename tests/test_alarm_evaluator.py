@@ -10,7 +10,7 @@ import pytest
 from beacon import contract
 from beacon.contract import RunAlarm, TeamAlarm
 
-from beacon_ops.alarms import (
+from beacon_ops.evidence.alarms import (
     ALARM,
     INSUFFICIENT,
     OK,
@@ -20,8 +20,8 @@ from beacon_ops.alarms import (
     alarm_set_for_run,
     series_key,
 )
-from beacon_ops.simulate import SimulatedJob
-from tests.synth import Synthesized
+from tests.support.simulate import SimulatedJob
+from tests.support.synth import Synthesized
 
 EXPERIMENT, RUN = "exp-1", "run-1"
 

@@ -15,7 +15,7 @@ import pytest
 from beacon import contract
 from botocore.exceptions import ClientError
 
-from beacon_ops.embedded import UNEVALUABLE_CONDITION_KEYS
+from beacon_ops.local.provision import UNEVALUABLE_CONDITION_KEYS
 from tests.conftest import WriterSession
 
 EVENTS_KEY = contract.events_key("exp-1", "run-1", 0)

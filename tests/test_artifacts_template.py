@@ -8,7 +8,7 @@ import pytest
 from aws_cdk.assertions import Match, Template
 from beacon import contract
 
-from tests.synth import Synthesized
+from tests.support.synth import Synthesized
 
 STACK = "beacon-demo-artifacts"
 

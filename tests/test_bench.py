@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from beacon_ops.embedded_aws import ADMIN, REGION
+from beacon_ops.local.moto import ADMIN, REGION
 from bench.mlflow_server import MlflowServer
 from bench.trackers import TRACKERS, bench_mirror_lag, bench_sustained, bench_trackers
-from tests.moto_server import MotoServer
+from tests.support.moto_server import MotoServer
 
 BUCKET = "beacon-bench-test"
 

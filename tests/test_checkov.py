@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.synth import ROOT, Synthesized
+from tests.support.synth import ROOT, Synthesized
 
 CHECKOV = ROOT / ".beacon" / "tools" / "checkov-venv" / "bin" / "checkov"
 CDK_KUBECTL_FUNCTIONS = r"ClusterKubectlProvider(Handler|frameworkonEvent)[0-9A-F]{8}"

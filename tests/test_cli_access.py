@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from beacon_ops.aws_access import open_session, resolve_region
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 # No real AWS anywhere: no instance metadata, one attempt, an endpoint nothing listens on.
 BARE = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "AWS_EC2_METADATA_DISABLED": "true", "COLUMNS": "80"}

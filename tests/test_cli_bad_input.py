@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 CASES = {
     "unknown_flag": (["doctor", "--team", "demo", "--run", "r", "--colour", "x"], "No such option: --colour"),

@@ -21,7 +21,7 @@ from beacon_constructs.karpenter import INTERRUPTION_RULES, NODE_MANAGED_POLICIE
 from beacon_ops.templates import Template as SynthesizedTemplate
 from beacon_ops.templates import kubernetes_objects, shape_resolver
 from config import TeamConfig
-from tests.synth import ROOT, Synthesized, synthesize
+from tests.support.synth import ROOT, Synthesized, synthesize
 from workloads import manifests
 
 KUBERNETES = "1.35.0"

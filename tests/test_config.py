@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from config import ConfigError, load_team
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 GOOD = """
 team = "{team}"

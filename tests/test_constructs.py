@@ -25,7 +25,7 @@ from beacon_constructs.network import TrainingNetwork
 from beacon_constructs.smoke_job import SmokeJob
 from beacon_constructs.training_namespace import TrainingNamespace
 from beacon_constructs.volume import ArtifactVolume
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 from workloads import manifests
 
 ENV = {"account": "111122223333", "region": "us-east-1"}

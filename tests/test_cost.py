@@ -16,7 +16,7 @@ from bench.cost import (
     readme_summary,
     section,
 )
-from tests.synth import ROOT, Synthesized
+from tests.support.synth import ROOT, Synthesized
 
 
 def test_the_price_table_is_dated_and_for_one_region() -> None:

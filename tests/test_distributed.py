@@ -20,9 +20,9 @@ from beacon.run import Run
 from beacon.settings import RunSettings
 from beacon.telemetry import NullTelemetry
 
-from tests.emulated_nccl import emulated_with_gloo, gpu_backend_on_cpu
-from tests.job_harness import JobResult
-from tests.synth import ROOT
+from tests.support.emulated_nccl import emulated_with_gloo, gpu_backend_on_cpu
+from tests.support.job_harness import JobResult
+from tests.support.synth import ROOT
 
 
 def free_port() -> int:
@@ -85,7 +85,7 @@ def test_a_two_rank_job_on_a_gpu_shaped_group_trains_checkpoints_and_exits_0(tmp
             "--standalone",
             "--nproc-per-node=2",
             "-m",
-            "tests.emulated_nccl",
+            "tests.support.emulated_nccl",
             "--telemetry",
             "false",
             "--steps",

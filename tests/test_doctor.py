@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from beacon import contract
 
-from beacon_ops.doctor import Diagnosis, DoctorInputs, diagnose
+from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, signal_group, wait_for
-from tests.moto_server import REGION
-from tests.synth import ROOT
+from tests.support.job_harness import JobHarness, signal_group, wait_for
+from tests.support.moto_server import REGION
+from tests.support.synth import ROOT
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import pytest
 from beacon import contract
 
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness
-from tests.synth import ROOT
+from tests.support.job_harness import JobHarness
+from tests.support.synth import ROOT
 from tests.test_integrations import environment, records_by_step, run_job, s3_json
 
 EXAMPLES = ROOT / "examples"

@@ -20,13 +20,20 @@ from typing import Any
 import pytest
 from beacon import contract
 
-from beacon_ops.observe import metric_samples
+from beacon_ops.evidence.reading import metric_samples
 from tests.conftest import WriterSession
-from tests.fault_proxy import OVERTAKEN, FaultPlan, FaultProxy, FaultSchedule
-from tests.job_harness import JobHarness, assert_live_history_once, delivered_records, finish, signal_group, wait_for
 from tests.support import local_tls
+from tests.support.fault_proxy import OVERTAKEN, FaultPlan, FaultProxy, FaultSchedule
+from tests.support.job_harness import (
+    JobHarness,
+    assert_live_history_once,
+    delivered_records,
+    finish,
+    signal_group,
+    wait_for,
+)
 from tests.support.strict_s3 import BucketPolicyGate
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 PREFLIGHT_REQUESTS = 12  # the job's first requests (preflight) pass; faults start after them
 

@@ -15,7 +15,7 @@ import pytest
 
 from beacon_ops.templates import Template as SynthesizedTemplate
 from beacon_ops.templates import kubernetes_objects, shape_resolver
-from tests.synth import Synthesized
+from tests.support.synth import Synthesized
 
 GPU_RESOURCE = "nvidia.com/gpu"
 DEVICE_PLUGIN_CHART = "nvidia-device-plugin"

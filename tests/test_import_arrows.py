@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 ROOMS = {
     "app": ROOT / "app.py",
@@ -17,10 +17,18 @@ ROOMS = {
     "config": ROOT / "config",
     "beacon": ROOT / "runtime" / "beacon",
     "smoke_job": ROOT / "runtime" / "smoke_job",
+    # The operator, by capability: each subpackage is a room; "beacon_ops" is its ground floor (the files
+    # at its top: AWS access, credentials, reading synthesized templates, make destroy's teardown).
     "beacon_ops": ROOT / "beacon_ops",
+    "beacon_ops.cli": ROOT / "beacon_ops" / "cli",
+    "beacon_ops.smoke": ROOT / "beacon_ops" / "smoke",
+    "beacon_ops.doctor": ROOT / "beacon_ops" / "doctor",
+    "beacon_ops.evidence": ROOT / "beacon_ops" / "evidence",
+    "beacon_ops.local": ROOT / "beacon_ops" / "local",
     "bench": ROOT / "bench",
     "examples": ROOT / "examples",
 }
+OPERATOR_GROUND = {"beacon_ops", "beacon"}  # what every operator room may import besides its own arrows
 ALLOWED = {
     "app": {"config", "stacks"},
     "stacks": {"config", "beacon_constructs", "workloads", "beacon"},
@@ -31,16 +39,40 @@ ALLOWED = {
     "beacon": set(),  # the runtime library: nothing of Beacon's outside itself
     "smoke_job": {"beacon"},  # a client of the runtime, like a team's own training
     "examples": {"beacon"},
-    "beacon_ops": {"workloads", "config", "beacon", "stacks"},  # stacks.outputs only: see below
-    "bench": {"beacon_ops", "beacon", "smoke_job", "config", "stacks", "beacon_constructs"},
+    "beacon_ops": {"config", "beacon"},  # the ground floor: none of the operator's rooms above it
+    "beacon_ops.cli": {
+        *OPERATOR_GROUND,
+        *("beacon_ops.smoke", "beacon_ops.doctor", "beacon_ops.evidence", "beacon_ops.local"),
+        *("config", "stacks"),  # stacks.outputs only: see below
+    },
+    "beacon_ops.smoke": {*OPERATOR_GROUND, "beacon_ops.evidence", "beacon_ops.doctor", "workloads", "config", "stacks"},
+    "beacon_ops.doctor": {*OPERATOR_GROUND, "beacon_ops.evidence"},
+    "beacon_ops.evidence": OPERATOR_GROUND,  # nothing of the operator above it
+    "beacon_ops.local": {*OPERATOR_GROUND, "beacon_ops.evidence", "beacon_ops.doctor"},
+    "bench": {
+        *("beacon_ops", "beacon_ops.local", "beacon_ops.evidence", "beacon_ops.doctor"),
+        *("beacon", "smoke_job", "config", "stacks", "beacon_constructs"),
+    },
 }
+
+
+def room_of(module: str) -> str | None:
+    """The room a module is in: the longest room name that it is, or that it starts with."""
+    rooms = [room for room in ROOMS if module == room or module.startswith(room + ".")]
+    return max(rooms, key=len) if rooms else None
+
+
+def files_of(path: Path) -> list[Path]:
+    """A room's files; the operator's ground floor is its top-level files alone."""
+    if path.suffix == ".py":
+        return [path]
+    return sorted(path.glob("*.py") if path == ROOT / "beacon_ops" else path.rglob("*.py"))
 
 
 def imported_rooms(path: Path) -> dict[str, set[str]]:
     """Each first-party room a room imports, with the files that do."""
-    files = [path] if path.suffix == ".py" else sorted(path.rglob("*.py"))
     found: dict[str, set[str]] = {}
-    for file in files:
+    for file in files_of(path):
         for node in ast.walk(ast.parse(file.read_text(), str(file))):
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
@@ -49,8 +81,8 @@ def imported_rooms(path: Path) -> dict[str, set[str]]:
             else:
                 continue
             for module in modules:
-                top = module.split(".")[0]
-                if top in ROOMS:
+                top = room_of(module)
+                if top is not None:
                     found.setdefault(top, set()).add(str(file.relative_to(ROOT) if file.is_relative_to(ROOT) else file))
     return found
 

@@ -11,8 +11,8 @@ from beacon import contract
 from beacon.index import IndexWriter, chunks_of, read_index
 
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, keys_under
-from tests.moto_server import MotoServer
+from tests.support.job_harness import JobHarness, keys_under
+from tests.support.moto_server import MotoServer
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from beacon.checkpoint import AsyncCheckpointer, framework_checkpoint
 from beacon.integrations.common import StepRecords, numeric_metrics
 
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, delivered_records
-from tests.synth import ROOT
+from tests.support.job_harness import JobHarness, delivered_records
+from tests.support.synth import ROOT
 
 
 @pytest.fixture
@@ -53,10 +53,13 @@ def run_job(command: list[str], env: dict[str, str], timeout: float = 300) -> su
 
 
 def records_by_step(writer: WriterSession, experiment: str, run: str) -> dict[int, dict[str, float]]:
-    """Every delivered record by step; a step recorded twice fails here."""
-    records = delivered_records(writer.client("s3"), writer.bucket, experiment, run)
-    steps = [record.step for record in records]
-    assert len(steps) == len(set(steps)), f"a step recorded more than once: {sorted(steps)}"
+    """Every live record by step (a rerun's superseded records set apart); a step recorded twice by
+    one attempt fails here."""
+    history = contract.history(delivered_records(writer.client("s3"), writer.bucket, experiment, run))
+    assert not history.duplicated, (
+        f"a step recorded more than once: {[(r.attempt, r.step) for r in history.duplicated]}"
+    )
+    records = history.live
     assert {record.rank for record in records} == {0}, "only rank 0 writes"
     return {record.step: record.metrics for record in records}
 

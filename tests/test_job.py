@@ -19,8 +19,8 @@ from beacon import contract, kill_points
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from tests.conftest import WriterSession
-from tests.fault_proxy import FaultPlan, FaultProxy
-from tests.job_harness import (
+from tests.support.fault_proxy import FaultPlan, FaultProxy
+from tests.support.job_harness import (
     JobHarness,
     assert_live_history_once,
     delivered_records,
@@ -30,7 +30,7 @@ from tests.job_harness import (
     signal_group,
     wait_for,
 )
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 from workloads import manifests
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, preflight_seconds
-from tests.moto_server import MotoServer
-from tests.synth import ROOT
+from tests.support.job_harness import JobHarness, preflight_seconds
+from tests.support.moto_server import MotoServer
+from tests.support.synth import ROOT
 
 PREFLIGHT_BUDGET_S = 20
 EXIT_PREFLIGHT, EXIT_USAGE = 3, 2

@@ -20,8 +20,8 @@ from botocore.config import Config
 from smoke_job.config import parse_args
 
 from tests.conftest import WriterSession
-from tests.fault_proxy import FaultPlan, FaultProxy
-from tests.job_harness import JobHarness, preflight_seconds
+from tests.support.fault_proxy import FaultPlan, FaultProxy
+from tests.support.job_harness import JobHarness, preflight_seconds
 
 SETUP_SECONDS = 8.0
 TRANSIENT_FAULTS = ("error_500", "slow_down_503", "reset")

@@ -1,5 +1,5 @@
 """Every NodePool and EC2NodeClass the stack renders passes the Karpenter CRDs' CEL rules and
-structural schema, as the API server would check them (tests/karpenter_crds.py)."""
+structural schema, as the API server would check them (tests/support/karpenter_crds.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from beacon_constructs import karpenter_manifests as km
 from beacon_ops.templates import kubernetes_objects
-from tests.karpenter_crds import compile_all, validate
-from tests.synth import Synthesized
+from tests.support.karpenter_crds import compile_all, validate
+from tests.support.synth import Synthesized
 
 NODE_POOL, NODE_CLASS = ("karpenter.sh/v1", "NodePool"), ("karpenter.k8s.aws/v1", "EC2NodeClass")
 # Rules not evaluated, with the reason. None today: every rule compiles with cel-python plus the two

@@ -18,7 +18,7 @@ from beacon import contract
 from beacon_constructs.karpenter import CHART_VERSION
 from beacon_ops.templates import Resolver
 from beacon_ops.templates import Template as SynthesizedTemplate
-from tests.synth import Synthesized
+from tests.support.synth import Synthesized
 
 REFERENCE = Path(__file__).parent / "reference" / f"karpenter-{CHART_VERSION}" / "getting-started-cloudformation.yaml"
 CLUSTER = "beacon-demo"

@@ -18,8 +18,8 @@ from beacon import contract
 from beacon.settings import RunSettings, SettingsError
 
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, assert_live_history_once, delivered_records
-from tests.synth import ROOT
+from tests.support.job_harness import JobHarness, assert_live_history_once, delivered_records
+from tests.support.synth import ROOT
 
 PLAIN_LOOP = """
 import math, sys, time

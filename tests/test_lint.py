@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 COMMANDS = {
     "ruff_check": [".venv/bin/ruff", "check", "."],

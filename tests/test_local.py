@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.job_harness import wait_for
-from tests.synth import ROOT
+from tests.support.job_harness import wait_for
+from tests.support.synth import ROOT
 
 MARKER = "PYTEST_BEACON_DEMO_RUN"  # jobs keep it: the demo strips only AWS_* and BEACON_*
 

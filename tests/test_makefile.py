@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from beacon_ops.teardown import Retained, destroy_order, prepare, remains_text, retained_resources
-from tests.synth import ROOT, Synthesized
+from tests.support.synth import ROOT, Synthesized
 
 
 def make(*args: str) -> subprocess.CompletedProcess[str]:

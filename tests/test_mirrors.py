@@ -32,8 +32,8 @@ from beacon.spool import Spool
 from bench.mlflow_server import MlflowServer
 from bench.wandb_log import read_offline_run
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, delivered_records
-from tests.synth import ROOT
+from tests.support.job_harness import JobHarness, delivered_records
+from tests.support.synth import ROOT
 
 # A team's loop. It pauses (reads a line) after PAUSE_AT once that step is mirrored, so the test can
 # stop the tracker at a known point; a second start of the same run id logs only what is left.

@@ -11,7 +11,7 @@ from aws_cdk.assertions import Match, Template
 from beacon import contract
 
 from beacon_constructs.monitoring import FIRST_CHECKS, TrainingMonitoring
-from beacon_ops.alarms import (
+from beacon_ops.evidence.alarms import (
     ALARM,
     OK,
     MetricAlarm,
@@ -20,7 +20,7 @@ from beacon_ops.alarms import (
     series_key,
     team_alarm_definitions,
 )
-from tests.synth import Synthesized
+from tests.support.synth import Synthesized
 
 STACK = "beacon-demo-monitoring"
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from aws_cdk.assertions import Match, Template
 
-from tests.synth import Synthesized
+from tests.support.synth import Synthesized
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from beacon_constructs.image_repository import FENCED_ACTIONS, PULL_ACTIONS, PUS
 from beacon_ops.templates import kubernetes_objects
 from config import TeamConfig
 from tests.support.policy_eval import ACCOUNT, REGION, Decision, Deployment, Request, merge, wildcard_match
-from tests.synth import Synthesized
+from tests.support.synth import Synthesized
 from workloads import manifests
 
 DEMO, VISION = "demo", "vision"

@@ -17,11 +17,11 @@ from beacon import contract
 from beacon.progress import ProgressClock
 from beacon.ranks import CrossRankView, PhaseFollower, Placement, RankProgress, RankSignal, read_ranks, stacks_name
 
-from beacon_ops.observe import metric_samples
-from beacon_ops.rank_verdict import which_rank
+from beacon_ops.doctor.rank_verdict import which_rank
+from beacon_ops.evidence.reading import metric_samples
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, keys_under, signal_group, wait_for
-from tests.synth import ROOT
+from tests.support.job_harness import JobHarness, keys_under, signal_group, wait_for
+from tests.support.synth import ROOT
 
 PLACE = Placement(pod="train-0-abc", node="ip-10-0-1-5.ec2.internal", instance="g6.12xlarge")
 
@@ -182,9 +182,12 @@ def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_wher
         time.sleep(3)  # rank 0's heartbeats (1 s apart here) carry the cross-rank view meanwhile
         for node in nodes:
             os.killpg(node.pid, signal.SIGTERM)
-        terminated = lambda: all("received SIGTERM" in s.read_text() for s in stacks)  # noqa: E731
-        missing = lambda: [r for r, s in enumerate(stacks) if "received SIGTERM" not in s.read_text()]  # noqa: E731
-        assert wait_for(terminated, timeout=60), f"a SIGTERM keeps every rank's stacks; none from ranks {missing()}"
+
+        def without_a_sigterm_dump() -> list[int]:
+            return [rank for rank, path in enumerate(stacks) if "received SIGTERM" not in path.read_text()]
+
+        terminated = wait_for(lambda: not without_a_sigterm_dump(), timeout=60)
+        assert terminated, f"a SIGTERM keeps every rank's stacks; none from ranks {without_a_sigterm_dump()}"
     finally:
         for node in nodes:
             signal_group(node, signal.SIGKILL)

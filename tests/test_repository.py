@@ -10,7 +10,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 
 def test_constructs_package_does_not_shadow_the_constructs_library() -> None:

@@ -27,9 +27,9 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from smoke_job.config import parse_args
 
-from beacon_ops.embedded_aws import ADMIN, PUT_METRIC_DATA_BYTES, strict_metric_data
-from tests.moto_server import MotoServer
+from beacon_ops.local.moto import ADMIN, PUT_METRIC_DATA_BYTES, strict_metric_data
 from tests.support.disk_fault_job import EioOnOpenChunk
+from tests.support.moto_server import MotoServer
 
 
 class Killed(BaseException):

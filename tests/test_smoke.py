@@ -2,8 +2,8 @@
 
 moto provides CloudFormation (stand-in stacks carrying the synthesized templates' output keys), EKS's
 describe, S3, CloudWatch, SSM, STS, IAM (enforced) and SageMaker's create/describe. What no machine
-here can run is faked, and each test's name says so: the Kubernetes API (tests/fake_kubernetes.py)
-and SageMaker's training instances (tests/sagemaker_standin.py). In both, the job that runs is the
+here can run is faked, and each test's name says so: the Kubernetes API (tests/support/fake_kubernetes.py)
+and SageMaker's training instances (tests/support/sagemaker_standin.py). In both, the job that runs is the
 real training job, as a local process, writing as the writer role.
 """
 
@@ -27,16 +27,16 @@ import boto3
 import pytest
 from beacon import contract
 
-from beacon_ops.embedded import OPERATOR, Provisioned, provision_team
-from beacon_ops.smoke import read_outputs
-from beacon_ops.smoke_eks import TOKEN_PREFIX, eks_token
+from beacon_ops.local.provision import OPERATOR, Provisioned, provision_team
+from beacon_ops.smoke.eks import TOKEN_PREFIX, eks_token
+from beacon_ops.smoke.flow import read_outputs
 from config import TeamConfig
 from stacks.outputs import OPERATOR_NEEDS as STACK_OUTPUTS
-from tests.fake_kubernetes import FakeKubernetes
-from tests.job_harness import wait_for
-from tests.moto_server import ACCOUNT, REGION, MotoServer
-from tests.sagemaker_standin import SageMakerStandIn
-from tests.synth import ROOT, Synthesized
+from tests.support.fake_kubernetes import FakeKubernetes
+from tests.support.job_harness import wait_for
+from tests.support.moto_server import ACCOUNT, REGION, MotoServer
+from tests.support.sagemaker_standin import SageMakerStandIn
+from tests.support.synth import ROOT, Synthesized
 from workloads import manifests
 
 # moto's CloudFormation parses the stand-in stacks' one placeholder resource with a warning.

@@ -13,8 +13,8 @@ from beacon import contract
 from beacon.spool import Spool
 
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, delivered_records
-from tests.synth import ROOT
+from tests.support.job_harness import JobHarness, delivered_records
+from tests.support.synth import ROOT
 
 
 def stranded_spool(root: Path, run: str, steps: int, *, chunk: int = 10) -> Path:

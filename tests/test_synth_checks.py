@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.synth import ROOT, Synthesized
+from tests.support.synth import ROOT, Synthesized
 
 # W3005 (redundant DependsOn) is what CDK's own EKS resources draw; it is harmless there.
 IGNORED_CFN_LINT_RULES = ("W3005",)

@@ -23,12 +23,12 @@ import requests
 from beacon import contract
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from beacon_ops.embedded import OPERATOR
+from beacon_ops.local.provision import OPERATOR
 from tests.conftest import WriterSession
-from tests.job_harness import JobHarness, keys_under, wait_for
-from tests.moto_server import REGION
+from tests.support.job_harness import JobHarness, keys_under, wait_for
+from tests.support.moto_server import REGION
 from tests.support.policy_eval import Decision, Deployment, Request
-from tests.synth import ROOT, Synthesized
+from tests.support.synth import ROOT, Synthesized
 
 TEAM, EXPERIMENT, RUN, STEPS = "demo", "smoke", "tb-cli", 60
 

@@ -15,7 +15,7 @@ from typing import Any
 from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.observe import RunEvidence, alarm_states, metric_samples, read_run
+from beacon_ops.evidence.reading import RunEvidence, alarm_states, metric_samples, read_run
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 SILENT_BEATS = 3  # heartbeats missed before the doctor calls a run silent
@@ -63,9 +63,11 @@ class DoctorInputs:
     now: datetime | None = None
 
 
-def diagnose(inputs: DoctorInputs) -> Diagnosis:
+def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Diagnosis:
+    """evidence: the run as its caller already read it (smoke's verification), so it is read once."""
     now = inputs.now or datetime.now(UTC)
-    evidence = read_run(inputs.s3, inputs.bucket, inputs.experiment, inputs.run)
+    if evidence is None:
+        evidence = read_run(inputs.s3, inputs.bucket, inputs.experiment, inputs.run)
     dims = contract.run_dimensions(inputs.team, inputs.experiment, inputs.run)
     interval = float((evidence.preflight or {}).get("heartbeat_interval", DEFAULT_HEARTBEAT_S))
     beats = _samples(inputs, contract.HEARTBEAT, dims, "SampleCount", now)

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,17 +22,17 @@ from typing import Any
 from beacon import contract
 from beacon.preflight import reported_seconds
 
-from beacon_ops.alarms import AlarmSet, alarm_set_for_run
-from beacon_ops.doctor import Diagnosis, DoctorInputs, diagnose
-from beacon_ops.embedded import Provisioned, provision_team
-from beacon_ops.embedded_aws import ACCOUNT, REGION, EmbeddedAws
-from beacon_ops.observe import read_run
-from beacon_ops.processes import end_process_tree
-from beacon_ops.report import render_png
+from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
+from beacon_ops.evidence.alarms import AlarmSet, alarm_set_for_run
+from beacon_ops.evidence.reading import RunEvidence
+from beacon_ops.evidence.verify import Verification, read_and_verify, recorded_samples
+from beacon_ops.local.moto import REGION
+from beacon_ops.local.plot import render_png
+from beacon_ops.local.processes import end_process_tree
+from beacon_ops.local.sandbox import Sandbox, job_args, job_command, open_sandbox
 from beacon_ops.templates import Template, load_templates
-from beacon_ops.verify import Verification, recorded_samples, verify_run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEAM = "demo"
 EXPERIMENT = "smoke"
 BUCKET = "beacon-demo-artifacts"
@@ -123,93 +122,42 @@ def synthesize(outdir: Path, log: Callable[[str], None]) -> dict[str, Template]:
     return load_templates(outdir)
 
 
-@dataclass
-class Sandbox:
-    """The embedded AWS with the demo team provisioned, and the identities the demo acts as."""
-
-    aws: EmbeddedAws
-    provisioned: Provisioned
-    writer: dict[str, str]
-    reader: dict[str, str]
-    workdir: Path
-
-    def client(self, service: str, credentials: dict[str, str]) -> Any:
-        return self.aws.client(service, **credentials)
-
-    def job_env(self, credentials: dict[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
-        env.update(
-            AWS_ENDPOINT_URL=self.aws.url,
-            AWS_REGION=REGION,
-            PYTHONUNBUFFERED="1",
-            AWS_ACCESS_KEY_ID=credentials["aws_access_key_id"],
-            AWS_SECRET_ACCESS_KEY=credentials["aws_secret_access_key"],
-        )
-        if "aws_session_token" in credentials:
-            env["AWS_SESSION_TOKEN"] = credentials["aws_session_token"]
-        return env
-
-    def job_command(self, run: str, *extra: str, ranks: int = 1) -> list[str]:
-        args = [
-            "--team",
-            TEAM,
-            "--experiment",
-            EXPERIMENT,
-            "--run-id",
-            run,
-            "--bucket",
-            BUCKET,
-            "--spool-dir",
-            str(self.workdir / "volume" / "spool"),
-            "--checkpoint-dir",
-            str(self.workdir / "volume" / "checkpoints"),
-            "--heartbeat-file",
-            str(self.workdir / f"heartbeat-{run}"),
-            "--heartbeat-interval",
-            str(DEMO_HEARTBEAT_S),
-            "--flush-interval",
-            "1",
-            *extra,
-        ]
-        if ranks == 1:
-            return [sys.executable, "-m", "smoke_job.train", *args]
-        torchrun = str(Path(sys.executable).with_name("torchrun"))
-        return [torchrun, "--standalone", f"--nproc-per-node={ranks}", "-m", "smoke_job.train", *args]
-
-    def doctor(self, run: str, probe: dict[str, str] | None = None) -> Diagnosis:
-        return diagnose(
-            DoctorInputs(
-                team=TEAM,
-                experiment=EXPERIMENT,
-                run=run,
-                bucket=BUCKET,
-                region=REGION,
-                s3=self.client("s3", self.reader),
-                cloudwatch=self.client("cloudwatch", self.reader),
-                probe_s3=self.client("s3", probe or self.writer),
-            )
-        )
+def demo_job_command(sandbox: Sandbox, run: str, *extra: str, ranks: int = 1) -> list[str]:
+    """The smoke job as the demo runs it: the demo team, its volume under the workdir, a short beat."""
+    storage = job_args(
+        bucket=BUCKET,
+        spool_dir=sandbox.workdir / "volume" / "spool",
+        checkpoint_dir=sandbox.workdir / "volume" / "checkpoints",
+        heartbeat_file=sandbox.workdir / f"heartbeat-{run}",
+        heartbeat_interval=str(DEMO_HEARTBEAT_S),
+    )
+    return job_command(["--team", TEAM, "--experiment", EXPERIMENT, "--run-id", run, *storage, *extra], ranks=ranks)
 
 
-def open_sandbox(templates: dict[str, Template], workdir: Path) -> Sandbox:
-    aws = EmbeddedAws.start_process()
-    try:
-        provisioned = provision_team(templates, TEAM, clients=aws.client, account=ACCOUNT, region=REGION, bucket=BUCKET)
-        aws.enforce_iam()
-        sts = aws.client("sts", **provisioned.operator_keys)
-        writer = provisioned.writer_credentials(sts)
-        reader = provisioned.role_credentials(sts, provisioned.store.reader_role_arn, "beacon-doctor")
-    except BaseException:
-        aws.stop()
-        raise
-    return Sandbox(aws, provisioned, writer, reader, workdir)
+def doctor(
+    sandbox: Sandbox, run: str, probe: dict[str, str] | None = None, *, evidence: RunEvidence | None = None
+) -> Diagnosis:
+    return diagnose(
+        DoctorInputs(
+            team=TEAM,
+            experiment=EXPERIMENT,
+            run=run,
+            bucket=BUCKET,
+            region=REGION,
+            s3=sandbox.client("s3", sandbox.reader),
+            cloudwatch=sandbox.client("cloudwatch", sandbox.reader),
+            probe_s3=sandbox.client("s3", probe or sandbox.credentials),
+        ),
+        evidence=evidence,
+    )
 
 
 def start_smoke(sandbox: Sandbox, run: str, steps: int, ranks: int) -> subprocess.Popen[bytes]:
     """The paced smoke job, in the background: the scenarios run meanwhile. Output goes to a file
     (a full pipe would block the job)."""
     pace = f"{contract.smoke_min_duration_s(DEMO_HEARTBEAT_S):g}"  # long enough for the run alarms to arm
-    command = sandbox.job_command(
+    command = demo_job_command(
+        sandbox,
         run,
         *("--steps", str(steps), "--workers", "1", "--checkpoint-interval", "100", "--min-duration", pace),
         ranks=ranks,
@@ -218,7 +166,7 @@ def start_smoke(sandbox: Sandbox, run: str, steps: int, ranks: int) -> subproces
         return subprocess.Popen(
             command,
             cwd=ROOT,
-            env=sandbox.job_env(sandbox.writer),
+            env=sandbox.job_env(sandbox.credentials),
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # torchrun and its workers end together, by process group
@@ -248,7 +196,7 @@ def scenario_permission(sandbox: Sandbox) -> Scenario:
     denied = sandbox.aws.user_without_rights("beacon-demo-no-rights")
     started = time.monotonic()
     done = subprocess.run(
-        sandbox.job_command(run, "--steps", "5"),
+        demo_job_command(sandbox, run, "--steps", "5"),
         cwd=ROOT,
         env=sandbox.job_env(denied),
         capture_output=True,
@@ -257,7 +205,7 @@ def scenario_permission(sandbox: Sandbox) -> Scenario:
     )
     seconds = preflight_time(done.stderr, time.monotonic() - started)
     line = next((x for x in done.stderr.splitlines() if x.startswith("beacon preflight:")), done.stderr[-200:])
-    verdict = sandbox.doctor(run, probe=denied).diagnosis
+    verdict = doctor(sandbox, run, probe=denied).diagnosis
     return Scenario(
         "permission", "a writer without s3:PutObject", verdict, seconds, f"preflight exit {done.returncode}: {line}"
     )
@@ -268,9 +216,9 @@ def scenario_tmpfs(sandbox: Sandbox) -> Scenario:
     spool = Path("/dev/shm") / f"beacon-demo-{os.getpid()}"
     started = time.monotonic()
     done = subprocess.run(
-        [*sandbox.job_command(run, "--steps", "5"), "--spool-dir", str(spool)],
+        [*demo_job_command(sandbox, run, "--steps", "5"), "--spool-dir", str(spool)],
         cwd=ROOT,
-        env=sandbox.job_env(sandbox.writer),
+        env=sandbox.job_env(sandbox.credentials),
         capture_output=True,
         text=True,
         timeout=120,
@@ -291,16 +239,16 @@ def scenario_frozen(sandbox: Sandbox, monitoring: Template) -> tuple[Scenario, S
     """SIGSTOP a running job; time the doctor's verdict, and the synthesized silent alarm's."""
     run = "demo-frozen"
     process = subprocess.Popen(
-        sandbox.job_command(run, "--steps", "100000", "--step-sleep", "0.05", "--workers", "0"),
+        demo_job_command(sandbox, run, "--steps", "100000", "--step-sleep", "0.05", "--workers", "0"),
         cwd=ROOT,
-        env=sandbox.job_env(sandbox.writer),
+        env=sandbox.job_env(sandbox.credentials),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and sandbox.doctor(run).diagnosis != "healthy":
+        while time.monotonic() < deadline and doctor(sandbox, run).diagnosis != "healthy":
             time.sleep(0.5)
         os.killpg(process.pid, signal.SIGSTOP)
         frozen_at = time.time()
@@ -308,7 +256,7 @@ def scenario_frozen(sandbox: Sandbox, monitoring: Template) -> tuple[Scenario, S
         verdict = "healthy"
         while time.monotonic() - started < contract.SILENT_BUDGET_S and verdict != "silent":
             time.sleep(0.5)
-            verdict = sandbox.doctor(run).diagnosis
+            verdict = doctor(sandbox, run).diagnosis
         doctor_seconds = time.monotonic() - started
         # No datapoint can arrive from a stopped process: the alarm's verdict over the recorded data
         # at each later evaluation is what CloudWatch would say then.
@@ -347,7 +295,7 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
     templates = synthesize(ROOT / "cdk.out", log)
     monitoring = templates[contract.stack_name(TEAM, "monitoring")]
     log("starting the embedded AWS (moto, own process) and provisioning from the templates")
-    sandbox = open_sandbox(templates, workdir)
+    sandbox = open_sandbox(templates, TEAM, bucket=BUCKET, workdir=workdir)
     try:
         run = f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
         log(f"running the smoke job: torchrun, {ranks} ranks on CPU, {steps} steps, as the writer (IAM enforced)")
@@ -362,19 +310,18 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
         log("waiting for the smoke job (paced so its run alarms arm)")
         finish_smoke(sandbox, job)
         log("verifying what reached S3 and CloudWatch, and evaluating the synthesized alarms")
-        reader_s3 = sandbox.client("s3", sandbox.reader)
-        evidence = read_run(reader_s3, BUCKET, EXPERIMENT, run)
         alarms: AlarmSet = alarm_set_for_run(monitoring, EXPERIMENT, run)
-        verification = verify_run(
-            evidence,
-            s3=reader_s3,
+        evidence, verification = read_and_verify(
+            s3=sandbox.client("s3", sandbox.reader),
             cloudwatch=sandbox.client("cloudwatch", sandbox.reader),
             bucket=BUCKET,
             team=TEAM,
+            experiment=EXPERIMENT,
+            run=run,
             steps=steps,
             alarms=alarms,
         )
-        doctor = sandbox.doctor(run)
+        diagnosis = doctor(sandbox, run, evidence=evidence)  # the reading verification took
         samples = recorded_samples(sandbox.client("cloudwatch", sandbox.reader), TEAM, EXPERIMENT, run)
         picture = render_png(
             workdir / "report.png",
@@ -384,7 +331,7 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
         )
     finally:
         sandbox.aws.stop()
-    report = LocalReport(steps, ranks, run, verification, doctor, scenarios, time.monotonic() - started)
+    report = LocalReport(steps, ranks, run, verification, diagnosis, scenarios, time.monotonic() - started)
     report.picture = str(picture)
     (workdir / "report.json").write_text(json.dumps(report.as_dict(), indent=2, default=str))
     return report

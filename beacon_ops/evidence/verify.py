@@ -7,8 +7,8 @@ from typing import Any
 
 from beacon import contract
 
-from beacon_ops.alarms import ALARM, AlarmSet, SeriesKey, series_key
-from beacon_ops.observe import RunEvidence, metric_samples
+from beacon_ops.evidence.alarms import ALARM, AlarmSet, SeriesKey, series_key
+from beacon_ops.evidence.reading import RunEvidence, metric_samples, read_run
 
 NOT_ARMED = "NOT_ARMED"
 EVALUATED_METRICS = (
@@ -126,3 +126,14 @@ def verify_run(
         succeeded=evidence.finished,
         bucket_versioning=str(s3.get_bucket_versioning(Bucket=bucket).get("Status", "Disabled")),
     )
+
+
+def read_and_verify(
+    *, s3: Any, cloudwatch: Any, bucket: str, team: str, experiment: str, run: str, steps: int, alarms: AlarmSet
+) -> tuple[RunEvidence, Verification]:
+    """The run read once, and verified; the reading goes on to the doctor, which reads nothing again."""
+    evidence = read_run(s3, bucket, experiment, run)
+    verification = verify_run(
+        evidence, s3=s3, cloudwatch=cloudwatch, bucket=bucket, team=team, steps=steps, alarms=alarms
+    )
+    return evidence, verification

@@ -1,6 +1,6 @@
 """Tests use the same embedded AWS as `beacon local`: a real moto server on loopback."""
 
-from beacon_ops.embedded_aws import ACCOUNT, REGION, EmbeddedAws
+from beacon_ops.local.moto import ACCOUNT, REGION, EmbeddedAws
 
 MotoServer = EmbeddedAws
 

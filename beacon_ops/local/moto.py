@@ -22,6 +22,8 @@ from moto.cloudwatch.responses import CloudWatchResponse
 from moto.core.responses import ActionResult, BaseResponse
 from moto.server import ThreadedMotoServer
 
+from beacon_ops.local.processes import stop_process
+
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
 ADMIN = {"aws_access_key_id": "admin", "aws_secret_access_key": "admin"}
@@ -133,7 +135,7 @@ class EmbeddedAws:
     def start_process(cls, timeout: float = 60) -> EmbeddedAws:
         """In a process of its own, so a training loop measured beside it keeps its GIL."""
         process = subprocess.Popen(
-            [sys.executable, "-m", "beacon_ops.embedded_aws"], stdout=subprocess.PIPE, text=True, start_new_session=True
+            [sys.executable, "-m", "beacon_ops.local.moto"], stdout=subprocess.PIPE, text=True, start_new_session=True
         )
         assert process.stdout is not None
         deadline = time.monotonic() + timeout
@@ -144,12 +146,7 @@ class EmbeddedAws:
                 raise RuntimeError(f"embedded AWS exited with {process.returncode} before it was ready")
 
         def stop() -> None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
 
         if not line.startswith(READY):
             stop()
@@ -191,7 +188,7 @@ class EmbeddedAws:
 
 
 def serve() -> None:
-    """`python -m beacon_ops.embedded_aws`: serve on a free loopback port until SIGTERM."""
+    """`python -m beacon_ops.local.moto`: serve on a free loopback port until SIGTERM."""
     aws = EmbeddedAws.start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

@@ -27,7 +27,7 @@ from celpy.evaluation import CELEvalError
 
 from beacon_constructs.karpenter import CHART_VERSION
 
-CRD_DIR = Path(__file__).parent / "reference" / f"karpenter-{CHART_VERSION}"
+CRD_DIR = Path(__file__).parent.parent / "reference" / f"karpenter-{CHART_VERSION}"
 CRD_FILES = {
     ("karpenter.sh/v1", "NodePool"): "karpenter.sh_nodepools.yaml",
     ("karpenter.k8s.aws/v1", "EC2NodeClass"): "karpenter.k8s.aws_ec2nodeclasses.yaml",

@@ -13,9 +13,17 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from beacon import contract
+from botocore.exceptions import BotoCoreError, ClientError
+
+from beacon_ops.aws_access import describe_aws_error
+from beacon_ops.cli.common import REGION_HELP, fail, identifier, session_or_fail, stack_outputs, team_or_fail
+from beacon_ops.credentials import assume_role_credentials
+from beacon_ops.local.processes import stop_process
+from stacks import outputs as outputs_of
 
 DEFAULT_PORT = 6006
 
@@ -85,7 +93,7 @@ def tensorboard_command(directory: Path, port: int) -> list[str]:
     return [sys.executable, "-m", "tensorboard.main", "--logdir", str(directory), "--port", str(port)]
 
 
-def serve(directory: Path, port: int) -> int:
+def serve_directory(directory: Path, port: int) -> int:
     """Run TensorBoard until it exits or this process is interrupted; never leave it behind."""
     try:
         import tensorboard  # noqa: F401  # the operator's environment has it with the runtime's extras
@@ -101,9 +109,59 @@ def serve(directory: Path, port: int) -> int:
         return process.wait()
     finally:
         if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
+
+
+def tensorboard(
+    team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name")],
+    run: Annotated[str, typer.Option(envvar="BEACON_RUN_ID", help="run id", callback=identifier("run"))],
+    experiment: Annotated[str, typer.Option(envvar="BEACON_EXPERIMENT", callback=identifier("experiment"))] = "smoke",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TensorBoard's port on localhost")] = 6006,
+    directory: Annotated[
+        Path | None,
+        typer.Option("--dir", help="where the files go (default: .beacon/tensorboard/<team>/<experiment>/<run>)"),
+    ] = None,
+    serve: Annotated[
+        bool, typer.Option("--serve/--no-serve", help="--no-serve: download only, and print the directory")
+    ] = True,
+    bucket: Annotated[str | None, typer.Option(envvar="BEACON_BUCKET", help="default: the stack output")] = None,
+    region: Annotated[str | None, typer.Option(help=REGION_HELP)] = None,
+    reader_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")] = None,
+) -> None:
+    """A run's TensorBoard files from S3 into a local directory, then TensorBoard on them."""
+    config = team_or_fail("tensorboard", team, as_json=False)
+    session = session_or_fail("tensorboard", region=region, config=config, as_json=False)
+    region = str(session.region_name)
+    target = directory or default_directory(team, experiment, run)
+    try:
+        if bucket is None or reader_role_arn is None:
+            outputs = stack_outputs(session.client("cloudformation"), contract.stack_name(team, "artifacts"))
+            bucket = bucket or outputs[outputs_of.BUCKET_NAME]
+            reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
+        sts = session.client("sts")
+        reader = assume_role_credentials(sts, reader_role_arn, "beacon-tensorboard") if reader_role_arn else {}
+        fetched = fetch_run(
+            session.client("s3", **reader), bucket=bucket, experiment=experiment, run=run, directory=target
+        )
+    except TensorBoardError as error:
+        raise fail("tensorboard", str(error)) from None
+    except (ClientError, BotoCoreError) as error:
+        why = describe_aws_error(error)
+        raise fail("tensorboard", f"cannot read team {team!r} in {region}: {why}") from None
+    except KeyError as error:
+        raise fail("tensorboard", f"cannot read team {team!r} in {region}: stack output {error} is missing") from None
+    except OSError as error:
+        raise fail("tensorboard", f"--dir {target}: {error.strerror or error}") from None
+    print(
+        f"beacon tensorboard: {len(fetched.files)} files ({fetched.downloaded} new) from {fetched.source} "
+        f"in {fetched.directory}",
+        file=sys.stderr,
+    )
+    if not serve:
+        print(fetched.directory)
+        raise typer.Exit(0)
+    print(f"beacon tensorboard: serving at http://localhost:{port}/ (Ctrl-C stops it)", file=sys.stderr)
+    try:
+        raise typer.Exit(serve_directory(fetched.directory, port))
+    except TensorBoardError as error:
+        raise fail("tensorboard", str(error)) from None

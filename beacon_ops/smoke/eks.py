@@ -25,19 +25,8 @@ from botocore.signers import RequestSigner
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from beacon_ops.smoke import (
-    SHOW_EVERY_S,
-    Access,
-    Delivery,
-    Show,
-    SmokeError,
-    SmokeReport,
-    TeamOutputs,
-    conclude,
-    fresh_spec,
-    started_at,
-)
-from config import TeamConfig
+from beacon_ops.evidence.reading import Delivery
+from beacon_ops.smoke.flow import SHOW_EVERY_S, Access, Show, SmokeError, SmokeReport, TeamOutputs
 from workloads import manifests
 
 TOKEN_PREFIX = "k8s-aws-v1."
@@ -272,49 +261,49 @@ class EksSmoke:
                     self.core.delete_namespaced_service(name, self.spec.namespace)
 
 
-def run_eks_smoke(
-    access: Access,
-    outputs: TeamOutputs,
-    config: TeamConfig,
-    *,
-    kubernetes_url: str | None,
-    start_timeout_s: float,
-    timeout_s: float,
-    keep: bool,
-    show: Show,
-    poll_interval_s: float = 5.0,
-) -> SmokeReport:
-    spec = dataclasses.replace(fresh_spec(config, outputs), namespace=outputs.namespace)
-    report = SmokeReport("eks", outputs.team, outputs.region, spec.name)
-    began, clock = started_at(), time.monotonic()
-    api = kubernetes_api(access.operator, outputs, url_override=kubernetes_url)
-    smoke = EksSmoke(outputs, spec, api, poll_interval_s)
-    smoke.check_prerequisites()
-    report.launched = {
-        "cluster": outputs.cluster_name,
-        "api": api.configuration.host,
-        "namespace": spec.namespace,
-        "job": spec.name,
-        "image": spec.image,
-    }
-    show(f"creating Job {spec.namespace}/{spec.name} on {outputs.cluster_name}")
-    objects = smoke.create()
-    try:
-        delivery = Delivery.of_run(access, outputs, spec.name)
-        smoke.wait(report, delivery, start_timeout_s=start_timeout_s, timeout_s=timeout_s, show=show)
-        conclude(
-            report,
-            access,
-            outputs,
-            delivery,
-            steps=spec.steps,
-            started=began,
-            collect_logs=smoke.collect_logs,
-            show=show,
-        )
-    finally:
-        if not keep:
-            smoke.delete(objects)
+@dataclass(kw_only=True)
+class EksTarget:
+    """run_smoke's target: the job as a Kubernetes Job (and Service) in the stack's training namespace."""
+
+    access: Access
+    outputs: TeamOutputs
+    kubernetes_url: str | None
+    start_timeout_s: float
+    timeout_s: float
+    keep: bool
+    poll_interval_s: float = 5.0
+    name: str = "eks"
+    _smoke: EksSmoke | None = None
+    _objects: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def smoke(self) -> EksSmoke:
+        assert self._smoke is not None, "launch() first"
+        return self._smoke
+
+    def launch(self, spec: manifests.SmokeJobSpec, report: SmokeReport, show: Show) -> None:
+        spec = dataclasses.replace(spec, namespace=self.outputs.namespace)
+        api = kubernetes_api(self.access.operator, self.outputs, url_override=self.kubernetes_url)
+        smoke = EksSmoke(self.outputs, spec, api, self.poll_interval_s)
+        smoke.check_prerequisites()
+        report.launched = {
+            "cluster": self.outputs.cluster_name,
+            "api": api.configuration.host,
+            "namespace": spec.namespace,
+            "job": spec.name,
+            "image": spec.image,
+        }
+        show(f"creating Job {spec.namespace}/{spec.name} on {self.outputs.cluster_name}")
+        self._objects = smoke.create()
+        self._smoke = smoke
+
+    def wait(self, report: SmokeReport, delivery: Delivery, show: Show) -> None:
+        self.smoke.wait(report, delivery, start_timeout_s=self.start_timeout_s, timeout_s=self.timeout_s, show=show)
+
+    def collect_logs(self, report: SmokeReport) -> None:
+        self.smoke.collect_logs(report)
+
+    def cleanup(self, report: SmokeReport) -> None:
+        if not self.keep:
+            self.smoke.delete(self._objects)
             report.cleaned_up = True
-        report.wall_seconds = time.monotonic() - clock
-    return report

@@ -1,4 +1,6 @@
-"""Run the real training job as a subprocess against a moto server, and read back what it delivered."""
+"""Run the real training job as a subprocess against a moto server, and read back what it delivered.
+
+The job's environment and command are the sandbox's (beacon_ops.local.sandbox), as `beacon local` runs it."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +16,10 @@ from typing import Any
 from beacon import contract
 from beacon.preflight import reported_seconds
 
-from beacon_ops.processes import end_process_tree
+from beacon_ops.local.processes import end_process_tree
+from beacon_ops.local.sandbox import aws_env, job_args, job_command
 from tests.support import local_tls
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 
 
 @dataclass
@@ -60,47 +62,25 @@ class JobHarness:
     def env(self) -> dict[str, str]:
         # Not KUBERNETES_*: run from a CI pod, preflight would (rightly) refuse a spool on its emptyDir.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_", "KUBERNETES_"))}
-        env.update(
-            AWS_ENDPOINT_URL=self.endpoint,
-            AWS_REGION=self.region,
-            AWS_ACCESS_KEY_ID=self.credentials["aws_access_key_id"],
-            AWS_SECRET_ACCESS_KEY=self.credentials["aws_secret_access_key"],
-            PYTHONUNBUFFERED="1",
-        )
-        if "aws_session_token" in self.credentials:
-            env["AWS_SESSION_TOKEN"] = self.credentials["aws_session_token"]
+        env.update(aws_env(endpoint=self.endpoint, region=self.region, credentials=self.credentials))
         if self.endpoint.startswith("https:"):
             env["AWS_CA_BUNDLE"] = str(local_tls.authority().ca_file)  # the SDK's own setting, as any CA
         env.update(self.extra_env)
         return env
 
     def args(self, *extra: str) -> list[str]:
-        return [
-            "--bucket",
-            self.bucket,
-            "--spool-dir",
-            str(self.workdir / "spool"),
-            "--checkpoint-dir",
-            str(self.workdir / "checkpoints"),
-            "--heartbeat-file",
-            str(self.workdir / "heartbeat"),
-            "--heartbeat-interval",
-            "1",
-            "--flush-interval",
-            "1",
-            "--workers",
-            "0",
-            *extra,
-        ]
+        storage = job_args(
+            bucket=self.bucket,
+            spool_dir=self.workdir / "spool",
+            checkpoint_dir=self.workdir / "checkpoints",
+            heartbeat_file=self.workdir / "heartbeat",
+            heartbeat_interval="1",
+        )
+        return [*storage, "--workers", "0", *extra]
 
     def command(self, *extra: str, ranks: int = 1, launcher: str = "") -> list[str]:
         """Plain python for one rank, torchrun for more; launcher="container" is the image's entry point."""
-        rest = ["--standalone", f"--nproc-per-node={ranks}", "-m", "smoke_job.train", *self.args(*extra)]
-        if launcher == "container":
-            return [sys.executable, "-m", "beacon.launch", *rest]
-        if launcher == "torchrun" or ranks > 1:
-            return [str(Path(sys.executable).with_name("torchrun")), *rest]
-        return [sys.executable, "-m", "smoke_job.train", *self.args(*extra)]
+        return job_command(self.args(*extra), ranks=ranks, launcher=launcher)
 
     def run(self, *extra: str, ranks: int = 1, launcher: str = "", timeout: float = 240) -> JobResult:
         started = time.monotonic()

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 from workloads import manifests
 
 TARGET_PREFIX = "SageMaker."

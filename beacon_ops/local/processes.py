@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 SETTLE_S = 5.0
 
@@ -70,3 +72,13 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def stop_process(process: subprocess.Popen[Any], *, grace_s: float = 10) -> None:
+    """SIGTERM, and SIGKILL if it has not ended within grace_s: a child of ours never outlives us."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

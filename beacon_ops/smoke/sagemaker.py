@@ -8,23 +8,14 @@ the job's progress lines, and a bounded run time.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.smoke import (
-    SHOW_EVERY_S,
-    Access,
-    Delivery,
-    Show,
-    SmokeError,
-    SmokeReport,
-    TeamOutputs,
-    conclude,
-    fresh_spec,
-    started_at,
-)
+from beacon_ops.evidence.reading import Delivery
+from beacon_ops.smoke.flow import SHOW_EVERY_S, Access, Show, SmokeError, SmokeReport, TeamOutputs
 from config import TeamConfig
 from workloads import manifests
 
@@ -121,49 +112,41 @@ def collect_logs(access: Access, report: SmokeReport) -> None:
         report.logs[f"{LOG_GROUP}/{report.run}"] = f"(no log: {error})"
 
 
-def run_sagemaker_smoke(
-    access: Access,
-    outputs: TeamOutputs,
-    config: TeamConfig,
-    *,
-    timeout_s: float | None,
-    show: Show,
-    poll_interval_s: float = 15.0,
-) -> SmokeReport:
-    spec = fresh_spec(config, outputs)
-    report = SmokeReport("sagemaker", outputs.team, outputs.region, spec.name)
-    began, clock = started_at(), time.monotonic()
-    show(f"creating SageMaker training job {spec.name} ({config.training.sagemaker_instance_type})")
-    job = launch(access, outputs, config, spec)
-    report.launched = {
-        "training_job": spec.name,
-        "instance_type": config.training.sagemaker_instance_type,
-        "max_runtime_seconds": config.training.sagemaker_max_runtime_seconds,
-        "image": spec.image,
-        "role": outputs.writer_role_arn,
-    }
-    bound = timeout_s or config.training.sagemaker_max_runtime_seconds + PROVISIONING_ALLOWANCE_S
-    finished = False
-    try:
-        delivery = Delivery.of_run(access, outputs, spec.name)
-        wait(job, report, delivery, timeout_s=bound, poll_s=poll_interval_s, show=show)
-        finished = report.platform_state in TERMINAL
-        conclude(
-            report,
-            access,
-            outputs,
-            delivery,
-            steps=spec.steps,
-            started=began,
-            collect_logs=lambda failed: collect_logs(access, failed),
-            show=show,
-        )
-    finally:
-        if not finished:  # timed out or interrupted: a smoke test must not leave an instance billing
+@dataclass(kw_only=True)
+class SageMakerTarget:
+    """run_smoke's target: the job as a SageMaker training job, as the writer role."""
+
+    access: Access
+    outputs: TeamOutputs
+    config: TeamConfig
+    timeout_s: float | None
+    poll_interval_s: float = 15.0
+    name: str = "sagemaker"
+    _job: Any = None
+
+    def launch(self, spec: manifests.SmokeJobSpec, report: SmokeReport, show: Show) -> None:
+        training = self.config.training
+        show(f"creating SageMaker training job {spec.name} ({training.sagemaker_instance_type})")
+        self._job = launch(self.access, self.outputs, self.config, spec)
+        report.launched = {
+            "training_job": spec.name,
+            "instance_type": training.sagemaker_instance_type,
+            "max_runtime_seconds": training.sagemaker_max_runtime_seconds,
+            "image": spec.image,
+            "role": self.outputs.writer_role_arn,
+        }
+
+    def wait(self, report: SmokeReport, delivery: Delivery, show: Show) -> None:
+        bound = self.timeout_s or self.config.training.sagemaker_max_runtime_seconds + PROVISIONING_ALLOWANCE_S
+        wait(self._job, report, delivery, timeout_s=bound, poll_s=self.poll_interval_s, show=show)
+
+    def collect_logs(self, report: SmokeReport) -> None:
+        collect_logs(self.access, report)
+
+    def cleanup(self, report: SmokeReport) -> None:
+        if report.platform_state not in TERMINAL:  # timed out or interrupted: no instance left billing
             try:
-                job.stop()
+                self._job.stop()
             except (ClientError, BotoCoreError) as error:
-                report.problems.append(f"could not stop training job {spec.name}: {error}")
+                report.problems.append(f"could not stop training job {report.run}: {error}")
         report.cleaned_up = True
-        report.wall_seconds = time.monotonic() - clock
-    return report

@@ -60,6 +60,45 @@ class RunEvidence:
         return self.preflights[-1] if self.preflights else None
 
 
+@dataclass
+class Delivery:
+    """What has reached S3 so far, read incrementally while the job runs (each chunk once), for the
+    progress line; the verdict takes read_run's reading once the job ended."""
+
+    s3: Any
+    bucket: str
+    experiment: str
+    run: str
+    records: int = 0
+    last_step: int | None = None
+    finished: bool = False
+    final_state: str = ""
+    _read: set[str] = field(default_factory=set)
+
+    def poll(self) -> Delivery:
+        prefix = f"{contract.run_prefix(self.experiment, self.run)}{contract.EVENTS}/"
+        try:
+            pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+            keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+            for key in sorted(set(keys) - self._read):
+                body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+                steps = [record.step for record in contract.records_of(body)]
+                self.records += len(steps)
+                self.last_step = max([*steps, *([self.last_step] if self.last_step is not None else [])])
+                self._read.add(key)
+            final = self.s3.get_object(Bucket=self.bucket, Key=contract.final_status_key(self.experiment, self.run))
+            self.final_state = str(json.loads(final["Body"].read()).get("state", contract.FinalState.FINISHED))
+            self.finished = True
+        except (ClientError, BotoCoreError):
+            pass  # not there yet, or a transient error: the next poll tries again
+        return self
+
+    def describe(self) -> str:
+        step = "-" if self.last_step is None else str(self.last_step)
+        ended = f", final state {self.final_state}" if self.finished else ""
+        return f"last step {step}, {self.records} records in S3{ended}"
+
+
 def _keys(s3: Any, bucket: str, prefix: str) -> list[str]:
     keys: list[str] = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):

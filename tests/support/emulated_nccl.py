@@ -3,7 +3,7 @@
 nccl does not exist here, but its limit does: a group bound to gloo for `cuda` only serves no CPU
 tensor ("No backend type associated with device type cpu"), exactly like an nccl group. So the
 backend the job would choose for a CUDA device is taken, and nccl in it replaced by gloo bound to the
-same device types. `python -m tests.emulated_nccl <job flags>` runs smoke_job.train that way (under
+same device types. `python -m tests.support.emulated_nccl <job flags>` runs smoke_job.train that way (under
 torchrun too); `emulated_with_gloo` serves in-process tests.
 """
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tests.synth import ROOT
+from tests.support.synth import ROOT
 from workloads import manifests
 
 MAPPED_PATHS = {manifests.ARTIFACTS_MOUNT: "volume", manifests.RUNTIME_DIR: "runtime"}
@@ -357,7 +357,16 @@ class FakeKubernetes:
 
     def _environment(self, job: FakeJob, pod: FakePod) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
-        env.update({e["name"]: self._mapped(e["value"], pod) for e in job.container.get("env", [])})
+        # The downward API, filled in as the kubelet would: the pod's name and its node's.
+        downward = {"metadata.name": pod.name, "spec.nodeName": f"fake-node-{pod.index}"}
+        env.update(
+            {
+                e["name"]: self._mapped(e["value"], pod)
+                if "value" in e
+                else downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
+                for e in job.container.get("env", [])
+            }
+        )
         env.update(self.pod_environment)
         env["JOB_COMPLETION_INDEX"] = str(pod.index)
         return env

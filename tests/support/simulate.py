@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from beacon import contract
 from beacon.progress import ProgressClock
 
-from beacon_ops.alarms import SeriesKey, series_key
+from beacon_ops.evidence.alarms import SeriesKey, series_key
 
 
 @dataclass

@@ -1,27 +1,29 @@
 """`beacon smoke`: after `cdk deploy`, run the bundled smoke job on a team's stack and prove it.
 
-The targets (EKS, SageMaker) differ only in how the job is launched, watched and cleaned up. Reading
-the stack outputs, watching delivery to S3, verifying, and the report are shared here.
+One flow, run_smoke(target, ...): the targets (EKS, SageMaker) differ only in how the job is launched,
+watched, its logs collected and cleaned up (the Target protocol). Reading the stack outputs, watching
+delivery to S3, reading the run once for verification and the doctor, and the report are here. The
+job spec is the flow's parameter, so a team's own job can go through the same flow.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import boto3
 from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.alarms import ALARM, AlarmSet
+from beacon_ops.aws_access import describe_stack
 from beacon_ops.credentials import assume_role_credentials
-from beacon_ops.doctor import DoctorInputs, diagnose
-from beacon_ops.observe import read_run
-from beacon_ops.verify import Verification, verify_run
+from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
+from beacon_ops.evidence.alarms import ALARM, AlarmSet
+from beacon_ops.evidence.reading import Delivery, RunEvidence
+from beacon_ops.evidence.verify import Verification, read_and_verify
 from config import TeamConfig
 from stacks import outputs as outputs_of
 from workloads.manifests import SmokeJobSpec, smoke_job_spec
@@ -53,16 +55,15 @@ class TeamOutputs:
 
 def _stack_outputs(cloudformation: Any, stack: str, region: str, team: str) -> dict[str, str]:
     try:
-        answer = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
+        status, outputs = describe_stack(cloudformation, stack)
     except ClientError as error:
         if "does not exist" in str(error):
             hint = f"deploy it first (make deploy TEAM={team})"
             raise SmokeError(f"stack {stack} not found in {region}: {hint}") from None
         raise SmokeError(f"stack {stack}: cannot describe it: {error}") from None
-    status = str(answer["StackStatus"])
     if not status.endswith("_COMPLETE") or "ROLLBACK" in status or "DELETE" in status:
         raise SmokeError(f"stack {stack} is {status}, not deployed cleanly: fix and redeploy it first")
-    return {o["OutputKey"]: o["OutputValue"] for o in answer.get("Outputs", [])}
+    return outputs
 
 
 def read_outputs(cloudformation: Any, team: str, region: str) -> TeamOutputs:
@@ -113,48 +114,6 @@ class Access:
 
     def as_reader(self, service: str) -> Any:
         return self.operator.client(service, **self.reader)
-
-
-@dataclass
-class Delivery:
-    """What has reached S3 so far; read incrementally while the job runs."""
-
-    s3: Any
-    bucket: str
-    experiment: str
-    run: str
-    records: int = 0
-    last_step: int | None = None
-    finished: bool = False
-    final_state: str = ""
-    _read: set[str] = field(default_factory=set)
-
-    @classmethod
-    def of_run(cls, access: Access, outputs: TeamOutputs, run: str) -> Delivery:
-        return cls(access.as_reader("s3"), outputs.bucket, EXPERIMENT, run)
-
-    def poll(self) -> Delivery:
-        prefix = f"{contract.run_prefix(self.experiment, self.run)}{contract.EVENTS}/"
-        try:
-            pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
-            keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
-            for key in sorted(set(keys) - self._read):
-                body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-                steps = [record.step for record in contract.records_of(body)]
-                self.records += len(steps)
-                self.last_step = max([*steps, *([self.last_step] if self.last_step is not None else [])])
-                self._read.add(key)
-            final = self.s3.get_object(Bucket=self.bucket, Key=contract.final_status_key(self.experiment, self.run))
-            self.final_state = str(json.loads(final["Body"].read()).get("state", contract.FinalState.FINISHED))
-            self.finished = True
-        except (ClientError, BotoCoreError):
-            pass  # not there yet, or a transient error: the next poll tries again
-        return self
-
-    def describe(self) -> str:
-        step = "-" if self.last_step is None else str(self.last_step)
-        ended = f", final state {self.final_state}" if self.finished else ""
-        return f"last step {step}, {self.records} records in S3{ended}"
 
 
 def wait_for_final_status(delivery: Delivery, *, grace_s: float, interval_s: float = 2.0) -> bool:
@@ -261,19 +220,22 @@ class SmokeReport:
 
 
 def verify(report: SmokeReport, access: Access, outputs: TeamOutputs, *, steps: int, started: datetime) -> None:
-    """The checks both targets share; on a failure, also the doctor's verdicts for the run."""
+    """The checks both targets share; on a failure, also the doctor's verdicts for the run. The run
+    is read from S3 once: verification and the doctor take the same reading."""
     report.stack_outputs = asdict(outputs)
     s3, cloudwatch = access.as_reader("s3"), access.as_reader("cloudwatch")
+    evidence: RunEvidence | None = None
     try:
-        evidence = read_run(s3, outputs.bucket, EXPERIMENT, report.run)
-        report.verification = verify_run(
-            evidence,
+        alarms = alarm_set(access, outputs, report.run)
+        evidence, report.verification = read_and_verify(
             s3=s3,
             cloudwatch=cloudwatch,
             bucket=outputs.bucket,
             team=outputs.team,
+            experiment=EXPERIMENT,
+            run=report.run,
             steps=steps,
-            alarms=alarm_set(access, outputs, report.run),
+            alarms=alarms,
         )
     except (ClientError, BotoCoreError) as error:
         report.problems.append(f"verification could not read the run as the reader role: {error}")
@@ -291,7 +253,8 @@ def verify(report: SmokeReport, access: Access, outputs: TeamOutputs, *, steps: 
                 s3=s3,
                 cloudwatch=cloudwatch,
                 probe_s3=None,
-            )
+            ),
+            evidence=evidence,  # None only where the reading itself failed: then the doctor reads
         )
         report.doctor = [asdict(v) for v in diagnosis.verdicts]
 
@@ -330,3 +293,45 @@ def conclude(
 
 def started_at() -> datetime:
     return datetime.now(UTC)
+
+
+class Target(Protocol):
+    """Where a smoke job runs. Each method is one step of run_smoke's flow."""
+
+    name: str
+
+    def launch(self, spec: SmokeJobSpec, report: SmokeReport, show: Show) -> None:
+        """Create the job (or raise SmokeError before anything is created); say in report.launched what."""
+
+    def wait(self, report: SmokeReport, delivery: Delivery, show: Show) -> None:
+        """Until the platform's verdict, or a bound runs out: report.platform_state and detail."""
+
+    def collect_logs(self, report: SmokeReport) -> None:
+        """The job's logs into report.logs (only for a run the platform failed)."""
+
+    def cleanup(self, report: SmokeReport) -> None:
+        """Leave nothing running or billing, whatever happened; report.cleaned_up says so."""
+
+
+def run_smoke(target: Target, access: Access, outputs: TeamOutputs, spec: SmokeJobSpec, *, show: Show) -> SmokeReport:
+    """Launch spec on target, watch delivery to S3, then verify the run (and diagnose it if it failed)."""
+    report = SmokeReport(target.name, outputs.team, outputs.region, spec.name)
+    began, clock = started_at(), time.monotonic()
+    target.launch(spec, report, show)
+    try:
+        delivery = Delivery(access.as_reader("s3"), outputs.bucket, EXPERIMENT, spec.name)
+        target.wait(report, delivery, show)
+        conclude(
+            report,
+            access,
+            outputs,
+            delivery,
+            steps=spec.steps,
+            started=began,
+            collect_logs=target.collect_logs,
+            show=show,
+        )
+    finally:
+        target.cleanup(report)
+        report.wall_seconds = time.monotonic() - clock
+    return report

@@ -15,7 +15,7 @@ from beacon_ops.templates import load_templates
 from config import TeamConfig
 from stacks.beacon_app import BeaconStacks, build_app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cdk_json_context() -> dict[str, object]:

@@ -1,0 +1,70 @@
+"""What every `beacon` command shares: its options' checks, the console, and the one way to fail."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import boto3
+import typer
+from beacon import contract
+from rich.console import Console
+
+from beacon_ops.aws_access import AccessError, describe_stack, open_session
+from config import ConfigError, TeamConfig, load_team
+
+REGION_HELP = "AWS region (default: the team file's region, then AWS_REGION)"
+console = Console(width=None if sys.stdout.isatty() else 160, log_path=False)
+
+
+class BeaconError(Exception):
+    """The command cannot start or go on. main() turns it into one line on stderr (and a JSON object
+    on stdout with --json) and exit code 2, whichever command raised it."""
+
+    def __init__(self, command: str, message: str, *, as_json: bool = False) -> None:
+        super().__init__(message)
+        self.command = command
+        self.message = message
+        self.as_json = as_json
+
+    def report(self) -> int:
+        print(f"beacon {self.command}: {self.message}", file=sys.stderr)
+        if self.as_json:
+            print(json.dumps({"command": self.command, "ok": False, "exit_code": 2, "error": self.message}))
+        return 2
+
+
+def fail(command: str, message: str, *, as_json: bool = False) -> BeaconError:
+    """The error to raise: `raise fail(...) from None`."""
+    return BeaconError(command, message, as_json=as_json)
+
+
+def identifier(kind: str) -> Any:
+    def check(value: str) -> str:
+        try:
+            return contract.validate_id(kind, value)
+        except ValueError as error:
+            raise typer.BadParameter(str(error)) from None
+
+    return check
+
+
+def team_or_fail(command: str, team: str, *, as_json: bool) -> TeamConfig:
+    try:
+        return load_team(team)
+    except ConfigError as error:
+        for line in error.lines[:-1]:
+            print(f"beacon {command}: {line}", file=sys.stderr)
+        raise fail(command, error.lines[-1], as_json=as_json) from None
+
+
+def session_or_fail(command: str, *, region: str | None, config: TeamConfig, as_json: bool) -> boto3.session.Session:
+    try:
+        return open_session(region_flag=region, team_region=config.region)
+    except AccessError as error:
+        raise fail(command, str(error), as_json=as_json) from None
+
+
+def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
+    return describe_stack(cloudformation, stack)[1]
