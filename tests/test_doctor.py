@@ -77,10 +77,12 @@ def test_a_finished_run_is_finished_and_every_check_passes(
         "permission",
         "endpoint",
         "ranks",
+        "rank",
         "spool",
         "loss",
         "alarms",
     ], "in order of likelihood"
+    assert verdict(result, "rank") == "not applicable", "one rank: no other to compare it with"
     assert verdict(result, "loss") == "finite"
 
 
@@ -199,7 +201,7 @@ def test_the_cli_reads_options_from_the_environment_and_prints_json(
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["diagnosis"] == "finished" and answer["healthy"] is True
-    assert len(answer["verdicts"]) == 9
+    assert len(answer["verdicts"]) == 10
 
 
 def test_the_cli_names_the_team_it_cannot_read(as_writer: WriterSession) -> None:

@@ -17,6 +17,7 @@ from beacon import contract
 from beacon.progress import ProgressClock
 from beacon.ranks import CrossRankView, PhaseFollower, Placement, RankProgress, RankSignal, read_ranks, stacks_name
 
+from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.rank_verdict import which_rank
 from beacon_ops.evidence.reading import metric_samples
 from tests.conftest import WriterSession
@@ -240,6 +241,20 @@ def test_a_rank_killed_outright_leaves_its_last_document_and_the_others_stacks_n
     attempt = contract.rank_evidence_key("smoke", run, 0, "")
     assert attempt + "rank-00003.json" in uploaded, "rank 0 uploads the dead rank's last document from the volume"
     assert attempt + "rank-00000.json" in uploaded
+    diagnosis = diagnose(
+        DoctorInputs(
+            team="demo",
+            experiment="smoke",
+            run=run,
+            bucket=as_writer.bucket,
+            region="us-east-1",
+            s3=as_writer.aws.client("s3"),
+            cloudwatch=as_writer.aws.client("cloudwatch"),
+        )
+    )
+    assert diagnosis.diagnosis == "rank-died", [(v.check, v.verdict, v.evidence) for v in diagnosis.verdicts]
+    (named,) = [v for v in diagnosis.verdicts if v.check == "rank"]
+    assert named.evidence.startswith("rank 3 on pod train-1, node node-1 died at step "), named.evidence
 
 
 def dump(rank: int, *main_frames: str) -> str:

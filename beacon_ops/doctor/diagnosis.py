@@ -13,8 +13,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from beacon import contract
+from beacon.ranks import stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
+from beacon_ops.doctor.rank_verdict import which_rank
 from beacon_ops.evidence.reading import RunEvidence, alarm_states, metric_samples, read_run
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
@@ -82,6 +84,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         _write_probe(inputs),
         _endpoint(inputs, evidence),
         _rank_collision(evidence),
+        _stopped_rank(evidence),
         _spool(evidence),
         _divergence(inputs, dims, now),
         _alarms(inputs),
@@ -93,6 +96,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         cause = "spool-not-persistent"
     elif by_check["ranks"].status == FAIL:
         cause = "rank-collision"
+    elif by_check["rank"].status == FAIL:
+        cause = f"rank-{by_check['rank'].verdict}"  # the rank that stopped the run leads
     elif by_check["liveness"].status == FAIL:
         cause = by_check["liveness"].verdict
     elif by_check["delivery"].status == FAIL:
@@ -292,6 +297,18 @@ def _rank_collision(evidence: RunEvidence) -> Verdict:
             "more than one job may be using this run id",
         )
     return Verdict("ranks", OK, "rank 0 only", f"{len(evidence.records)} records, all from rank 0")
+
+
+def _stopped_rank(evidence: RunEvidence) -> Verdict:
+    """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps."""
+    documents, stacks = evidence.ranks()
+    if len(documents) < 2:
+        return Verdict("rank", INFO, "not applicable", "no per-rank evidence (a single rank, or none uploaded yet)")
+    stopped = which_rank(documents, stacks)
+    if stopped is None:
+        return Verdict("rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others")
+    where = f"its stack: ranks/…/{stacks_name(stopped.rank)}" if stopped.stack else "no stack dump (killed outright)"
+    return Verdict("rank", FAIL, stopped.how, stopped.line(), where)
 
 
 def _spool(evidence: RunEvidence) -> Verdict:

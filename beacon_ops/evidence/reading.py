@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
+from beacon.ranks import RankProgress
 from botocore.exceptions import BotoCoreError, ClientError
 
 
@@ -22,6 +23,18 @@ class RunEvidence:
     checkpoints: list[str] = field(default_factory=list)
     tensorboard_files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # The newest attempt's ranks' evidence (`beacon.ranks`, uploaded by rank 0): file name -> bytes.
+    rank_files: dict[str, bytes] = field(default_factory=dict)
+
+    def ranks(self) -> tuple[list[RankProgress], dict[int, str]]:
+        """Every rank's last document, and each rank's stack dumps, from the rank files."""
+        documents, stacks = [], {}
+        for name, body in sorted(self.rank_files.items()):
+            if name.startswith("rank-") and name.endswith(".json"):
+                documents.append(RankProgress.from_document(body))
+            elif name.startswith("stacks-rank-") and name.endswith(".txt"):
+                stacks[int(name.removeprefix("stacks-rank-").removesuffix(".txt"))] = body.decode(errors="replace")
+        return documents, stacks
 
     @property
     def history(self) -> contract.History:
@@ -132,6 +145,12 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str) -> RunEvidence:
             evidence.checkpoints.append(key)
         elif kind == contract.TENSORBOARD:
             evidence.tensorboard_files.append(key)
+    rank_keys = [key for key in keys if key.removeprefix(prefix).split("/", 1)[0] == contract.RANKS]
+    if rank_keys:
+        newest = max(key.removeprefix(prefix).split("/")[1] for key in rank_keys)  # attempt-<k>, zero-padded
+        for key in rank_keys:
+            if key.removeprefix(prefix).split("/")[1] == newest:
+                evidence.rank_files[key.rsplit("/", 1)[1]] = _read(s3, bucket, key)
     return evidence
 
 
