@@ -38,7 +38,7 @@ def team_alarm_output(construct_id: str) -> str:
 
 # What the operator needs of each stack (`beacon smoke`, `beacon run`); a missing one is named.
 OPERATOR_NEEDS = {
-    "artifacts": (BUCKET_NAME, WRITER_ROLE_ARN, READER_ROLE_ARN, KMS_KEY_ARN),
+    "artifacts": (BUCKET_NAME, WRITER_ROLE_ARN, READER_ROLE_ARN, KMS_KEY_ARN, IMAGE_REPOSITORY_URI),
     "cluster": (CLUSTER_NAME, TRAINING_NAMESPACE, SMOKE_IMAGE_URI),
     "monitoring": (ALARM_TOPIC_ARN, RUN_ALARM_TEMPLATE_PARAMETER),
 }

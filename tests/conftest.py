@@ -10,6 +10,7 @@ from beacon_ops.local.sandbox import Sandbox, provision_sandbox
 from bench.mlflow_server import MlflowServer
 from config import TeamConfig, load_team
 from config.model import TEAMS_DIR, parse_team
+from tests.support.deployed_team import deployed, eks_api, kubernetes, sagemaker  # noqa: F401 (fixtures)
 from tests.support.fault_proxy import FaultPlan, FaultProxy
 from tests.support.moto_server import MotoServer
 from tests.support.policy_eval import ACCOUNT as POLICY_ACCOUNT

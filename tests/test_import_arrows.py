@@ -21,7 +21,7 @@ ROOMS = {
     # at its top: AWS access, credentials, reading synthesized templates, make destroy's teardown).
     "beacon_ops": ROOT / "beacon_ops",
     "beacon_ops.cli": ROOT / "beacon_ops" / "cli",
-    "beacon_ops.smoke": ROOT / "beacon_ops" / "smoke",
+    "beacon_ops.jobs": ROOT / "beacon_ops" / "jobs",
     "beacon_ops.doctor": ROOT / "beacon_ops" / "doctor",
     "beacon_ops.evidence": ROOT / "beacon_ops" / "evidence",
     "beacon_ops.local": ROOT / "beacon_ops" / "local",
@@ -42,10 +42,10 @@ ALLOWED = {
     "beacon_ops": {"config", "beacon"},  # the ground floor: none of the operator's rooms above it
     "beacon_ops.cli": {
         *OPERATOR_GROUND,
-        *("beacon_ops.smoke", "beacon_ops.doctor", "beacon_ops.evidence", "beacon_ops.local"),
+        *("beacon_ops.jobs", "beacon_ops.doctor", "beacon_ops.evidence", "beacon_ops.local"),
         *("config", "stacks"),  # stacks.outputs only: see below
     },
-    "beacon_ops.smoke": {*OPERATOR_GROUND, "beacon_ops.evidence", "beacon_ops.doctor", "workloads", "config", "stacks"},
+    "beacon_ops.jobs": {*OPERATOR_GROUND, "beacon_ops.evidence", "beacon_ops.doctor", "workloads", "config", "stacks"},
     "beacon_ops.doctor": {*OPERATOR_GROUND, "beacon_ops.evidence"},
     "beacon_ops.evidence": OPERATOR_GROUND,  # nothing of the operator above it
     "beacon_ops.local": {*OPERATOR_GROUND, "beacon_ops.evidence", "beacon_ops.doctor"},

@@ -1,9 +1,8 @@
 """`beacon smoke`, the post-deploy test, as a real subprocess against a moto server.
 
-moto provides CloudFormation (stand-in stacks carrying the synthesized templates' output keys), EKS's
-describe, S3, CloudWatch, SSM, STS, IAM (enforced) and SageMaker's create/describe. What no machine
-here can run is faked, and each test's name says so: the Kubernetes API (tests/support/fake_kubernetes.py)
-and SageMaker's training instances (tests/support/sagemaker_standin.py). In both, the job that runs is the
+The team is "deployed" into moto (tests/support/deployed_team.py). What no machine here can run is
+faked, and each test's name says so: the Kubernetes API (tests/support/fake_kubernetes.py) and
+SageMaker's training instances (tests/support/sagemaker_standin.py). In both, the job that runs is the
 real training job, as a local process, writing as the writer role.
 """
 
@@ -11,205 +10,31 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import signal
 import socket
 import subprocess
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import boto3
 import pytest
 from beacon import contract
 
-from beacon_ops.local.provision import OPERATOR, Provisioned, provision_team
-from beacon_ops.smoke.eks import TOKEN_PREFIX, eks_token
-from beacon_ops.smoke.flow import read_outputs
+from beacon_ops.jobs.eks import TOKEN_PREFIX, eks_token
+from beacon_ops.jobs.flow import read_outputs
 from config import TeamConfig
 from stacks.outputs import OPERATOR_NEEDS as STACK_OUTPUTS
+from tests.support.deployed_team import BUCKET, IMAGE, TEAM, DeployedTeam, deploy_stand_in, fake_cluster
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.support.job_harness import wait_for
-from tests.support.moto_server import ACCOUNT, REGION, MotoServer
+from tests.support.moto_server import REGION, MotoServer
 from tests.support.sagemaker_standin import SageMakerStandIn
 from tests.support.synth import ROOT, Synthesized
 from workloads import manifests
 
 # moto's CloudFormation parses the stand-in stacks' one placeholder resource with a warning.
 pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS..CloudFormation..WaitConditionHandle")
-TEAM = "demo"
-BUCKET = "beacon-demo-smoke"
-IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/cdk-hnb659fds-container-assets-{ACCOUNT}-{REGION}:0123abcd"
-
-
-CROSS_STACK_OUTPUTS = ("PublishOutput", "ExportsOutput")
-
-
-def kebab(camel: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "-", camel).lower()
-
-
-def stand_in_outputs(demo: Synthesized, provisioned: Provisioned) -> dict[str, dict[str, str]]:
-    """A value for every output the synthesized stacks declare, as a deploy would have produced."""
-    store, monitoring = provisioned.store, provisioned.monitoring
-    known = {
-        "BucketName": store.bucket,
-        "WriterRoleArn": store.writer_role_arn,
-        "ReaderRoleArn": store.reader_role_arn,
-        "KmsKeyArn": store.key_arn,
-        "FileSystemId": "fs-0123456789abcdef0",
-        "AccessPointId": "fsap-0123456789abcdef0",
-        "ImageRepositoryUri": f"123456789012.dkr.ecr.us-east-1.amazonaws.com/{TEAM}-images",
-        "ClusterName": contract.cluster_name(TEAM),
-        "TrainingNamespace": contract.TRAINING_NAMESPACE,
-        "SmokeJobName": "beacon-smoke-deployed",
-        "SmokeImageUri": IMAGE,
-        "InterruptionQueueName": "beacon-demo-interruptions",
-        "AlarmTopicArn": monitoring.topic_arn,
-        "RunAlarmTemplateParameter": monitoring.run_alarm_parameter,
-        "DashboardName": "beacon-demo",
-    }
-    stacks: dict[str, dict[str, str]] = {}
-    for component in STACK_OUTPUTS:
-        declared = demo.templates[contract.stack_name(TEAM, component)].body.get("Outputs", {})
-        values = {}
-        for key in declared:
-            if key.startswith(CROSS_STACK_OUTPUTS):
-                continue  # what CDK wires between stacks, not what a team reads
-            if key.endswith("AlarmName"):
-                name = contract.team_alarm_name(TEAM, contract.TeamAlarm(kebab(key.removesuffix("AlarmName"))))
-                assert name in monitoring.team_alarm_names
-                values[key] = name
-            else:
-                assert key in known, f"the stand-in does not know output {key} of the {component} stack"
-                values[key] = known[key]
-        stacks[component] = values
-    return stacks
-
-
-@pytest.fixture(scope="session")
-def eks_api() -> Iterator[MotoServer]:
-    """moto cannot check SigV4 on EKS's REST paths once IAM is enforced (SignatureDoesNotMatch on
-    every call), so the cluster's describe comes from a second moto, in its own process, unenforced."""
-    server = MotoServer.start_process()
-    server.client("eks").create_cluster(
-        name=contract.cluster_name(TEAM),
-        roleArn=f"arn:aws:iam::{ACCOUNT}:role/beacon-demo-cluster",
-        resourcesVpcConfig={"subnetIds": []},
-    )
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@dataclass
-class DeployedTeam:
-    """The demo team 'deployed' into moto: its resources, its stacks' outputs, an operator who may
-    do anything (who runs `cdk deploy`), and the writer's credentials (what Pod Identity would give)."""
-
-    aws: MotoServer
-    provisioned: Provisioned
-    outputs: dict[str, dict[str, str]]
-    writer: dict[str, str]
-    eks_url: str
-
-    @property
-    def operator(self) -> dict[str, str]:
-        return self.provisioned.operator_keys
-
-    def client(self, service: str) -> Any:
-        return self.aws.client(service, **self.operator)
-
-    def env(self, extra_env: dict[str, str] | None = None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
-        env.update(
-            AWS_ENDPOINT_URL=self.aws.url,
-            AWS_ENDPOINT_URL_EKS=self.eks_url,
-            AWS_REGION=REGION,
-            AWS_ACCESS_KEY_ID=self.operator["aws_access_key_id"],
-            AWS_SECRET_ACCESS_KEY=self.operator["aws_secret_access_key"],
-            **(extra_env or {}),
-        )
-        return env
-
-    def command(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "beacon_ops.cli", "smoke", "--team", TEAM, *args]
-
-    def cli(
-        self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 420
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.command(*args), cwd=ROOT, env=self.env(extra_env), capture_output=True, text=True, timeout=timeout
-        )
-
-
-def deploy_stand_in(demo: Synthesized, aws: MotoServer, eks_api: MotoServer, *, stacks: bool = True) -> DeployedTeam:
-    provisioned = provision_team(
-        demo.templates, TEAM, clients=aws.client, account=ACCOUNT, region=REGION, bucket=BUCKET
-    )
-    aws.client("iam").put_user_policy(
-        UserName=OPERATOR,
-        PolicyName="deploys-beacon",
-        PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-        ),
-    )
-    outputs = stand_in_outputs(demo, provisioned)
-    if stacks:
-        for component, values in outputs.items():
-            aws.client("cloudformation").create_stack(
-                StackName=contract.stack_name(TEAM, component),
-                TemplateBody=json.dumps(
-                    {
-                        "Resources": {"StandIn": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
-                        "Outputs": {k: {"Value": v} for k, v in values.items()},
-                    }
-                ),
-            )
-    aws.enforce_iam()
-    writer = provisioned.writer_credentials(aws.client("sts", **provisioned.operator_keys))
-    return DeployedTeam(aws, provisioned, outputs, writer, eks_api.url)
-
-
-@pytest.fixture
-def deployed(demo: Synthesized, moto_server: MotoServer, eks_api: MotoServer) -> DeployedTeam:
-    return deploy_stand_in(demo, moto_server, eks_api)
-
-
-def fake_cluster(
-    deployed: DeployedTeam, workdir: Path, pod_credentials: dict[str, str] | None = None
-) -> FakeKubernetes:
-    creds = pod_credentials or deployed.writer
-    pod_env = {
-        "AWS_ENDPOINT_URL": deployed.aws.url,
-        "AWS_ACCESS_KEY_ID": creds["aws_access_key_id"],
-        "AWS_SECRET_ACCESS_KEY": creds["aws_secret_access_key"],
-        **({"AWS_SESSION_TOKEN": creds["aws_session_token"]} if "aws_session_token" in creds else {}),
-    }
-    return FakeKubernetes(
-        workdir,
-        cluster_name=contract.cluster_name(TEAM),
-        access_key_id=deployed.operator["aws_access_key_id"],
-        pod_environment=pod_env,
-        namespaces={
-            contract.TRAINING_NAMESPACE: {
-                "serviceaccounts": [manifests.TRAINING_SERVICE_ACCOUNT],
-                "persistentvolumeclaims": [manifests.ARTIFACTS_CLAIM],
-            }
-        },
-    ).start()
-
-
-@pytest.fixture
-def kubernetes(deployed: DeployedTeam, tmp_path: Path) -> Iterator[FakeKubernetes]:
-    fake = fake_cluster(deployed, tmp_path / "cluster")
-    yield fake
-    fake.stop()
 
 
 def smoke(
@@ -353,20 +178,6 @@ def test_smoke_names_the_missing_stack_in_one_line(
 
 
 # --- SageMaker: moto's create/describe, a local process standing in for the instance ------------
-@pytest.fixture
-def sagemaker(deployed: DeployedTeam, tmp_path: Path) -> Iterator[SageMakerStandIn]:
-    sts = deployed.aws.client("sts", **deployed.operator)
-    standin = SageMakerStandIn(
-        upstream=deployed.aws.url,
-        workdir=tmp_path / "sagemaker",
-        role_credentials=lambda arn: Provisioned.role_credentials(sts, arn, "sagemaker-standin"),
-        endpoint_for_job=deployed.aws.url,
-        logs=deployed.client("logs"),
-    ).start()
-    yield standin
-    standin.stop()
-
-
 def smoke_sagemaker(
     deployed: DeployedTeam, standin: SageMakerStandIn, report: Path, *extra: str
 ) -> subprocess.CompletedProcess[str]:

@@ -378,11 +378,12 @@ class SmokeJobSpec:
                 ("BEACON_WORKERS", str(self.workers)),
                 ("BEACON_MIN_DURATION", f"{self.min_duration:g}"),
             ),
-            app="beacon-smoke",
+            app=SMOKE_APP,
         )
 
 
 SMOKE_COMMAND = ("-m", "smoke_job.train")
+SMOKE_APP = "beacon-smoke"
 
 
 def smoke_job_spec(config: TeamConfig, *, image: str, bucket: str, region: str, name_suffix: str = "") -> SmokeJobSpec:
@@ -427,9 +428,9 @@ class SageMakerContainer:
 
 def sagemaker_container(spec: TrainingJobSpec | SmokeJobSpec) -> SageMakerContainer:
     """A training job's container, entry point and settings as a SageMaker training job runs them."""
-    kind = "smoke" if isinstance(spec, SmokeJobSpec) else "training"
     if isinstance(spec, SmokeJobSpec):
         spec = spec.training_job()
+    kind = "smoke" if spec.app == SMOKE_APP else "training"
     if spec.nodes != 1:
         raise ValueError(f"nodes: a SageMaker {kind} job runs on one instance, got {spec.nodes}")
     run_prefix = contract.run_prefix(spec.experiment, spec.name)

@@ -1,4 +1,8 @@
-"""The verification `beacon smoke` and `beacon local` share: did the run deliver what it promised?"""
+"""The verification `beacon smoke`, `beacon run` and `beacon local` share: did the run deliver what it promised?
+
+What a run must show depends on what is known of it in advance (`Expected`): the smoke job's steps are
+known, so every one of them must be in S3; a team's own job logs as many steps as it does, so every
+record its spool numbered must be in S3, through the last step its final state names."""
 
 from __future__ import annotations
 
@@ -19,9 +23,29 @@ EVALUATED_METRICS = (
 )
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What a run must show to pass, beyond what every run must show (no record lost or duplicated,
+    rank 0 alone writing, one version per chunk, the health metrics, no alarm, final state finished)."""
+
+    steps: int | None  # steps 0..steps-1 each in S3; None: the job's own count (every record it numbered)
+    checkpoint: bool = True  # at least one checkpoint
+    alarms_armed: bool = True  # the run lasted long enough to arm its run alarms (NOT_ARMED fails)
+
+    @classmethod
+    def exactly(cls, steps: int) -> Expected:
+        """The smoke job: its steps, a checkpoint, and long enough to arm its alarms."""
+        return cls(steps=steps)
+
+    @classmethod
+    def own_job(cls, steps: int | None = None) -> Expected:
+        """A team's own job: whatever it logged, all of it; checkpoints and armed alarms are its business."""
+        return cls(steps=steps, checkpoint=False, alarms_armed=False)
+
+
 @dataclass
 class Verification:
-    steps_expected: int
+    steps_expected: int | None  # None: not known in advance (a team's own job)
     records_in_s3: int
     records_lost: int
     records_duplicated: int
@@ -36,19 +60,27 @@ class Verification:
     alarms: dict[str, str] = field(default_factory=dict)
     succeeded: bool = False
     bucket_versioning: str = ""
+    records_numbered: int = 0  # the spool's gapless sequence numbers the records in S3 reach up to
+    last_step_in_s3: int | None = None  # the live history's last step
+    last_step_final: int | None = None  # the last step the job logged, in its own final state
+    checkpoint_required: bool = True
+    alarms_must_arm: bool = True
 
     @property
     def ok(self) -> bool:
         return (
-            self.records_lost == 0
+            self.records_in_s3 > 0
+            and self.records_lost == 0
             and self.records_duplicated == 0
             and self.writer_ranks == [0]
             and all(v == 1 for v in self.chunk_versions.values())
-            and self.checkpoints > 0
+            and (self.checkpoints > 0 or not self.checkpoint_required)
             and not self.metrics_missing
             and ALARM not in self.alarms.values()
-            and NOT_ARMED not in self.alarms.values()  # a run too short to arm its alarms proves nothing
+            # a run too short to arm its alarms proves nothing about them (the smoke job must arm them)
+            and (NOT_ARMED not in self.alarms.values() or not self.alarms_must_arm)
             and self.succeeded
+            and self.last_step_final in (None, self.last_step_in_s3)  # the tail reached S3
             and self.bucket_versioning == "Enabled"
         )
 
@@ -88,11 +120,31 @@ def evaluate_recorded(
     return worst
 
 
+def lost_records(evidence: RunEvidence, expected: Expected) -> int:
+    """Known steps: each step not in the live history. Otherwise: each sequence number the job's spool
+    gave a record (gapless from 0, across attempts) that S3 does not hold."""
+    if expected.steps is not None:
+        return len(set(range(expected.steps)) - set(evidence.steps))
+    numbered = {r.seq for r in evidence.records}
+    return len(set(range(max(numbered, default=-1) + 1)) - numbered)
+
+
+def required_metrics(evidence: RunEvidence, expected: Expected) -> list[contract.Metric]:
+    """The contract's job metrics; of a team's own job, Loss only if it logs a loss, and checkpoint
+    time only if it checkpointed (the library sends them only then)."""
+    if expected.steps is not None:
+        return list(contract.JOB_METRICS)
+    logs_loss = any(r.loss is not None for r in evidence.records)
+    return [
+        m
+        for m in contract.JOB_METRICS
+        if (m is not contract.LOSS or logs_loss) and (m is not contract.CHECKPOINT_SECONDS or evidence.checkpoints)
+    ]
+
+
 def verify_run(
-    evidence: RunEvidence, *, s3: Any, cloudwatch: Any, bucket: str, team: str, steps: int, alarms: AlarmSet
+    evidence: RunEvidence, *, s3: Any, cloudwatch: Any, bucket: str, team: str, expected: Expected, alarms: AlarmSet
 ) -> Verification:
-    expected = set(range(steps))
-    seen = evidence.steps
     versions = {}
     for key in evidence.chunk_keys:
         listed = s3.list_object_versions(Bucket=bucket, Prefix=key)
@@ -101,7 +153,7 @@ def verify_run(
     present: list[str] = []
     missing: list[str] = []
     datapoints = 0
-    for metric in contract.JOB_METRICS:
+    for metric in required_metrics(evidence, expected):
         statistic = "SampleCount"
         points = metric_samples(cloudwatch, metric, dims, statistic=statistic)
         datapoints += len(points)
@@ -109,10 +161,11 @@ def verify_run(
     samples = recorded_samples(cloudwatch, team, evidence.experiment, evidence.run)
     beats = samples[series_key(contract.metric_namespace(team), contract.HEARTBEAT.name, dims)]
     states = evaluate_recorded(alarms, samples, beats[0][0], beats[-1][0]) if beats else {}
+    final_step = (evidence.final or {}).get("last_step")
     return Verification(
-        steps_expected=steps,
+        steps_expected=expected.steps,
         records_in_s3=len(evidence.records),
-        records_lost=len(expected - set(seen)),
+        records_lost=lost_records(evidence, expected),
         records_duplicated=evidence.duplicated,
         records_superseded=len(evidence.history.superseded),
         writer_ranks=evidence.writer_ranks,
@@ -125,15 +178,28 @@ def verify_run(
         alarms=states,
         succeeded=evidence.finished,
         bucket_versioning=str(s3.get_bucket_versioning(Bucket=bucket).get("Status", "Disabled")),
+        records_numbered=max((r.seq for r in evidence.records), default=-1) + 1,
+        last_step_in_s3=evidence.last_step,
+        last_step_final=final_step if isinstance(final_step, int) and final_step >= 0 else None,
+        checkpoint_required=expected.checkpoint,
+        alarms_must_arm=expected.alarms_armed,
     )
 
 
 def read_and_verify(
-    *, s3: Any, cloudwatch: Any, bucket: str, team: str, experiment: str, run: str, steps: int, alarms: AlarmSet
+    *,
+    s3: Any,
+    cloudwatch: Any,
+    bucket: str,
+    team: str,
+    experiment: str,
+    run: str,
+    expected: Expected,
+    alarms: AlarmSet,
 ) -> tuple[RunEvidence, Verification]:
     """The run read once, and verified; the reading goes on to the doctor, which reads nothing again."""
     evidence = read_run(s3, bucket, experiment, run)
     verification = verify_run(
-        evidence, s3=s3, cloudwatch=cloudwatch, bucket=bucket, team=team, steps=steps, alarms=alarms
+        evidence, s3=s3, cloudwatch=cloudwatch, bucket=bucket, team=team, expected=expected, alarms=alarms
     )
     return evidence, verification

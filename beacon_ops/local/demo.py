@@ -25,7 +25,7 @@ from beacon.preflight import reported_seconds
 from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import AlarmSet, alarm_set_for_run
 from beacon_ops.evidence.reading import RunEvidence
-from beacon_ops.evidence.verify import Verification, read_and_verify, recorded_samples
+from beacon_ops.evidence.verify import Expected, Verification, read_and_verify, recorded_samples
 from beacon_ops.local.moto import REGION
 from beacon_ops.local.plot import render_png
 from beacon_ops.local.processes import end_process_tree
@@ -318,7 +318,7 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
             team=TEAM,
             experiment=EXPERIMENT,
             run=run,
-            steps=steps,
+            expected=Expected.exactly(steps),
             alarms=alarms,
         )
         diagnosis = doctor(sandbox, run, evidence=evidence)  # the reading verification took

@@ -1,9 +1,10 @@
-"""`beacon smoke`: after `cdk deploy`, run the bundled smoke job on a team's stack and prove it.
+"""A job on a team's deployed stack, launched, followed and proved: `beacon smoke` and `beacon run`.
 
-One flow, run_smoke(target, ...): the targets (EKS, SageMaker) differ only in how the job is launched,
-watched, its logs collected and cleaned up (the Target protocol). Reading the stack outputs, watching
-delivery to S3, reading the run once for verification and the doctor, and the report are here. The
-job spec is the flow's parameter, so a team's own job can go through the same flow.
+One flow, run_job(target, access, outputs, job, expected): the targets (EKS, SageMaker) differ only in
+how the job is launched, watched, its logs collected and cleaned up (the Target protocol). Reading the
+stack outputs, watching delivery to S3, reading the run once for verification and the doctor, and the
+report are here. The job is any training job (`workloads.manifests.TrainingJobSpec`: an image and a
+command); the bundled smoke job is one (`run_smoke`), a team's own job another (`beacon_ops.jobs.team`).
 """
 
 from __future__ import annotations
@@ -23,18 +24,17 @@ from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import ALARM, AlarmSet
 from beacon_ops.evidence.reading import Delivery, RunEvidence
-from beacon_ops.evidence.verify import Verification, read_and_verify
+from beacon_ops.evidence.verify import Expected, Verification, read_and_verify
 from config import TeamConfig
 from stacks import outputs as outputs_of
-from workloads.manifests import SmokeJobSpec, smoke_job_spec
+from workloads.manifests import SmokeJobSpec, TrainingJobSpec, smoke_job_spec
 
-EXPERIMENT = "smoke"
 SHOW_EVERY_S = 5.0
 Show = Callable[[str], None]
 
 
-class SmokeError(Exception):
-    """A one-line reason the smoke test cannot start or go on; it names the resource."""
+class JobError(Exception):
+    """A one-line reason the job cannot start or go on; it names the resource or the setting."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class TeamOutputs:
     kms_key_arn: str
     cluster_name: str
     namespace: str
-    image_uri: str
+    image_uri: str  # the bundled smoke image
+    image_repository_uri: str  # the team's own images (ECR)
     alarm_topic_arn: str
     run_alarm_parameter: str
     team_alarm_names: tuple[str, ...]
@@ -59,22 +60,22 @@ def _stack_outputs(cloudformation: Any, stack: str, region: str, team: str) -> d
     except ClientError as error:
         if "does not exist" in str(error):
             hint = f"deploy it first (make deploy TEAM={team})"
-            raise SmokeError(f"stack {stack} not found in {region}: {hint}") from None
-        raise SmokeError(f"stack {stack}: cannot describe it: {error}") from None
+            raise JobError(f"stack {stack} not found in {region}: {hint}") from None
+        raise JobError(f"stack {stack}: cannot describe it: {error}") from None
     if not status.endswith("_COMPLETE") or "ROLLBACK" in status or "DELETE" in status:
-        raise SmokeError(f"stack {stack} is {status}, not deployed cleanly: fix and redeploy it first")
+        raise JobError(f"stack {stack} is {status}, not deployed cleanly: fix and redeploy it first")
     return outputs
 
 
 def read_outputs(cloudformation: Any, team: str, region: str) -> TeamOutputs:
-    """The team's stack outputs, or a SmokeError naming the stack and the output that is missing."""
+    """The team's stack outputs, or a JobError naming the stack and the output that is missing."""
     values: dict[str, dict[str, str]] = {}
     for component, keys in outputs_of.OPERATOR_NEEDS.items():
         stack = contract.stack_name(team, component)
         outputs = _stack_outputs(cloudformation, stack, region, team)
         missing = [key for key in keys if key not in outputs]
         if missing:
-            raise SmokeError(f"stack {stack}: output {missing[0]} is missing; redeploy it with this version of Beacon")
+            raise JobError(f"stack {stack}: output {missing[0]} is missing; redeploy it with this version of Beacon")
         values[component] = outputs
     artifacts, cluster, monitoring = values["artifacts"], values["cluster"], values["monitoring"]
     return TeamOutputs(
@@ -87,6 +88,7 @@ def read_outputs(cloudformation: Any, team: str, region: str) -> TeamOutputs:
         cluster_name=cluster[outputs_of.CLUSTER_NAME],
         namespace=cluster[outputs_of.TRAINING_NAMESPACE],
         image_uri=cluster[outputs_of.SMOKE_IMAGE_URI],
+        image_repository_uri=artifacts[outputs_of.IMAGE_REPOSITORY_URI],
         alarm_topic_arn=monitoring[outputs_of.ALARM_TOPIC_ARN],
         run_alarm_parameter=monitoring[outputs_of.RUN_ALARM_TEMPLATE_PARAMETER],
         team_alarm_names=tuple(
@@ -107,7 +109,7 @@ class Access:
         try:
             return cls(operator, assume_role_credentials(operator.client("sts"), reader_role_arn, "beacon-smoke"))
         except (ClientError, BotoCoreError) as error:
-            raise SmokeError(f"cannot assume the reader role {reader_role_arn}: {error}") from None
+            raise JobError(f"cannot assume the reader role {reader_role_arn}: {error}") from None
 
     def client(self, service: str) -> Any:
         return self.operator.client(service)
@@ -124,19 +126,19 @@ def wait_for_final_status(delivery: Delivery, *, grace_s: float, interval_s: flo
     return delivery.finished
 
 
-def run_alarm_names(team: str, run: str) -> list[str]:
-    return [contract.run_alarm_name(team, EXPERIMENT, run, kind) for kind in contract.RunAlarm]
+def run_alarm_names(team: str, experiment: str, run: str) -> list[str]:
+    return [contract.run_alarm_name(team, experiment, run, kind) for kind in contract.RunAlarm]
 
 
-def alarm_set(access: Access, outputs: TeamOutputs, run: str) -> AlarmSet:
+def alarm_set(access: Access, outputs: TeamOutputs, experiment: str, run: str) -> AlarmSet:
     """The team's alarms as deployed, plus this run's alarms from the template the job itself used."""
     cloudwatch = access.client("cloudwatch")
     try:
         template = access.client("ssm").get_parameter(Name=outputs.run_alarm_parameter)["Parameter"]["Value"]
         deployed = cloudwatch.describe_alarms(AlarmNames=list(outputs.team_alarm_names))["MetricAlarms"]
     except (ClientError, BotoCoreError) as error:
-        raise SmokeError(f"cannot read the alarm definitions ({outputs.run_alarm_parameter}): {error}") from None
-    rendered = contract.render_run_alarms(str(template), EXPERIMENT, run)
+        raise JobError(f"cannot read the alarm definitions ({outputs.run_alarm_parameter}): {error}") from None
+    rendered = contract.render_run_alarms(str(template), experiment, run)
     return AlarmSet.from_definitions([*deployed, *rendered["metric_alarms"]], [rendered["composite_alarm"]])
 
 
@@ -165,12 +167,13 @@ def observed_alarms(cloudwatch: Any, names: list[str], since: datetime) -> dict[
 
 
 @dataclass
-class SmokeReport:
+class JobReport:
     target: str
     team: str
     region: str
     run: str
-    experiment: str = EXPERIMENT
+    experiment: str
+    command: str = "smoke"  # the `beacon` command that ran it
     stack_outputs: dict[str, Any] = field(default_factory=dict)
     launched: dict[str, Any] = field(default_factory=dict)
     platform_state: str = ""
@@ -197,6 +200,7 @@ class SmokeReport:
     def as_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "command": self.command,
             "target": self.target,
             "team": self.team,
             "region": self.region,
@@ -219,34 +223,38 @@ class SmokeReport:
         }
 
 
-def verify(report: SmokeReport, access: Access, outputs: TeamOutputs, *, steps: int, started: datetime) -> None:
+def verify(report: JobReport, access: Access, outputs: TeamOutputs, *, expected: Expected, started: datetime) -> None:
     """The checks both targets share; on a failure, also the doctor's verdicts for the run. The run
     is read from S3 once: verification and the doctor take the same reading."""
     report.stack_outputs = asdict(outputs)
     s3, cloudwatch = access.as_reader("s3"), access.as_reader("cloudwatch")
     evidence: RunEvidence | None = None
     try:
-        alarms = alarm_set(access, outputs, report.run)
+        alarms = alarm_set(access, outputs, report.experiment, report.run)
         evidence, report.verification = read_and_verify(
             s3=s3,
             cloudwatch=cloudwatch,
             bucket=outputs.bucket,
             team=outputs.team,
-            experiment=EXPERIMENT,
+            experiment=report.experiment,
             run=report.run,
-            steps=steps,
+            expected=expected,
             alarms=alarms,
         )
     except (ClientError, BotoCoreError) as error:
         report.problems.append(f"verification could not read the run as the reader role: {error}")
-    report.alarms_observed = observed_alarms(
-        access.client("cloudwatch"), [*outputs.team_alarm_names, *run_alarm_names(outputs.team, report.run)], started
-    )
+    if report.command == "run" and report.verification is not None and report.verification.records_in_s3 == 0:
+        report.problems.append(
+            f"no records under {contract.run_prefix(report.experiment, report.run)}: if the job's beacon.init "
+            "names its experiment, that name must be the experiment here"
+        )
+    names = [*outputs.team_alarm_names, *run_alarm_names(outputs.team, report.experiment, report.run)]
+    report.alarms_observed = observed_alarms(access.client("cloudwatch"), names, started)
     if not report.ok:
         diagnosis = diagnose(
             DoctorInputs(
                 team=outputs.team,
-                experiment=EXPERIMENT,
+                experiment=report.experiment,
                 run=report.run,
                 bucket=outputs.bucket,
                 region=outputs.region,
@@ -260,7 +268,7 @@ def verify(report: SmokeReport, access: Access, outputs: TeamOutputs, *, steps: 
 
 
 def fresh_suffix(now: datetime | None = None) -> str:
-    """Each smoke run is a fresh Job and a fresh run prefix."""
+    """Each smoke run (and each `beacon run` not given a run id) is a fresh Job and a fresh run prefix."""
     return (now or datetime.now(UTC)).strftime("-%m%d%H%M%S")
 
 
@@ -272,23 +280,25 @@ def fresh_spec(config: TeamConfig, outputs: TeamOutputs) -> SmokeJobSpec:
 
 
 def conclude(
-    report: SmokeReport,
+    report: JobReport,
     access: Access,
     outputs: TeamOutputs,
     delivery: Delivery,
     *,
-    steps: int,
+    expected: Expected,
     started: datetime,
-    collect_logs: Callable[[SmokeReport], None],
+    collect_logs: Callable[[JobReport], None],
+    logs_always: bool,
     show: Show,
 ) -> None:
-    """Once the platform gave its verdict: the run's last writes, its logs if it failed, the checks."""
+    """Once the platform gave its verdict: the run's last writes, its logs (if it failed, or always),
+    the checks."""
     if report.platform_succeeded and not wait_for_final_status(delivery, grace_s=60):
         report.problems.append(f"the {report.target} job succeeded but the run's final status never reached S3")
-    if not report.platform_succeeded:
+    if logs_always or not report.platform_succeeded:
         collect_logs(report)
     show("verifying S3, CloudWatch metrics and alarms")
-    verify(report, access, outputs, steps=steps, started=started)
+    verify(report, access, outputs, expected=expected, started=started)
 
 
 def started_at() -> datetime:
@@ -296,42 +306,67 @@ def started_at() -> datetime:
 
 
 class Target(Protocol):
-    """Where a smoke job runs. Each method is one step of run_smoke's flow."""
+    """Where a job runs. Each method is one step of run_job's flow."""
 
     name: str
 
-    def launch(self, spec: SmokeJobSpec, report: SmokeReport, show: Show) -> None:
-        """Create the job (or raise SmokeError before anything is created); say in report.launched what."""
+    def launch(self, job: TrainingJobSpec, report: JobReport, show: Show) -> None:
+        """Create the job (or raise JobError before anything is created); say in report.launched what."""
 
-    def wait(self, report: SmokeReport, delivery: Delivery, show: Show) -> None:
+    def wait(self, report: JobReport, delivery: Delivery, show: Show) -> None:
         """Until the platform's verdict, or a bound runs out: report.platform_state and detail."""
 
-    def collect_logs(self, report: SmokeReport) -> None:
-        """The job's logs into report.logs (only for a run the platform failed)."""
+    def collect_logs(self, report: JobReport) -> None:
+        """The job's logs into report.logs (the tail of each container's)."""
 
-    def cleanup(self, report: SmokeReport) -> None:
-        """Leave nothing running or billing, whatever happened; report.cleaned_up says so."""
+    def cleanup(self, report: JobReport) -> None:
+        """Leave nothing running or billing, whatever happened; report.cleaned_up says what was removed."""
 
 
-def run_smoke(target: Target, access: Access, outputs: TeamOutputs, spec: SmokeJobSpec, *, show: Show) -> SmokeReport:
-    """Launch spec on target, watch delivery to S3, then verify the run (and diagnose it if it failed)."""
-    report = SmokeReport(target.name, outputs.team, outputs.region, spec.name)
+def run_job(
+    target: Target,
+    access: Access,
+    outputs: TeamOutputs,
+    job: TrainingJobSpec,
+    expected: Expected,
+    *,
+    show: Show,
+    command: str = "run",
+    logs_always: bool = True,
+) -> JobReport:
+    """Launch job on target, watch delivery to S3, then verify the run (and diagnose it if it failed)."""
+    report = JobReport(target.name, outputs.team, outputs.region, job.name, job.experiment, command)
     began, clock = started_at(), time.monotonic()
-    target.launch(spec, report, show)
+    target.launch(job, report, show)
     try:
-        delivery = Delivery(access.as_reader("s3"), outputs.bucket, EXPERIMENT, spec.name)
+        delivery = Delivery(access.as_reader("s3"), outputs.bucket, job.experiment, job.name)
         target.wait(report, delivery, show)
         conclude(
             report,
             access,
             outputs,
             delivery,
-            steps=spec.steps,
+            expected=expected,
             started=began,
             collect_logs=target.collect_logs,
+            logs_always=logs_always,
             show=show,
         )
     finally:
         target.cleanup(report)
         report.wall_seconds = time.monotonic() - clock
     return report
+
+
+def run_smoke(target: Target, access: Access, outputs: TeamOutputs, spec: SmokeJobSpec, *, show: Show) -> JobReport:
+    """The bundled smoke job: every one of its steps, a checkpoint, its run alarms armed; logs on failure."""
+    return run_job(
+        target,
+        access,
+        outputs,
+        spec.training_job(),
+        Expected.exactly(spec.steps),
+        show=show,
+        command="smoke",
+        logs_always=False,
+    )

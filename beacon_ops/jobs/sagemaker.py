@@ -1,4 +1,4 @@
-"""`beacon smoke --target sagemaker`: the same image and entry point as a SageMaker training job.
+"""`--target sagemaker` of `beacon smoke` and `beacon run`: the job's image and command as a SageMaker training job.
 
 Launched with the SageMaker SDK (sagemaker-core): the writer role as the execution role, the
 checkpoint directory synced under the run prefix, metric definitions for step and loss parsed from
@@ -15,7 +15,7 @@ from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.evidence.reading import Delivery
-from beacon_ops.smoke.flow import SHOW_EVERY_S, Access, Show, SmokeError, SmokeReport, TeamOutputs
+from beacon_ops.jobs.flow import SHOW_EVERY_S, Access, JobError, JobReport, Show, TeamOutputs
 from config import TeamConfig
 from workloads import manifests
 
@@ -24,6 +24,7 @@ LOG_TAIL_EVENTS = 200
 PROVISIONING_ALLOWANCE_S = 900  # instance start and image download come before the run time counts
 VOLUME_SIZE_GB = 30
 TERMINAL = ("Completed", "Failed", "Stopped")
+COMPONENT = {"beacon-smoke": "smoke-job"}  # the beacon:component tag, by the job's app name
 
 
 def _value(field: Any, default: str = "") -> str:
@@ -33,7 +34,11 @@ def _value(field: Any, default: str = "") -> str:
     return default if field is None or isinstance(field, Unassigned) else str(field)
 
 
-def launch(access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manifests.SmokeJobSpec) -> Any:
+def launch(
+    access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manifests.TrainingJobSpec, *, nodes_setting: str
+) -> Any:
+    """The image as TrainingImage, torchrun (`beacon.launch`) as ContainerEntrypoint and the job's
+    command after its arguments as ContainerArguments, InstanceCount the job's nodes."""
     from sagemaker.core.resources import Tag, TrainingJob
     from sagemaker.core.shapes import (
         AlgorithmSpecification,
@@ -47,7 +52,7 @@ def launch(access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manif
     try:
         container = manifests.sagemaker_container(spec)
     except ValueError as error:
-        raise SmokeError(f"training.smoke_{error}") from None
+        raise JobError(f"{nodes_setting}{str(error).removeprefix('nodes')}") from None
     run_prefix = contract.run_prefix(spec.experiment, spec.name)
     try:
         return TrainingJob.create(
@@ -75,15 +80,18 @@ def launch(access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manif
                 s3_uri=container.checkpoint_s3_uri, local_path=container.checkpoint_local_path
             ),
             environment=container.environment,
-            tags=[Tag(key="beacon:team", value=outputs.team), Tag(key="beacon:component", value="smoke-job")],
+            tags=[
+                Tag(key="beacon:team", value=outputs.team),
+                Tag(key="beacon:component", value=COMPONENT.get(spec.app, spec.app)),
+            ],
             session=access.operator,
             region=outputs.region,
         )
     except (ClientError, BotoCoreError) as error:
-        raise SmokeError(f"SageMaker refused training job {spec.name}: {error}") from None
+        raise JobError(f"SageMaker refused training job {spec.name}: {error}") from None
 
 
-def wait(job: Any, report: SmokeReport, delivery: Delivery, *, timeout_s: float, poll_s: float, show: Show) -> None:
+def wait(job: Any, report: JobReport, delivery: Delivery, *, timeout_s: float, poll_s: float, show: Show) -> None:
     started, shown_at = time.monotonic(), 0.0
     while True:
         job.refresh()
@@ -102,7 +110,7 @@ def wait(job: Any, report: SmokeReport, delivery: Delivery, *, timeout_s: float,
         time.sleep(poll_s)
 
 
-def collect_logs(access: Access, report: SmokeReport) -> None:
+def collect_logs(access: Access, report: JobReport) -> None:
     try:
         events = access.client("logs").filter_log_events(
             logGroupName=LOG_GROUP, logStreamNamePrefix=f"{report.run}/", limit=LOG_TAIL_EVENTS
@@ -114,20 +122,21 @@ def collect_logs(access: Access, report: SmokeReport) -> None:
 
 @dataclass(kw_only=True)
 class SageMakerTarget:
-    """run_smoke's target: the job as a SageMaker training job, as the writer role."""
+    """run_job's target: the job as a SageMaker training job, as the writer role."""
 
     access: Access
     outputs: TeamOutputs
     config: TeamConfig
     timeout_s: float | None
     poll_interval_s: float = 15.0
+    nodes_setting: str = "training.smoke_nodes"  # where the job's node count came from, for an error
     name: str = "sagemaker"
     _job: Any = None
 
-    def launch(self, spec: manifests.SmokeJobSpec, report: SmokeReport, show: Show) -> None:
+    def launch(self, spec: manifests.TrainingJobSpec, report: JobReport, show: Show) -> None:
         training = self.config.training
         show(f"creating SageMaker training job {spec.name} ({training.sagemaker_instance_type})")
-        self._job = launch(self.access, self.outputs, self.config, spec)
+        self._job = launch(self.access, self.outputs, self.config, spec, nodes_setting=self.nodes_setting)
         report.launched = {
             "training_job": spec.name,
             "instance_type": training.sagemaker_instance_type,
@@ -136,14 +145,14 @@ class SageMakerTarget:
             "role": self.outputs.writer_role_arn,
         }
 
-    def wait(self, report: SmokeReport, delivery: Delivery, show: Show) -> None:
+    def wait(self, report: JobReport, delivery: Delivery, show: Show) -> None:
         bound = self.timeout_s or self.config.training.sagemaker_max_runtime_seconds + PROVISIONING_ALLOWANCE_S
         wait(self._job, report, delivery, timeout_s=bound, poll_s=self.poll_interval_s, show=show)
 
-    def collect_logs(self, report: SmokeReport) -> None:
+    def collect_logs(self, report: JobReport) -> None:
         collect_logs(self.access, report)
 
-    def cleanup(self, report: SmokeReport) -> None:
+    def cleanup(self, report: JobReport) -> None:
         if report.platform_state not in TERMINAL:  # timed out or interrupted: no instance left billing
             try:
                 self._job.stop()

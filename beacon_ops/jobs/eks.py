@@ -1,4 +1,4 @@
-"""`beacon smoke --target eks`: a fresh smoke Job on the team's cluster, through the Kubernetes API.
+"""`--target eks` of `beacon smoke` and `beacon run`: a fresh Job on the team's cluster, through the Kubernetes API.
 
 No kubectl: the kubernetes client, with a bearer token made as `aws eks get-token` makes it (an STS
 GetCallerIdentity URL presigned with the cluster's name in a signed header).
@@ -26,7 +26,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from beacon_ops.evidence.reading import Delivery
-from beacon_ops.smoke.flow import SHOW_EVERY_S, Access, Show, SmokeError, SmokeReport, TeamOutputs
+from beacon_ops.jobs.flow import SHOW_EVERY_S, Access, JobError, JobReport, Show, TeamOutputs
 from workloads import manifests
 
 TOKEN_PREFIX = "k8s-aws-v1."
@@ -42,7 +42,7 @@ def eks_token(session: boto3.session.Session, cluster_name: str, region: str) ->
     """What `aws eks get-token` prints: base64url of a presigned STS GetCallerIdentity URL."""
     credentials = session.get_credentials()
     if credentials is None:
-        raise SmokeError("no AWS credentials: cannot make a token for the Kubernetes API")
+        raise JobError("no AWS credentials: cannot make a token for the Kubernetes API")
     sts = session.client("sts", region_name=region)
     signer = RequestSigner(sts.meta.service_model.service_id, region, "sts", "v4", credentials, sts.meta.events)
     url = signer.generate_presigned_url(
@@ -65,9 +65,9 @@ def kubernetes_api(session: boto3.session.Session, outputs: TeamOutputs, *, url_
     try:
         cluster = session.client("eks").describe_cluster(name=outputs.cluster_name)["cluster"]
     except (ClientError, BotoCoreError) as error:
-        raise SmokeError(f"cluster {outputs.cluster_name}: cannot describe it: {error}") from None
+        raise JobError(f"cluster {outputs.cluster_name}: cannot describe it: {error}") from None
     if cluster.get("status") != "ACTIVE":
-        raise SmokeError(f"cluster {outputs.cluster_name} is {cluster.get('status')}, not ACTIVE")
+        raise JobError(f"cluster {outputs.cluster_name} is {cluster.get('status')}, not ACTIVE")
     endpoint = str(cluster["endpoint"])
     configuration = k8s.Configuration()
     configuration.host = url_override or endpoint
@@ -94,15 +94,15 @@ def kubernetes_api(session: boto3.session.Session, outputs: TeamOutputs, *, url_
     return k8s.ApiClient(configuration)
 
 
-def _refused(error: ApiException, what: str, cluster: str) -> SmokeError:
+def _refused(error: ApiException, what: str, cluster: str) -> JobError:
     if error.status in (401, 403):
-        return SmokeError(
+        return JobError(
             f"the Kubernetes API of {cluster} refused {what} ({error.status} {error.reason}): list your role "
             "in cluster.operator_role_arns of the team file (an access entry on the cluster) and redeploy"
         )
     if error.status == 404:
-        return SmokeError(f"{what} not found on cluster {cluster}: is the cluster stack deployed?")
-    return SmokeError(f"{what} on cluster {cluster}: {error.status} {error.reason}")
+        return JobError(f"{what} not found on cluster {cluster}: is the cluster stack deployed?")
+    return JobError(f"{what} on cluster {cluster}: {error.status} {error.reason}")
 
 
 @dataclass
@@ -135,9 +135,9 @@ def pod_views(pods: list[Any]) -> list[PodView]:
 
 
 @dataclass
-class EksSmoke:
+class EksJob:
     outputs: TeamOutputs
-    spec: manifests.SmokeJobSpec
+    spec: manifests.TrainingJobSpec
     api: k8s.ApiClient
     poll_interval_s: float = 5.0
 
@@ -169,14 +169,14 @@ class EksSmoke:
             except ApiException as error:
                 raise _refused(error, what, cluster) from None
             except urllib3.exceptions.HTTPError as error:
-                raise SmokeError(
+                raise JobError(
                     f"cannot reach the Kubernetes API of {cluster} at {self.api.configuration.host} "
                     f"({type(error).__name__}): the endpoint is private; run inside the VPC or pass "
                     "--kubernetes-url through a tunnel"
                 ) from None
 
     def create(self) -> list[dict[str, Any]]:
-        objects = manifests.smoke_job(self.spec)
+        objects = manifests.training_job(self.spec)
         for obj in objects:
             try:
                 if obj["kind"] == "Job":
@@ -193,7 +193,7 @@ class EksSmoke:
         return list(self.core.list_namespaced_pod(self.spec.namespace, label_selector=selector).items)
 
     def wait(
-        self, report: SmokeReport, delivery: Delivery, *, start_timeout_s: float, timeout_s: float, show: Show
+        self, report: JobReport, delivery: Delivery, *, start_timeout_s: float, timeout_s: float, show: Show
     ) -> None:
         """Until the Job completes or fails, a pod hits a hopeless state, or a bound runs out."""
         started = time.monotonic()
@@ -238,7 +238,7 @@ class EksSmoke:
                 return
             time.sleep(self.poll_interval_s)
 
-    def collect_logs(self, report: SmokeReport) -> None:
+    def collect_logs(self, report: JobReport) -> None:
         containers = ["volume-check", "train"]
         for pod in self.pods():
             for container in containers:
@@ -263,7 +263,11 @@ class EksSmoke:
 
 @dataclass(kw_only=True)
 class EksTarget:
-    """run_smoke's target: the job as a Kubernetes Job (and Service) in the stack's training namespace."""
+    """run_job's target: the job as a Kubernetes Job (and Service) in the stack's training namespace.
+
+    Cleanup deletes the Job (its pods get SIGTERM and drain) unless `keep`; with `keep_ended`, a Job
+    that ended (Complete or Failed, so its pods bill nothing) is left for its TTL, its pods' logs with
+    it, and only one still running when the command stops following is deleted."""
 
     access: Access
     outputs: TeamOutputs
@@ -271,39 +275,47 @@ class EksTarget:
     start_timeout_s: float
     timeout_s: float
     keep: bool
+    keep_ended: bool = False
     poll_interval_s: float = 5.0
     name: str = "eks"
-    _smoke: EksSmoke | None = None
+    _job: EksJob | None = None
     _objects: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
-    def smoke(self) -> EksSmoke:
-        assert self._smoke is not None, "launch() first"
-        return self._smoke
+    def job(self) -> EksJob:
+        assert self._job is not None, "launch() first"
+        return self._job
 
-    def launch(self, spec: manifests.SmokeJobSpec, report: SmokeReport, show: Show) -> None:
+    def launch(self, spec: manifests.TrainingJobSpec, report: JobReport, show: Show) -> None:
         spec = dataclasses.replace(spec, namespace=self.outputs.namespace)
         api = kubernetes_api(self.access.operator, self.outputs, url_override=self.kubernetes_url)
-        smoke = EksSmoke(self.outputs, spec, api, self.poll_interval_s)
-        smoke.check_prerequisites()
+        job = EksJob(self.outputs, spec, api, self.poll_interval_s)
+        job.check_prerequisites()
         report.launched = {
             "cluster": self.outputs.cluster_name,
             "api": api.configuration.host,
             "namespace": spec.namespace,
             "job": spec.name,
             "image": spec.image,
+            "nodes": spec.nodes,
+            "processes_per_node": spec.processes_per_node,
+            "gpu": spec.gpu,
         }
         show(f"creating Job {spec.namespace}/{spec.name} on {self.outputs.cluster_name}")
-        self._objects = smoke.create()
-        self._smoke = smoke
+        self._objects = job.create()
+        self._job = job
 
-    def wait(self, report: SmokeReport, delivery: Delivery, show: Show) -> None:
-        self.smoke.wait(report, delivery, start_timeout_s=self.start_timeout_s, timeout_s=self.timeout_s, show=show)
+    def wait(self, report: JobReport, delivery: Delivery, show: Show) -> None:
+        self.job.wait(report, delivery, start_timeout_s=self.start_timeout_s, timeout_s=self.timeout_s, show=show)
 
-    def collect_logs(self, report: SmokeReport) -> None:
-        self.smoke.collect_logs(report)
+    def collect_logs(self, report: JobReport) -> None:
+        self.job.collect_logs(report)
 
-    def cleanup(self, report: SmokeReport) -> None:
-        if not self.keep:
-            self.smoke.delete(self._objects)
-            report.cleaned_up = True
+    def cleanup(self, report: JobReport) -> None:
+        if self.keep:
+            return
+        if self.keep_ended and report.platform_state in ("Complete", "Failed"):
+            report.launched["left"] = "the Job ended: kept for its TTL with its pods' logs (kubectl logs)"
+            return
+        self.job.delete(self._objects)
+        report.cleaned_up = True

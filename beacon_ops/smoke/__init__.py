@@ -1,1 +1,0 @@
-"""`beacon smoke`: one flow (flow.run_smoke) and its targets (eks, sagemaker)."""
