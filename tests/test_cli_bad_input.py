@@ -9,6 +9,7 @@ import pytest
 
 from tests.support.synth import ROOT
 
+RUN = ["run", "--team", "demo", "--image", ":v1"]
 CASES = {
     "unknown_flag": (["doctor", "--team", "demo", "--run", "r", "--colour", "x"], "No such option: --colour"),
     "run_id_not_s3_safe": (["doctor", "--team", "demo", "--run", "Bad/Run"], "Invalid value for '--run'"),
@@ -38,6 +39,42 @@ CASES = {
         "Invalid value for '--port'",
     ),
     "tensorboard_unknown_team": (["tensorboard", "--team", "nosuch", "--run", "r"], "unknown team 'nosuch'"),
+    # beacon run: each bad setting names its option (or CMD), before any AWS call
+    "run_empty_command": ([*RUN], "beacon run: CMD: empty"),
+    "run_launcher_in_command": ([*RUN, "--", "python", "train.py"], "CMD: starts with 'python'"),
+    "run_command_options_need_double_dash": ([*RUN, "train.py", "--lr", "3"], "No such option: --lr"),
+    "run_zero_nodes": ([*RUN, "--nodes", "0", "--", "train.py"], "beacon run: --nodes: must be >= 1, got 0"),
+    "run_negative_gpus": ([*RUN, "--gpus-per-node", "-1", "--", "train.py"], "--gpus-per-node: must be >= 0"),
+    "run_gpus_over_the_pool": (
+        [*RUN, "--gpus-per-node", "9", "--", "train.py"],
+        "--gpus-per-node: 9 is more than the GPU pool's cap, compute.gpu_limit = 8",
+    ),
+    "run_nodes_times_gpus_over_the_pool": (
+        [*RUN, "--nodes", "3", "--gpus-per-node", "4", "--", "train.py"],
+        "--nodes: 3 nodes of 4 GPUs is more than the GPU pool's cap",
+    ),
+    "run_image_not_a_reference": (
+        ["run", "--team", "demo", "--image", "not an image", "--", "train.py"],
+        "--image: 'not an image' is not an image reference naming its registry",
+    ),
+    "run_image_without_tag": (
+        ["run", "--team", "demo", "--image", "registry.example.com/ml/train", "--", "train.py"],
+        "--image: 'registry.example.com/ml/train' is not an image reference with a tag or digest",
+    ),
+    "run_image_without_registry": (
+        ["run", "--team", "demo", "--image", "pytorch/pytorch:2.3", "--", "train.py"],
+        "--image: 'pytorch/pytorch:2.3' is not an image reference naming its registry",
+    ),
+    "run_missing_image": (["run", "--team", "demo", "--", "train.py"], "Missing option '--image'"),
+    "run_unknown_target": ([*RUN, "--target", "gke", "--", "train.py"], "Invalid value for '--target'"),
+    "run_sagemaker_multi_node": (
+        [*RUN, "--target", "sagemaker", "--nodes", "2", "--", "train.py"],
+        "--nodes: a SageMaker training job runs on one instance here, got 2",
+    ),
+    "run_run_id_not_s3_safe": ([*RUN, "--run", "Bad_Run", "--", "train.py"], "--run: 'Bad_Run' must be"),
+    "run_run_id_too_long": ([*RUN, "--run", "r" * 53, "--", "train.py"], "a Job name takes 52"),
+    "run_env_not_a_pair": ([*RUN, "--env", "NCCL_DEBUG", "--", "train.py"], "--env: 'NCCL_DEBUG' must be NAME=VALUE"),
+    "run_unknown_team": (["run", "--team", "nosuch", "--image", ":v1", "--", "train.py"], "unknown team 'nosuch'"),
 }
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from botocore.exceptions import BotoCoreError, ClientError
@@ -25,6 +25,16 @@ if TYPE_CHECKING:
 class Where(StrEnum):
     EKS = "eks"
     SAGEMAKER = "sagemaker"
+
+
+# The options both commands take, alike.
+KubernetesUrl = Annotated[
+    str | None,
+    typer.Option(envvar="BEACON_KUBERNETES_URL", help="API URL through a tunnel (default: the EKS endpoint)"),
+]
+StartTimeout = Annotated[float, typer.Option(min=1, help="seconds for a pod to become ready (eks)")]
+PollInterval = Annotated[float, typer.Option(min=0.1, hidden=True)]
+AsJson = Annotated[bool, typer.Option("--json", help="print the report as JSON")]
 
 
 def records_row(report: JobReport) -> str:

@@ -21,6 +21,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 from beacon_ops.cli.common import BeaconError
 from beacon_ops.cli.doctor import doctor
 from beacon_ops.cli.local import local
+from beacon_ops.cli.run import run
 from beacon_ops.cli.smoke import smoke
 from beacon_ops.cli.tensorboard import tensorboard
 
@@ -52,7 +53,7 @@ def main_options(
 
 
 # In the order `beacon --help` has always listed them.
-for command in (doctor, tensorboard, smoke, local):
+for command in (doctor, tensorboard, smoke, run, local):
     app.command()(command)
 
 

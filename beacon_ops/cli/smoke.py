@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 
 from beacon_ops.cli.common import REGION_HELP, session_or_fail, team_or_fail
-from beacon_ops.cli.follow import Where, finish, live_line, make_target
+from beacon_ops.cli.follow import (
+    AsJson,
+    KubernetesUrl,
+    PollInterval,
+    StartTimeout,
+    Where,
+    finish,
+    live_line,
+    make_target,
+)
 
 
 def smoke(
@@ -18,17 +27,14 @@ def smoke(
     report_path: Annotated[Path, typer.Option("--report", envvar="BEACON_SMOKE_REPORT", help="JSON report")] = Path(
         ".beacon/smoke/report.json"
     ),
-    kubernetes_url: Annotated[
-        str | None,
-        typer.Option(envvar="BEACON_KUBERNETES_URL", help="API URL through a tunnel (default: the EKS endpoint)"),
-    ] = None,
-    start_timeout: Annotated[float, typer.Option(min=1, help="seconds for a pod to become ready (eks)")] = 900,
+    kubernetes_url: KubernetesUrl = None,
+    start_timeout: StartTimeout = 900,
     timeout: Annotated[
         float | None, typer.Option(min=1, help="seconds for the whole run (default: eks 1800, sagemaker max run + 900)")
     ] = None,
     keep: Annotated[bool, typer.Option(help="leave the Job on the cluster for inspection (eks)")] = False,
-    poll_interval: Annotated[float, typer.Option(min=0.1, hidden=True)] = 5.0,
-    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    poll_interval: PollInterval = 5.0,
+    as_json: AsJson = False,
 ) -> None:
     """After `cdk deploy`: run a fresh smoke job on the team's stack and prove nothing was lost."""
     from beacon_ops.jobs.flow import Access, fresh_spec, read_outputs, run_smoke

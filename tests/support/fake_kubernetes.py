@@ -178,6 +178,7 @@ class FakeKubernetes:
         self.namespaces = namespaces  # name -> {"serviceaccounts": [...], "persistentvolumeclaims": [...]}
         self.jobs: dict[tuple[str, str], FakeJob] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        self.created_services: list[dict[str, Any]] = []  # every Service as created, deleted or not
         self.requests: list[tuple[str, str]] = []
         self.refused: list[str] = []
         self.schedulable = True  # False: pods stay Pending, as with no node that fits
@@ -293,6 +294,7 @@ class FakeKubernetes:
     def _service(self, method: str, ns: str, name: str | None, body: Any) -> tuple[int, dict[str, Any]]:
         if method == "POST":
             self.services[(ns, body["metadata"]["name"])] = body
+            self.created_services.append(body)
             return 201, body
         if method == "DELETE" and name and self.services.pop((ns, name), None) is not None:
             return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}

@@ -1,0 +1,203 @@
+"""`beacon run`: a team's own job (its image, its command) on the deployed stack, end to end through
+the CLI, followed and verified as `beacon smoke` verifies the smoke job.
+
+The team is "deployed" into moto (tests/support/deployed_team.py). The fake Kubernetes API and the
+SageMaker stand-in run the container's real entry point as a local process: torchrun (`beacon.launch`)
+running the plain DDP example (examples/plain_ddp.py), which uses only the public `beacon` API.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from beacon import contract
+
+from config import TeamConfig
+from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam, fake_cluster
+from tests.support.fake_kubernetes import FakeKubernetes
+from tests.support.moto_server import REGION
+from tests.support.sagemaker_standin import SageMakerStandIn
+from workloads import manifests
+
+pytestmark = pytest.mark.filterwarnings("ignore:Tried to parse AWS..CloudFormation..WaitConditionHandle")
+STEPS = 30
+TEAM_JOB = ("examples/plain_ddp.py", "--steps", str(STEPS), "--checkpoint-every", "10")
+EXPERIMENT = "plain-ddp"  # the name the example's beacon.init gives its experiment
+
+
+def run_cli(
+    deployed: DeployedTeam, *options: str, command: tuple[str, ...], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return deployed.cli(*options, "--poll-interval", "0.5", "--", *command, extra_env=env, verb="run")
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    return dict(json.loads(path.read_text()))
+
+
+def team_image(deployed: DeployedTeam, tag: str) -> str:
+    return f"{deployed.outputs['artifacts']['ImageRepositoryUri']}:{tag}"
+
+
+def assert_the_run_is_proved(report: dict[str, Any]) -> None:
+    """What `beacon run` verifies of a job whose step count it did not know."""
+    assert report["ok"] and report["command"] == "run" and report["experiment"] == EXPERIMENT
+    v = report["verification"]
+    assert v["steps_expected"] is None, "a team's job logs as many steps as it does"
+    assert v["records_in_s3"] == v["records_numbered"] == STEPS, "every record the spool numbered is in S3"
+    assert v["records_lost"] == 0 and v["records_duplicated"] == 0 and v["writer_ranks"] == [0]
+    assert v["last_step_in_s3"] == v["last_step_final"] == STEPS - 1, "the tail the job logged reached S3"
+    assert v["succeeded"], "final state: finished"
+    assert set(v["chunk_versions"].values()) == {1} and v["bucket_versioning"] == "Enabled"
+    assert v["metrics_missing"] == [] and v["cloudwatch_datapoints"] > 0
+    assert "ALARM" not in v["alarms"].values() and "ALARM" not in report["alarms_observed"].values()
+    assert v["checkpoints"] >= 1 and not v["checkpoint_required"]
+
+
+def test_run_eks_on_a_fake_kubernetes_api_runs_a_teams_own_job_on_moto_and_proves_it(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes, demo_config: TeamConfig, tmp_path: Path
+) -> None:
+    done = run_cli(
+        deployed,
+        *("--image", ":v1", "--experiment", EXPERIMENT, "--run", "plain-ddp-try-1"),
+        *("--kubernetes-url", kubernetes.url, "--report", str(tmp_path / "report.json")),
+        command=TEAM_JOB,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:] + str(kubernetes.refused)
+    report = read_report(tmp_path / "report.json")
+    assert_the_run_is_proved(report)
+    assert report["run"] == "plain-ddp-try-1" and report["platform"]["state"] == "Complete"
+    assert report["launched"]["image_in_team_repository"] is True
+
+    # The Job is the stack's builder's, for the team repository's image and the team's command.
+    (job,) = kubernetes.jobs.values()
+    spec = manifests.TrainingJobSpec(
+        team=TEAM,
+        image=team_image(deployed, "v1"),
+        bucket=BUCKET,
+        region=REGION,
+        uid=demo_config.training.uid,
+        gid=demo_config.training.gid,
+        name="plain-ddp-try-1",
+        command=TEAM_JOB,
+        experiment=EXPERIMENT,
+        heartbeat_interval=demo_config.monitoring.heartbeat_interval_seconds,
+    )
+    assert job.manifest == manifests.training_job(spec)[0]
+    # An ended Job stays for its TTL with its pods' logs; the report has their tail too.
+    assert not job.deleted and not report["cleaned_up"] and kubernetes.running_processes() == 0
+    (train_log,) = [text for source, text in report["logs"].items() if source.endswith("/train")]
+    assert f"finished: last step {STEPS - 1}" in train_log
+    assert "records in S3" in done.stdout and "passed" in done.stdout
+
+
+def test_run_eks_on_a_fake_kubernetes_api_fails_the_verdict_of_a_team_job_that_fails(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes, tmp_path: Path
+) -> None:
+    """Bad input to the job's own script (argparse exits 2): the pod-failure policy fails the Job at
+    once, the verdict is exit 1 with the job's log and the doctor's verdicts."""
+    done = run_cli(
+        deployed,
+        *("--image", ":v1", "--experiment", EXPERIMENT, "--kubernetes-url", kubernetes.url),
+        *("--report", str(tmp_path / "report.json")),
+        command=("examples/plain_ddp.py", "--steps", "many"),
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    report = read_report(tmp_path / "report.json")
+    assert not report["ok"] and report["run"].startswith(f"{EXPERIMENT}-")
+    assert report["platform"]["state"] == "Failed" and "PodFailurePolicy" in report["platform"]["detail"]
+    (train_log,) = [text for source, text in report["logs"].items() if source.endswith("/train")]
+    assert "invalid int value: 'many'" in train_log
+    assert report["verification"]["records_in_s3"] == 0 and report["doctor"]
+    (job,) = kubernetes.jobs.values()
+    assert len(job.pods) == 1 and not job.deleted, "failed at once, and kept (it ended) with its logs"
+
+
+def test_run_eks_for_two_nodes_of_two_gpus_builds_an_indexed_job_and_a_headless_service(
+    deployed: DeployedTeam, tmp_path: Path
+) -> None:
+    """No pod can be scheduled (no node fits): the command gives up, deletes the Job that never ended
+    and its Service, and what it created is what a two-node job needs."""
+    fake = fake_cluster(deployed, tmp_path / "cluster")
+    fake.schedulable = False
+    image = f"123456789012.dkr.ecr.{REGION}.amazonaws.com/shared/llm@sha256:{'ab' * 32}"
+    try:
+        done = run_cli(
+            deployed,
+            *("--image", image, "--nodes", "2", "--gpus-per-node", "2", "--experiment", "llm", "--run", "llm-2x2"),
+            *("--env", "NCCL_DEBUG=INFO", "--start-timeout", "2", "--kubernetes-url", fake.url),
+            *("--report", str(tmp_path / "report.json")),
+            command=("-m", "team.train", "--lr", "3e-4"),
+        )
+    finally:
+        fake.stop()
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    report = read_report(tmp_path / "report.json")
+    assert report["platform"]["state"] == "NotReady" and report["cleaned_up"]
+    assert report["launched"]["image_in_team_repository"] is False, "another repository: allowed, and said"
+
+    (job,) = fake.jobs.values()
+    spec = job.manifest["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in spec["podFailurePolicy"]["rules"]
+    assert spec["template"]["metadata"]["annotations"] == {manifests.DO_NOT_DISRUPT: "true"}
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "llm-2x2-ranks" and pod["nodeSelector"] == {manifests.POOL_LABEL: manifests.GPU_POOL}
+    assert pod["securityContext"]["runAsUser"] == 1000 and pod["terminationGracePeriodSeconds"] >= 60
+    container = pod["containers"][0]
+    assert container["image"] == image and container["command"] == manifests.LAUNCH_COMMAND
+    assert container["args"] == [
+        "--nnodes=2",
+        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        "--master-addr=llm-2x2-0.llm-2x2-ranks.training.svc",
+        f"--master-port={manifests.RENDEZVOUS_PORT}",
+        "--nproc-per-node=2",
+        *("-m", "team.train", "--lr", "3e-4"),
+    ]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    probe = " ".join(container["livenessProbe"]["exec"]["command"])
+    assert all(path in probe for path in manifests.liveness_files(2)), "every rank's own sign of life"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["BEACON_EXPERIMENT"] == "llm" and env["BEACON_RUN_ID"] == "llm-2x2" and env["BEACON_BUCKET"] == BUCKET
+    assert env["NCCL_DEBUG"] == "INFO"
+    (service,) = fake.created_services
+    assert service["metadata"]["name"] == "llm-2x2-ranks" and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": "llm-2x2"}
+    assert job.deleted and fake.services == {}, "a Job that never ended is deleted, its Service with it"
+
+
+def test_run_sagemaker_with_a_stand_in_instance_sends_the_image_and_command_and_proves_the_run(
+    deployed: DeployedTeam, sagemaker: SageMakerStandIn, demo_config: TeamConfig, tmp_path: Path
+) -> None:
+    done = run_cli(
+        deployed,
+        *("--target", "sagemaker", "--image", ":v1", "--experiment", EXPERIMENT, "--run", "plain-ddp-sm"),
+        *("--report", str(tmp_path / "report.json")),
+        command=TEAM_JOB,
+        env={"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url},
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    report = read_report(tmp_path / "report.json")
+    assert_the_run_is_proved(report)
+    assert report["platform"]["state"] == "Completed"
+
+    (job,) = sagemaker.jobs.values()
+    request = job.request
+    algorithm = request["AlgorithmSpecification"]
+    assert algorithm["TrainingImage"] == team_image(deployed, "v1")
+    assert algorithm["ContainerEntrypoint"] == manifests.LAUNCH_COMMAND
+    assert algorithm["ContainerArguments"] == ["--standalone", "--nproc-per-node=1", *TEAM_JOB]
+    assert request["ResourceConfig"]["InstanceCount"] == 1
+    assert request["ResourceConfig"]["InstanceType"] == demo_config.training.sagemaker_instance_type
+    assert request["RoleArn"] == deployed.provisioned.store.writer_role_arn
+    assert request["Environment"]["BEACON_EXPERIMENT"] == EXPERIMENT
+    assert request["Environment"]["BEACON_RUN_ID"] == "plain-ddp-sm"
+    assert request["CheckpointConfig"]["S3Uri"] == (
+        f"s3://{BUCKET}/{contract.run_prefix(EXPERIMENT, 'plain-ddp-sm')}{manifests.SAGEMAKER_VOLUME_KIND}/"
+    )
+    assert {"Key": "beacon:component", "Value": "beacon-training"} in request["Tags"]
+    assert "StopTrainingJob" not in sagemaker.calls, "a finished job is not stopped"
