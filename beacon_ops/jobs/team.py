@@ -26,8 +26,8 @@ _SUFFIX = rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
 IMAGE_REFERENCE = re.compile(rf"^(?P<registry>{_REGISTRY})/(?P<path>{_COMPONENT}(?:/{_COMPONENT})*){_SUFFIX}$")
 IN_TEAM_REPOSITORY = re.compile(rf"^{_SUFFIX}$")
 IMAGE_FORMS = ":TAG or @sha256:DIGEST (the team's ECR repository), or REGISTRY/REPOSITORY:TAG (or @sha256:DIGEST)"
-# What torchrun runs is a script or a module, not an interpreter or a launcher: the image's entry
-# point is already torchrun (`python -m beacon.launch`).
+# What torchrun runs is a script or a module, not an interpreter or a launcher: the container's
+# command is already torchrun (`python -m beacon.launch`).
 LAUNCHERS = ("python", "python3", "torchrun")
 RUN_ID_LIMIT = JOB_NAME_LIMIT
 
@@ -81,7 +81,7 @@ def check_request(request: TeamJobRequest, config: TeamConfig) -> None:
         raise JobError("CMD: empty; give the script or module after --, e.g. `-- train.py --epochs 3`")
     if request.command[0] in LAUNCHERS:
         raise JobError(
-            f"CMD: starts with {request.command[0]!r}, but the image's entry point is torchrun already "
+            f"CMD: starts with {request.command[0]!r}, but the container's command is torchrun already "
             "(python -m beacon.launch); give the script (`train.py ARGS`) or the module (`-m pkg.train ARGS`)"
         )
     if request.nodes < 1:
