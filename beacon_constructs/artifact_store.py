@@ -14,6 +14,7 @@ from beacon_constructs.tagging import tag_component
 
 WRITER_OBJECT_ACTIONS = ("s3:PutObject", "s3:GetObject")
 READER_OBJECT_ACTIONS = ("s3:GetObject", "s3:GetObjectVersion")
+VERDICT_OBJECT_ACTIONS = ("s3:GetObject",)
 READER_CLOUDWATCH_ACTIONS = (
     "cloudwatch:GetMetricData",
     "cloudwatch:GetMetricStatistics",
@@ -183,6 +184,29 @@ class ArtifactStore(Construct):
             ],
         )
 
+        # The monitoring stack's alarm-verdict function: it reads a run's evidence here, and the monitoring
+        # stack grants it the rest (its topic, its logs, the team's alarms), as it grants the writer its alarms.
+        self.verdict_role = iam.Role(
+            self,
+            "VerdictRole",
+            description="Beacon alarm verdict function: read run evidence under experiments/",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+        )
+        self.verdict_policy = iam.Policy(
+            self,
+            "VerdictPolicy",
+            roles=[self.verdict_role],
+            statements=[
+                iam.PolicyStatement(
+                    sid="ReadRunEvidence",
+                    actions=list(VERDICT_OBJECT_ACTIONS),
+                    resources=[self.experiments_arn],
+                ),
+                self._list_experiments_statement("ListRunEvidence"),
+                self._key_via_s3_statement("DecryptViaS3", ["kms:Decrypt"]),
+            ],
+        )
+
         self._acknowledge_findings()
 
     @property
@@ -209,7 +233,7 @@ class ArtifactStore(Construct):
     def _acknowledge_findings(self) -> None:
         bucket_id = Stack.of(self).resolve(Stack.of(self).get_logical_id(self.bucket.node.default_child))  # type: ignore[arg-type]
         prefix_finding = f"IAM5[Resource::<{bucket_id}.Arn>/{contract.EXPERIMENTS_PREFIX}*]"
-        for policy in (self.writer_policy, self.reader_policy):
+        for policy in (self.writer_policy, self.reader_policy, self.verdict_policy):
             acknowledge(
                 policy,
                 prefix_finding,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_cdk import ArnFormat, Aws, Duration, Stack, Token
+from aws_cdk import ArnFormat, Aws, Duration, Stack
 from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_iam as iam
@@ -23,7 +23,7 @@ from beacon import contract
 from beacon.contract import Metric, RunAlarm, TeamAlarm
 from constructs import Construct
 
-from beacon_constructs.nag import acknowledge
+from beacon_constructs.nag import acknowledge, nag_arn
 from beacon_constructs.tagging import tag_component
 
 FIRST_CHECKS = (
@@ -292,19 +292,9 @@ class TrainingMonitoring(Construct):
                 ),
             ],
         )
-        # cdk-nag names the resource as synthesized: pseudo parameters when env-agnostic, literals otherwise.
-        stack = Stack.of(self)
-        partition, region, account = (
-            f"<AWS::{pseudo}>" if Token.is_unresolved(value) else value
-            for pseudo, value in (
-                ("Partition", stack.partition),
-                ("Region", stack.region),
-                ("AccountId", stack.account),
-            )
-        )
         acknowledge(
             policy,
-            f"IAM5[Resource::arn:{partition}:cloudwatch:{region}:{account}:alarm:{run_alarm_pattern}]",
+            f"IAM5[Resource::{nag_arn(Stack.of(self), 'cloudwatch', 'alarm', run_alarm_pattern)}]",
             "Run ids are chosen at job start; the grant is limited to this team's run-alarm name prefix.",
         )
         return policy

@@ -86,7 +86,9 @@ def build_app(app: App, config: TeamConfig) -> BeaconStacks:
         config=config,
         cluster_name=name,
         writer_role=artifacts.store.writer_role,
+        bucket=artifacts.store.bucket,
+        verdict_role=artifacts.store.verdict_role,
         env=env,
-        description=describe("alarms, dashboard and alarm topic"),
+        description=describe("alarms, dashboard, alarm topic and the alarm's verdict"),
     )
     return BeaconStacks(network=network, artifacts=artifacts, cluster=cluster, monitoring=monitoring)

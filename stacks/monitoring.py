@@ -1,9 +1,12 @@
-"""The monitoring stack: alarms, dashboard and topic; grants the job its run-alarm rights."""
+"""The monitoring stack: alarms, dashboard and topic; grants the job its run-alarm rights; the function that
+publishes the doctor's verdict when a run's metrics-lost alarm fires."""
 
 from aws_cdk import CfnOutput, Stack
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from beacon_constructs.alarm_verdict import AlarmVerdict
 from beacon_constructs.monitoring import TrainingMonitoring
 from config import TeamConfig
 from stacks import outputs
@@ -18,6 +21,8 @@ class MonitoringStack(Stack):
         config: TeamConfig,
         cluster_name: str,
         writer_role: iam.IRole,
+        bucket: s3.IBucket,
+        verdict_role: iam.IRole,
         **kwargs: object,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)  # type: ignore[arg-type]
@@ -30,6 +35,17 @@ class MonitoringStack(Stack):
             alarm_topic_arns=list(config.monitoring.alarm_topic_arns),
         )
         self.monitoring.grant_run_alarms(writer_role)
+        self.alarm_verdict = AlarmVerdict(
+            self,
+            "AlarmVerdict",
+            team=config.team,
+            topic=self.monitoring.topic,
+            topic_key=self.monitoring.topic_key,
+            bucket=bucket,
+            role=verdict_role,
+            alarm_arns=self.monitoring.own_alarm_arns,
+            log_retention_days=config.monitoring.log_retention_days,
+        )
         CfnOutput(self, outputs.ALARM_TOPIC_ARN, value=self.monitoring.topic.topic_arn)
         CfnOutput(self, outputs.RUN_ALARM_TEMPLATE_PARAMETER, value=self.monitoring.run_alarm_parameter.parameter_name)
         CfnOutput(self, outputs.DASHBOARD_NAME, value=self.monitoring.dashboard.dashboard_name)

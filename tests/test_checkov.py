@@ -22,6 +22,7 @@ CHECKOV = ROOT / ".beacon" / "tools" / "checkov-venv" / "bin" / "checkov"
 CDK_KUBECTL_FUNCTIONS = r"ClusterKubectlProvider(Handler|frameworkonEvent)[0-9A-F]{8}"
 CDK_DEFAULT_SG_FUNCTION = r"CustomVpcRestrictDefaultSGCustomResourceProviderHandler[0-9A-F]{8}"
 CDK_KUBECTL_LOG_GROUPS = r"ClusterKubectlProvider(Handler|frameworkonEvent)LogGroup[0-9A-F]{8}"
+VERDICT_FUNCTION = r"monitoring:AWS::Lambda::Function\.AlarmVerdictFunction[0-9A-F]{8}"
 
 # (check id, "<stack>:<resource type>.<logical id>" as a regular expression) -> why it stays.
 ACKNOWLEDGED = {
@@ -53,6 +54,23 @@ ACKNOWLEDGED = {
         "CKV_AWS_158",
         rf"cluster:AWS::Logs::LogGroup\.{CDK_KUBECTL_LOG_GROUPS}",
     ): ("CDK's kubectl handler logs; encrypted at rest by CloudWatch Logs, no secrets logged."),
+    ("CKV_AWS_115", VERDICT_FUNCTION): (
+        "Invoked only by the team's metrics-lost alarms; reserving concurrency takes from the account's pool and "
+        "fails on accounts at Lambda's minimum of 10 unreserved."
+    ),
+    ("CKV_AWS_116", VERDICT_FUNCTION): (
+        "EventBridge invokes it asynchronously with 2 retries; a lost verdict loses no alarm: the composite alarm "
+        "notifies the topic itself."
+    ),
+    ("CKV_AWS_117", VERDICT_FUNCTION): (
+        "It calls only S3, CloudWatch and SNS public endpoints with its role; a VPC would add an SNS endpoint."
+    ),
+    ("CKV_AWS_173", VERDICT_FUNCTION): (
+        "Its environment holds the team name, bucket name and topic ARN only; Lambda encrypts it at rest."
+    ),
+    ("CKV_AWS_158", r"monitoring:AWS::Logs::LogGroup\.AlarmVerdictLogs[0-9A-F]{8}"): (
+        "The verdict function's logs: no secrets; CloudWatch Logs encrypts them at rest."
+    ),
     ("CKV_AWS_18", r"artifacts:AWS::S3::Bucket\.ArtifactStoreAccessLogs[0-9A-F]{8}"): (
         "This is the access-log bucket itself: logging it into itself would loop."
     ),

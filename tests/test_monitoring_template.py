@@ -242,7 +242,9 @@ def test_email_subscription_when_configured() -> None:
 
 
 def test_job_may_manage_only_its_teams_run_alarms_and_read_the_template(demo: Synthesized) -> None:
-    _, policy = demo.template("monitoring").one_of_type("AWS::IAM::Policy")
+    _, policy = demo.template("monitoring").one_of_type(
+        "AWS::IAM::Policy", logical_id_prefix="MonitoringRunAlarmsPolicy"
+    )
     statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     alarms = statements["ManageOwnRunAlarms"]
     assert sorted(alarms["Action"]) == sorted(["cloudwatch:PutMetricAlarm", "cloudwatch:PutCompositeAlarm"])

@@ -16,7 +16,7 @@ from beacon import contract
 from beacon.ranks import stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.doctor.rank_verdict import which_rank
+from beacon_ops.doctor.rank_verdict import RankVerdict, which_rank
 from beacon_ops.evidence.reading import RunEvidence, alarm_states, metric_samples, read_run
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
@@ -42,10 +42,18 @@ class Diagnosis:
     verdicts: list[Verdict] = field(default_factory=list)
     heartbeat_age_s: float | None = None
     progress_age_s: float | None = None
+    lead: str = ""  # the check whose verdict is the cause
+    stopped_rank: RankVerdict | None = None  # the rank that stopped a multi-rank run, with its stack
 
     @property
     def healthy(self) -> bool:
         return self.diagnosis in ("healthy", "finished")
+
+    def headline(self) -> str:
+        """One line: the cause and the evidence of the verdict that names it, e.g. `rank-hung: rank 3 on
+        pod train-1, node node-1 hung at step 50 in training (train.py:12 in forward); 3 rank(s) wait in ...`."""
+        lead = next((v for v in self.verdicts if v.check == self.lead), None)
+        return f"{self.diagnosis}: {lead.evidence}" if lead is not None else self.diagnosis
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "healthy": self.healthy}
@@ -77,6 +85,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     heartbeat_age = (now - beats[-1].at).total_seconds() if beats else None
     progress_age = progress[-1].value + (now - progress[-1].at).total_seconds() if progress else None
 
+    rank_check, stopped = _stopped_rank(evidence)
     verdicts = [
         _job_state(evidence),
         _liveness(evidence, heartbeat_age, progress_age, interval, inputs.stall_after_s),
@@ -84,31 +93,30 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         _write_probe(inputs),
         _endpoint(inputs, evidence),
         _rank_collision(evidence),
-        _stopped_rank(evidence),
+        rank_check,
         _spool(evidence),
         _divergence(inputs, dims, now),
         _alarms(inputs),
     ]
     by_check = {v.check: v for v in verdicts}
-    if by_check["permission"].status == FAIL:
-        cause = "permission"
-    elif by_check["spool"].status == FAIL:
-        cause = "spool-not-persistent"
-    elif by_check["ranks"].status == FAIL:
-        cause = "rank-collision"
-    elif by_check["rank"].status == FAIL:
-        cause = f"rank-{by_check['rank'].verdict}"  # the rank that stopped the run leads
-    elif by_check["liveness"].status == FAIL:
-        cause = by_check["liveness"].verdict
-    elif by_check["delivery"].status == FAIL:
-        cause = "delivery"
-    elif by_check["endpoint"].status == FAIL:
-        cause = "endpoint"
-    elif by_check["job"].verdict == "not started":
-        cause = "not-started"
-    else:
-        cause = evidence.final_state or "healthy"
-    return Diagnosis(inputs.team, inputs.experiment, inputs.run, cause, verdicts, heartbeat_age, progress_age)
+    # In order: the first failing check that explains the others is the cause.
+    causes = (
+        ("permission", lambda v: "permission"),
+        ("spool", lambda v: "spool-not-persistent"),
+        ("ranks", lambda v: "rank-collision"),
+        ("rank", lambda v: f"rank-{v.verdict}"),  # the rank that stopped the run leads
+        ("liveness", lambda v: v.verdict),
+        ("delivery", lambda v: "delivery"),
+        ("endpoint", lambda v: "endpoint"),
+    )
+    lead, cause = next(
+        ((check, name(by_check[check])) for check, name in causes if by_check[check].status == FAIL), ("job", "")
+    )
+    if not cause:
+        cause = "not-started" if by_check["job"].verdict == "not started" else evidence.final_state or "healthy"
+    return Diagnosis(
+        inputs.team, inputs.experiment, inputs.run, cause, verdicts, heartbeat_age, progress_age, lead, stopped
+    )
 
 
 def _samples(
@@ -299,16 +307,20 @@ def _rank_collision(evidence: RunEvidence) -> Verdict:
     return Verdict("ranks", OK, "rank 0 only", f"{len(evidence.records)} records, all from rank 0")
 
 
-def _stopped_rank(evidence: RunEvidence) -> Verdict:
+def _stopped_rank(evidence: RunEvidence) -> tuple[Verdict, RankVerdict | None]:
     """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps."""
     documents, stacks = evidence.ranks()
     if len(documents) < 2:
-        return Verdict("rank", INFO, "not applicable", "no per-rank evidence (a single rank, or none uploaded yet)")
+        return Verdict(
+            "rank", INFO, "not applicable", "no per-rank evidence (a single rank, or none uploaded yet)"
+        ), None
     stopped = which_rank(documents, stacks)
     if stopped is None:
-        return Verdict("rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others")
+        return Verdict(
+            "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others"
+        ), None
     where = f"its stack: ranks/…/{stacks_name(stopped.rank)}" if stopped.stack else "no stack dump (killed outright)"
-    return Verdict("rank", FAIL, stopped.how, stopped.line(), where)
+    return Verdict("rank", FAIL, stopped.how, stopped.line(), where), stopped
 
 
 def _spool(evidence: RunEvidence) -> Verdict:

@@ -346,6 +346,7 @@ ARN_ATTRIBUTES = {
     "AWS::CloudWatch::Alarm": lambda p, name: f"arn:{PARTITION}:cloudwatch:{REGION}:{ACCOUNT}:alarm:{name}",
     "AWS::EKS::Cluster": lambda p, name: f"arn:{PARTITION}:eks:{REGION}:{ACCOUNT}:cluster/{name}",
     "AWS::ECR::Repository": lambda p, name: f"arn:{PARTITION}:ecr:{REGION}:{ACCOUNT}:repository/{name}",
+    "AWS::Logs::LogGroup": lambda p, name: f"arn:{PARTITION}:logs:{REGION}:{ACCOUNT}:log-group:{name}:*",
 }
 NAME_PROPERTIES = {
     "AWS::IAM::Role": "RoleName",
@@ -357,6 +358,7 @@ NAME_PROPERTIES = {
     "AWS::CloudWatch::Alarm": "AlarmName",
     "AWS::EKS::Cluster": "Name",
     "AWS::ECR::Repository": "RepositoryName",
+    "AWS::Logs::LogGroup": "LogGroupName",
 }
 # Types whose Ref is the ARN rather than the name.
 REF_IS_ARN = {"AWS::SNS::Topic"}

@@ -1,0 +1,216 @@
+"""The alarm carries the verdict: when a run's `metrics-lost` alarm goes to ALARM, the doctor's diagnosis
+of that run (its evidence in S3, its metrics and alarms in CloudWatch) goes to the team's topic.
+
+The monitoring stack runs this as a Lambda function (`handler`), behind an EventBridge rule on the
+team's "CloudWatch Alarm State Change" events; the alarm's own notification still goes out as before,
+this one follows with the verdict. It never calls the Kubernetes API. `notify` is the whole function
+with its clients passed in, so tests run it in-process against the embedded AWS.
+
+Its bundle (`beacon_constructs.alarm_verdict.BUNDLE`) holds the runtime's `beacon` package and the
+operator's doctor and evidence reading; Lambda's Python runtime brings boto3.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from beacon import contract
+from botocore.exceptions import BotoCoreError, ClientError
+
+from beacon_ops.doctor.diagnosis import FAIL, WARN, Diagnosis, DoctorInputs, diagnose
+
+log = logging.getLogger("beacon.alarm_verdict")
+
+# The function's environment, set by the monitoring stack.
+ENV_TEAM = "BEACON_TEAM"
+ENV_BUCKET = "BEACON_BUCKET"
+ENV_TOPIC_ARN = "BEACON_TOPIC_ARN"
+
+ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
+ALARM_SOURCE = "aws.cloudwatch"
+# SNS: a subject of at most 100 printable ASCII characters; a message of at most 256 KiB (UTF-8).
+SUBJECT_LIMIT = 100
+MESSAGE_LIMIT = 256 * 1024
+STACK_FRAMES = 12  # of the stopped rank's main thread, innermost first
+
+
+@dataclass(frozen=True)
+class AlarmedRun:
+    alarm: str
+    team: str
+    experiment: str
+    run: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Notification:
+    subject: str
+    message: str
+
+
+def metrics_lost_suffix() -> str:
+    return f"-{contract.RunAlarm.METRICS_LOST.value}"
+
+
+def alarm_pattern(team: str) -> str:
+    """The EventBridge wildcard naming every run's metrics-lost alarm of this team, and nothing else."""
+    return f"{contract.run_alarm_prefix(team)}*{metrics_lost_suffix()}"
+
+
+def _dimensions_of(detail: dict[str, Any]) -> dict[str, str]:
+    """A metric alarm's dimensions, as its state-change event carries them."""
+    found: dict[str, str] = {}
+    for metric in (detail.get("configuration") or {}).get("metrics") or []:
+        found.update(((metric.get("metricStat") or {}).get("metric") or {}).get("dimensions") or {})
+    return found
+
+
+def _sibling_dimensions(cloudwatch: Any, team: str, alarm: str) -> dict[str, str]:
+    """The composite has no dimensions: its run's silent alarm, a metric alarm, names the run in its own."""
+    silent = alarm.removesuffix(contract.RunAlarm.METRICS_LOST.value) + contract.RunAlarm.SILENT.value
+    try:
+        answer = cloudwatch.describe_alarms(AlarmNames=[silent], AlarmTypes=["MetricAlarm"])
+    except (ClientError, BotoCoreError) as error:
+        log.warning("cannot describe %s: %s", silent, error)
+        return {}
+    for found in answer.get("MetricAlarms", []):
+        return {d["Name"]: d["Value"] for d in found.get("Dimensions", [])}
+    return {}
+
+
+def alarmed_run(event: dict[str, Any], *, team: str, cloudwatch: Any) -> AlarmedRun | str:
+    """The run whose metrics-lost alarm went to ALARM, or why this event is not one to act on."""
+    if event.get("source") != ALARM_SOURCE or event.get("detail-type") != ALARM_STATE_CHANGE:
+        return f"not an alarm state change: {event.get('source')} {event.get('detail-type')}"
+    detail = event.get("detail") or {}
+    alarm = str(detail.get("alarmName", ""))
+    state = (detail.get("state") or {}).get("value")
+    prefix, suffix = contract.run_alarm_prefix(team), metrics_lost_suffix()
+    if not (alarm.startswith(prefix) and alarm.endswith(suffix)):
+        return f"not a metrics-lost alarm of team {team}: {alarm}"
+    if state != "ALARM":
+        return f"{alarm} went to {state}, not ALARM"
+    reason = str((detail.get("state") or {}).get("reason", ""))
+    dimensions = _dimensions_of(detail) or _sibling_dimensions(cloudwatch, team, alarm)
+    experiment = dimensions.get(contract.Dim.EXPERIMENT.value)
+    run = dimensions.get(contract.Dim.RUN.value)
+    if dimensions.get(contract.Dim.TEAM.value, team) != team:
+        return f"{alarm} names team {dimensions[contract.Dim.TEAM.value]}, not {team}"
+    if experiment is None or run is None:
+        # Without the run's own alarms to ask, the name alone: unambiguous only if one hyphen parts them.
+        parts = alarm.removeprefix(prefix).removesuffix(suffix).split("-")
+        if len(parts) == 2:
+            experiment, run = parts
+        else:
+            experiment, run = "", alarm.removeprefix(prefix).removesuffix(suffix)
+    return AlarmedRun(alarm, team, experiment, run, reason)
+
+
+def _ascii(text: str) -> str:
+    return text.encode("ascii", "replace").decode().replace("\n", " ")
+
+
+def subject_of(alarmed: AlarmedRun, diagnosis: Diagnosis | None) -> str:
+    verdict = diagnosis.diagnosis if diagnosis is not None else "no verdict"
+    subject = _ascii(f"Beacon {alarmed.team}: {alarmed.experiment}/{alarmed.run} {verdict}")
+    return subject if len(subject) <= SUBJECT_LIMIT else subject[: SUBJECT_LIMIT - 3] + "..."
+
+
+def message_of(alarmed: AlarmedRun, diagnosis: Diagnosis, bucket: str) -> str:
+    """The verdict first (the cause, with the rank that stopped the run), then where it hangs, then every check."""
+    doctor = f"beacon doctor --team {alarmed.team} --experiment {alarmed.experiment} --run {alarmed.run}"
+    lines = [
+        diagnosis.headline(),
+        "",
+        f"Alarm {alarmed.alarm} is in ALARM: {alarmed.reason or 'no reason given'}",
+        f"Run: team {alarmed.team}, experiment {alarmed.experiment}, run {alarmed.run} "
+        f"(s3://{bucket}/{contract.run_prefix(alarmed.experiment, alarmed.run)})",
+    ]
+    stopped = diagnosis.stopped_rank
+    if stopped is not None and stopped.stack:
+        lines += ["", f"Rank {stopped.rank}'s main thread, innermost first:"]
+        lines += [f"  {frame}" for frame in stopped.stack[:STACK_FRAMES]]
+        if len(stopped.stack) > STACK_FRAMES:
+            lines.append(f"  ... {len(stopped.stack) - STACK_FRAMES} more frame(s)")
+    lines += ["", "Checks:"]
+    for v in diagnosis.verdicts:
+        lines.append(f"  [{v.status}] {v.check}: {v.verdict}: {v.evidence}")
+        if v.fix and v.status in (FAIL, WARN):
+            lines.append(f"      fix: {v.fix}")
+    lines += ["", f"Then run: {doctor}"]
+    return _fit("\n".join(lines))
+
+
+def _fit(message: str) -> str:
+    encoded = message.encode()
+    if len(encoded) <= MESSAGE_LIMIT:
+        return message
+    cut = "\n... (cut to SNS's 256 KiB; `beacon doctor` shows all)"
+    return encoded[: MESSAGE_LIMIT - len(cut.encode())].decode(errors="ignore") + cut
+
+
+def notify(
+    event: dict[str, Any],
+    *,
+    team: str,
+    bucket: str,
+    topic_arn: str,
+    region: str,
+    s3: Any,
+    cloudwatch: Any,
+    sns: Any,
+    now: datetime | None = None,
+) -> Notification | None:
+    """Publish the doctor's verdict on the run whose metrics-lost alarm this event reports; None (and
+    nothing published) for any other event."""
+    alarmed = alarmed_run(event, team=team, cloudwatch=cloudwatch)
+    if isinstance(alarmed, str):
+        log.info("ignored: %s", alarmed)
+        return None
+    if not alarmed.experiment:
+        diagnosis = None
+        message = (
+            f"Alarm {alarmed.alarm} is in ALARM, but its run's own alarms are gone and its name does not say "
+            f"where the experiment ends and the run begins ({alarmed.run}).\n"
+            f"Run: beacon doctor --team {team} --experiment <experiment> --run <run>"
+        )
+    else:
+        try:
+            inputs = DoctorInputs(team, alarmed.experiment, alarmed.run, bucket, region, s3, cloudwatch, now=now)
+            diagnosis = diagnose(inputs)
+            message = message_of(alarmed, diagnosis, bucket)
+        except (ClientError, BotoCoreError, ValueError) as error:
+            log.exception("the diagnosis of %s/%s failed", alarmed.experiment, alarmed.run)
+            diagnosis = None
+            message = (
+                f"Alarm {alarmed.alarm} is in ALARM; the doctor could not read the run's evidence: {error}\n"
+                f"Run: beacon doctor --team {team} --experiment {alarmed.experiment} --run {alarmed.run}"
+            )
+    notification = Notification(subject_of(alarmed, diagnosis), message)
+    sns.publish(TopicArn=topic_arn, Subject=notification.subject, Message=notification.message)
+    return notification
+
+
+def handler(event: dict[str, Any], context: object) -> dict[str, Any]:
+    """The Lambda entry point: clients from the function's role, names from its environment."""
+    import boto3  # Lambda's Python runtime provides it; imported here so tests need no environment
+
+    logging.getLogger().setLevel(logging.INFO)
+    region = os.environ["AWS_REGION"]
+    session = boto3.session.Session(region_name=region)
+    notification = notify(
+        event,
+        team=os.environ[ENV_TEAM],
+        bucket=os.environ[ENV_BUCKET],
+        topic_arn=os.environ[ENV_TOPIC_ARN],
+        region=region,
+        s3=session.client("s3"),
+        cloudwatch=session.client("cloudwatch"),
+        sns=session.client("sns"),
+    )
+    return {"published": notification is not None, "subject": notification.subject if notification else ""}

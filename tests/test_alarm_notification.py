@@ -1,0 +1,514 @@
+"""The alarm carries the verdict (issue 17): a run's metrics-lost alarm goes to ALARM, an EventBridge rule
+invokes the monitoring stack's function, and the function publishes the doctor's verdict to the team's topic.
+
+moto runs Lambda invocations in Docker, which is not here: the handler runs in-process against a real moto
+server, on the event EventBridge would deliver; the topic's subscriber is a real SQS queue. The rule, the
+function and its rights are asserted on the synthesized templates, the rights as AWS evaluates them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from beacon import contract
+from beacon.preflight import PreflightRecord
+from beacon.progress import ProgressClock
+from beacon.ranks import Placement, RankSignal, stacks_name, upload_rank_evidence
+from beacon.run_alarms import RunAlarms
+
+from beacon_constructs.alarm_verdict import BUNDLE, HANDLER, metrics_lost_pattern, stage_bundle
+from beacon_ops.doctor import notify
+from tests.conftest import WriterSession
+from tests.support.moto_server import REGION, MotoServer
+from tests.support.policy_eval import ACCOUNT, Decision, Deployment, Request, merge
+from tests.support.synth import ROOT, Synthesized
+
+TEAM, EXPERIMENT, RUN = "demo", "smoke", "hang-r3"
+STOPPED = Placement(pod="train-1-7xk2p", node="ip-10-0-2-7.ec2.internal", instance="g6.12xlarge")
+TORCH_WAIT = (
+    '  File "/opt/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce'
+)
+
+
+# --- the evidence a hung 4-rank run leaves, written by the runtime's own writers -------------------
+def forward(signal: RankSignal) -> None:
+    """Rank 3's model: it hangs here, and its stall dump (faulthandler's, of this very thread) says so."""
+    signal.dump_stacks("no progress for 95 s after step 50")
+
+
+def waiting_dump(rank: int) -> str:
+    """What faulthandler writes for a rank blocked in the next collective (a real dump needs a real group)."""
+    return (
+        f"--- rank {rank} pid {100 + rank} at {time.time():.3f}, step 50: no progress for 95 s after step 50\n"
+        "Thread 0x00007f0000000001 (most recent call first):\n"
+        '  File "/usr/lib/python3.12/threading.py", line 355 in wait\n'
+        '  File "/usr/lib/python3.12/threading.py", line 1032 in _bootstrap\n\n'
+        "Current thread 0x00007f0000000002 (most recent call first):\n"
+        f"{TORCH_WAIT}\n"
+        '  File "/app/train.py", line 88 in train_step\n'
+        '  File "/app/train.py", line 120 in main\n'
+    )
+
+
+def seed_hung_run(s3: Any, bucket: str, workdir: Path) -> None:
+    """Rank 3 of 4 (2 nodes) stopped at step 50 in forward; ranks 0-2 wait in all_reduce; rank 0 uploaded
+    the ranks' evidence and wrote steps 0-50 and its preflight."""
+    ranks_dir = workdir / "ranks"
+    signals = []
+    try:
+        for rank in range(4):
+            progress = ProgressClock()
+            progress.dispatched_step = 50
+            progress.step_finished()
+            placement = STOPPED if rank == 3 else Placement(f"train-{rank // 2}-abc{rank}", f"ip-10-0-1-{rank}", "")
+            signal = RankSignal(
+                ranks_dir,
+                rank=rank,
+                local_rank=rank % 2,
+                world_size=4,
+                progress=progress,
+                interval=600,  # the test writes; the thread never gets to
+                stall_dump_after=600,
+                placement=placement,
+            ).start()
+            signals.append(signal)
+            signal.write()
+        forward(signals[3])
+        for rank in range(3):
+            (ranks_dir / stacks_name(rank)).write_text(waiting_dump(rank))
+        assert upload_rank_evidence(s3, bucket=bucket, experiment=EXPERIMENT, run=RUN, attempt=0, directory=ranks_dir)
+    finally:
+        for signal in signals:
+            signal.stop()
+    now = time.time()
+    records = [
+        contract.Record(EXPERIMENT, RUN, step, {"loss": 2.0 / (step + 1)}, now - 60 + step, seq=step)
+        for step in range(51)
+    ]
+    s3.put_object(
+        Bucket=bucket, Key=contract.events_key(EXPERIMENT, RUN, 0), Body=b"".join(r.to_line() for r in records)
+    )
+    preflight = PreflightRecord(
+        run=RUN,
+        experiment=EXPERIMENT,
+        host="train-0-abc0",
+        pid=100,
+        world_size=4,
+        spool_dir="/artifacts/spool",
+        spool_filesystem="nfs4",
+        spool_persistent=True,
+        started_at="2026-12-01T10:00:00+00:00",
+        team=TEAM,
+        region=REGION,
+        s3_endpoint="https://s3.us-east-1.amazonaws.com",
+        namespace=contract.metric_namespace(TEAM),
+        heartbeat_interval=15.0,
+    )
+    s3.put_object(
+        Bucket=bucket,
+        Key=contract.preflight_key(EXPERIMENT, RUN, "1-abc.json"),
+        Body=json.dumps(asdict(preflight)).encode(),
+    )
+
+
+def alarm_event(alarm: dict[str, Any], state: str = "ALARM", previous: str = "OK") -> dict[str, Any]:
+    """What EventBridge delivers for a composite alarm's state change (no metrics: a composite has none)."""
+    return {
+        "version": "0",
+        "id": "7f6f9f8e-0000-0000-0000-000000000000",
+        "detail-type": notify.ALARM_STATE_CHANGE,
+        "source": notify.ALARM_SOURCE,
+        "account": ACCOUNT,
+        "time": "2026-12-01T10:04:00Z",
+        "region": REGION,
+        "resources": [f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:{alarm['AlarmName']}"],
+        "detail": {
+            "alarmName": alarm["AlarmName"],
+            "state": {"value": state, "reason": f"{alarm['AlarmName'].removesuffix('metrics-lost')}stalled in ALARM"},
+            "previousState": {"value": previous},
+            "configuration": {
+                "alarmRule": alarm.get("AlarmRule", ""),
+                "description": alarm.get("AlarmDescription", ""),
+            },
+        },
+    }
+
+
+def topic_with_queue(aws: MotoServer) -> tuple[str, Any, str]:
+    """The team's topic with a real SQS subscriber: (topic ARN, sqs client, queue URL)."""
+    sns, sqs = aws.client("sns"), aws.client("sqs")
+    topic = sns.create_topic(Name="beacon-demo-alarms")["TopicArn"]
+    queue = sqs.create_queue(QueueName="oncall")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=queue_arn)
+    return topic, sqs, queue
+
+
+def delivered(sqs: Any, queue: str) -> list[dict[str, Any]]:
+    messages = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
+    return [json.loads(m["Body"]) for m in messages]
+
+
+def test_the_notification_names_the_rank_its_step_phase_place_and_hanging_frame_and_who_waits(
+    as_writer: WriterSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the Lambda entry point, with its environment, against the embedded AWS."""
+    seed_hung_run(as_writer.client("s3"), as_writer.bucket, as_writer.workdir)
+    aws = as_writer.aws
+    aws.reset_auth_only()  # the admin sets up the alarms and the topic; the function's rights are tested below
+    cloudwatch = aws.client("cloudwatch")
+    alarms = RunAlarms(cloudwatch, aws.client("ssm"), TEAM, EXPERIMENT, RUN)
+    alarms.arm()  # the run's own alarms, from the monitoring stack's template, as the job creates them
+    composite_name = contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.METRICS_LOST)
+    cloudwatch.set_alarm_state(AlarmName=composite_name, StateValue="ALARM", StateReason="stalled")
+    (composite,) = (
+        cloudwatch.describe_alarms(AlarmNames=[composite_name], AlarmTypes=["CompositeAlarm"])["CompositeAlarms"]
+        or cloudwatch.describe_alarms(AlarmNames=[composite_name])["MetricAlarms"]
+    )
+    topic, sqs, queue = topic_with_queue(aws)
+    for name, value in {
+        "AWS_ENDPOINT_URL": aws.url,
+        "AWS_ACCESS_KEY_ID": "admin",
+        "AWS_SECRET_ACCESS_KEY": "admin",
+        "AWS_REGION": REGION,
+        notify.ENV_TEAM: TEAM,
+        notify.ENV_BUCKET: as_writer.bucket,
+        notify.ENV_TOPIC_ARN: topic,
+    }.items():
+        monkeypatch.setenv(name, value)
+
+    result = notify.handler(alarm_event(composite), None)
+
+    assert result["published"]
+    (message,) = delivered(sqs, queue)
+    assert message["Subject"] == f"Beacon {TEAM}: {EXPERIMENT}/{RUN} rank-hung"
+    text = message["Message"]
+    verdict = text.splitlines()[0]
+    assert verdict.startswith(
+        f"rank-hung: rank 3 on pod {STOPPED.pod}, node {STOPPED.node}, instance {STOPPED.instance} "
+        "hung at step 50 in training ("
+    ), verdict
+    assert "in forward)" in verdict, "the hanging frame of the team's code"
+    assert verdict.endswith("; 3 rank(s) wait in all_reduce (0, 1, 2)"), verdict
+    stack = text.split("Rank 3's main thread, innermost first:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert "in dump_stacks" in stack[0] and "in forward" in stack[1], stack  # faulthandler's own dump
+    assert f"Then run: beacon doctor --team {TEAM} --experiment {EXPERIMENT} --run {RUN}" in text
+    assert f"Alarm {composite_name} is in ALARM" in text
+
+
+def test_the_function_reads_the_run_with_the_readers_rights_alone(as_writer: WriterSession) -> None:
+    """IAM enforced: the evidence and alarms are read with no more than the reader role's rights, and the
+    verdict published by an identity that may publish and do nothing else."""
+    seed_hung_run(as_writer.client("s3"), as_writer.bucket, as_writer.workdir)
+    topic, sqs, queue, publisher = topic_with_queue_as_admin(as_writer)
+    reader = as_writer.reader
+    event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.METRICS_LOST)})
+    notification = notify.notify(
+        event,
+        team=TEAM,
+        bucket=as_writer.bucket,
+        topic_arn=topic,
+        region=REGION,
+        s3=as_writer.client("s3", reader),
+        cloudwatch=as_writer.client("cloudwatch", reader),
+        sns=as_writer.aws.client("sns", **publisher),
+    )
+    assert notification is not None and notification.message.startswith("rank-hung: rank 3 on pod"), notification
+    as_writer.aws.reset_auth_only()
+    assert len(delivered(sqs, queue)) == 1
+
+
+def topic_with_queue_as_admin(as_writer: WriterSession) -> tuple[str, Any, str, dict[str, str]]:
+    """The topic and queue, the run's own alarms (as the job creates them), and an identity that may only
+    publish, set up by the admin."""
+    publisher = as_writer.aws.user_without_rights("verdict-publisher")
+    as_writer.aws.reset_auth_only()
+    try:
+        RunAlarms(as_writer.aws.client("cloudwatch"), as_writer.aws.client("ssm"), TEAM, EXPERIMENT, RUN).arm()
+        topic, sqs, queue = topic_with_queue(as_writer.aws)
+        statement = {"Effect": "Allow", "Action": "sns:Publish", "Resource": "*"}  # moto matches no topic ARN
+        as_writer.aws.client("iam").put_user_policy(
+            UserName="verdict-publisher",
+            PolicyName="publish",
+            PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [statement]}),
+        )
+        return topic, sqs, queue, publisher
+    finally:
+        as_writer.aws.enforce_iam()
+
+
+# --- what is ignored, and what has no evidence ----------------------------------------------------
+@pytest.fixture
+def team_aws(moto_server: MotoServer) -> tuple[MotoServer, str, str, Any, str]:
+    moto_server.client("s3").create_bucket(Bucket="beacon-demo-test")
+    topic, sqs, queue = topic_with_queue(moto_server)
+    return moto_server, "beacon-demo-test", topic, sqs, queue
+
+
+def run_notify(team_aws: tuple[MotoServer, str, str, Any, str], event: dict[str, Any]) -> notify.Notification | None:
+    aws, bucket, topic, _, _ = team_aws
+    return notify.notify(
+        event,
+        team=TEAM,
+        bucket=bucket,
+        topic_arn=topic,
+        region=REGION,
+        s3=aws.client("s3"),
+        cloudwatch=aws.client("cloudwatch"),
+        sns=aws.client("sns"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("alarm", "state"),
+    [
+        (contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.METRICS_LOST), "OK"),
+        (contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.METRICS_LOST), "INSUFFICIENT_DATA"),
+        (contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.STALLED), "ALARM"),  # the composite notifies
+        (contract.team_alarm_name(TEAM, contract.TeamAlarm.RESTARTS), "ALARM"),
+        (contract.run_alarm_name("vision", EXPERIMENT, RUN, contract.RunAlarm.METRICS_LOST), "ALARM"),
+    ],
+)
+def test_an_ok_transition_or_another_alarm_is_ignored(
+    team_aws: tuple[MotoServer, str, str, Any, str], alarm: str, state: str
+) -> None:
+    assert run_notify(team_aws, alarm_event({"AlarmName": alarm}, state=state)) is None
+    assert delivered(team_aws[3], team_aws[4]) == []
+
+
+def test_an_event_that_is_not_an_alarm_state_change_is_ignored(team_aws: tuple[MotoServer, str, str, Any, str]) -> None:
+    event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, "e", "r", contract.RunAlarm.METRICS_LOST)})
+    assert run_notify(team_aws, {**event, "detail-type": "CloudWatch Alarm Configuration Change"}) is None
+
+
+def test_a_run_with_no_evidence_gets_a_clear_message_not_a_crash(
+    team_aws: tuple[MotoServer, str, str, Any, str],
+) -> None:
+    """Its own alarms are gone too: the name alone says which run, since one hyphen parts experiment and run."""
+    alarm = contract.run_alarm_name(TEAM, "ghost", "r9", contract.RunAlarm.METRICS_LOST)
+    notification = run_notify(team_aws, alarm_event({"AlarmName": alarm}))
+    assert notification is not None
+    assert notification.subject == f"Beacon {TEAM}: ghost/r9 silent"
+    assert notification.message.startswith("silent: no heartbeat in CloudWatch for this run"), notification.message
+    assert "[fail] job: not started: no preflight record under the run prefix" in notification.message
+    (message,) = delivered(team_aws[3], team_aws[4])
+    assert message["Message"] == notification.message
+
+
+def test_an_ambiguous_name_with_no_alarms_left_says_so(team_aws: tuple[MotoServer, str, str, Any, str]) -> None:
+    alarm = contract.run_alarm_name(TEAM, "my-exp", "run-2", contract.RunAlarm.METRICS_LOST)
+    notification = run_notify(team_aws, alarm_event({"AlarmName": alarm}))
+    assert notification is not None and "does not say where the experiment ends" in notification.message
+    assert notification.subject == f"Beacon {TEAM}: /my-exp-run-2 no verdict"
+
+
+def test_the_message_fits_sns_limits() -> None:
+    alarmed = notify.AlarmedRun("a", TEAM, "e" * 63, "r" * 63, "")
+    assert len(notify.subject_of(alarmed, None)) <= notify.SUBJECT_LIMIT
+    assert len(notify._fit("é" * notify.MESSAGE_LIMIT).encode()) <= notify.MESSAGE_LIMIT
+
+
+# --- the template: rule, function, environment ----------------------------------------------------
+def resources(demo: Synthesized, kind: str) -> dict[str, Any]:
+    return {k: r for k, r in demo.template("monitoring").of_type(kind).items() if k.startswith("AlarmVerdict")}
+
+
+def test_the_rule_sends_only_the_teams_metrics_lost_alarms_going_to_alarm_to_the_function(demo: Synthesized) -> None:
+    (rule,) = resources(demo, "AWS::Events::Rule").values()
+    pattern = rule["Properties"]["EventPattern"]
+    assert pattern == {
+        "source": ["aws.cloudwatch"],
+        "detail-type": ["CloudWatch Alarm State Change"],
+        "detail": {"alarmName": [{"wildcard": "beacon-demo-run-*-metrics-lost"}], "state": {"value": ["ALARM"]}},
+    }
+    assert metrics_lost_pattern(TEAM) == notify.alarm_pattern(TEAM)
+    ((function_id, function),) = resources(demo, "AWS::Lambda::Function").items()
+    (target,) = rule["Properties"]["Targets"]
+    assert target["Arn"] == {"Fn::GetAtt": [function_id, "Arn"]}
+    (permission,) = resources(demo, "AWS::Lambda::Permission").values()
+    rule_id = next(iter(resources(demo, "AWS::Events::Rule")))
+    assert permission["Properties"]["Principal"] == "events.amazonaws.com"
+    assert permission["Properties"]["SourceArn"] == {"Fn::GetAtt": [rule_id, "Arn"]}
+    properties = function["Properties"]
+    assert properties["Handler"] == HANDLER == "beacon_ops.doctor.notify.handler"
+    assert properties["Runtime"].startswith("python3.")
+    variables = properties["Environment"]["Variables"]
+    assert set(variables) == {notify.ENV_TEAM, notify.ENV_BUCKET, notify.ENV_TOPIC_ARN}
+    assert variables[notify.ENV_TEAM] == TEAM
+    assert variables[notify.ENV_TOPIC_ARN] == {"Ref": demo.template("monitoring").one_of_type("AWS::SNS::Topic")[0]}
+    assert "Layers" not in properties and "VpcConfig" not in properties, "no Kubernetes API, nothing but AWS APIs"
+
+
+# --- least privilege, as AWS would evaluate it ------------------------------------------------------
+@pytest.fixture(scope="module")
+def aws(demo: Synthesized, vision: Synthesized) -> Deployment:
+    return Deployment(merge(demo.templates, vision.templates))
+
+
+def role_of(aws: Deployment, team: str) -> str:
+    name = contract.stack_name(team, "artifacts")
+    return aws.arn(name, aws.find(name, "AWS::IAM::Role", "ArtifactStoreVerdictRole"))
+
+
+def arn_of(aws: Deployment, team: str, component: str, kind: str, prefix: str = "") -> str:
+    name = contract.stack_name(team, component)
+    return aws.arn(name, aws.find(name, kind, prefix))
+
+
+def topic_of(aws: Deployment, team: str) -> str:
+    name = contract.stack_name(team, "monitoring")
+    return str(aws.resolve(name, {"Ref": aws.find(name, "AWS::SNS::Topic")}))
+
+
+def own_logs(aws: Deployment, team: str) -> str:
+    return arn_of(aws, team, "monitoring", "AWS::Logs::LogGroup", "AlarmVerdictLogs")
+
+
+TLS = {"aws:SecureTransport": True}
+
+
+def decision(aws: Deployment, action: str, resource: str, principal: str, **context: object) -> Decision:
+    return aws.decide(Request(action, resource, principal, {**TLS, **context})).decision
+
+
+def test_the_function_may_read_the_runs_evidence_and_publish_to_its_topic(aws: Deployment) -> None:
+    role = role_of(aws, TEAM)
+    functions = aws.templates[contract.stack_name(TEAM, "monitoring")].of_type("AWS::Lambda::Function")
+    (function,) = [f for k, f in functions.items() if k.startswith("AlarmVerdict")]
+    assert aws.resolve(contract.stack_name(TEAM, "monitoring"), function["Properties"]["Role"]) == role
+    bucket = arn_of(aws, TEAM, "artifacts", "AWS::S3::Bucket", "ArtifactStoreBucket")
+    bucket_key = arn_of(aws, TEAM, "artifacts", "AWS::KMS::Key", "ArtifactStoreKey")
+    evidence = f"{bucket}/{contract.rank_evidence_key(EXPERIMENT, RUN, 0, stacks_name(3))}"
+    s3 = {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}
+    sns = {"kms:ViaService": f"sns.{REGION}.amazonaws.com"}
+    allowed = [
+        ("s3:GetObject", evidence, {}),
+        ("s3:GetObject", f"{bucket}/{contract.events_key(EXPERIMENT, RUN, 0)}", {}),
+        ("s3:ListBucket", bucket, {"s3:prefix": contract.run_prefix(EXPERIMENT, RUN)}),
+        ("kms:Decrypt", bucket_key, s3),
+        ("cloudwatch:GetMetricStatistics", "*", {}),
+        (
+            "cloudwatch:DescribeAlarms",
+            f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:"
+            + contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.SILENT),
+            {},
+        ),
+        ("sns:Publish", topic_of(aws, TEAM), {}),
+        ("kms:GenerateDataKey", arn_of(aws, TEAM, "monitoring", "AWS::KMS::Key", "MonitoringTopicKey"), sns),
+        ("kms:Decrypt", arn_of(aws, TEAM, "monitoring", "AWS::KMS::Key", "MonitoringTopicKey"), sns),
+        ("logs:PutLogEvents", own_logs(aws, TEAM).replace(":*", ":log-stream:2026/12/01/[$LATEST]abc"), {}),
+    ]
+    for action, resource, context in allowed:
+        explanation = aws.decide(Request(action, resource, role, {**TLS, **context}))
+        assert explanation.decision is Decision.ALLOW, f"{action} {resource} -> {explanation}"
+
+
+def test_the_function_may_do_nothing_else(aws: Deployment) -> None:
+    role = role_of(aws, TEAM)
+    bucket = arn_of(aws, TEAM, "artifacts", "AWS::S3::Bucket", "ArtifactStoreBucket")
+    other_bucket = arn_of(aws, "vision", "artifacts", "AWS::S3::Bucket", "ArtifactStoreBucket")
+    evidence = f"{bucket}/{contract.rank_evidence_key(EXPERIMENT, RUN, 0, stacks_name(3))}"
+    bucket_key = arn_of(aws, TEAM, "artifacts", "AWS::KMS::Key", "ArtifactStoreKey")
+    refused = [
+        ("s3:PutObject", evidence, {}),
+        ("s3:DeleteObject", evidence, {}),
+        ("s3:DeleteObjectVersion", evidence, {}),
+        ("s3:GetObject", f"{bucket}/not-experiments/x", {}),
+        ("s3:GetObject", f"{other_bucket}/{contract.rank_evidence_key(EXPERIMENT, RUN, 0, stacks_name(3))}", {}),
+        ("s3:ListBucket", bucket, {"s3:prefix": ""}),
+        ("s3:ListBucket", other_bucket, {"s3:prefix": contract.run_prefix(EXPERIMENT, RUN)}),
+        ("kms:Decrypt", bucket_key, {}),  # only through S3
+        ("kms:Encrypt", bucket_key, {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}),
+        ("sns:Publish", topic_of(aws, "vision"), {}),
+        ("sns:Subscribe", topic_of(aws, TEAM), {}),
+        ("cloudwatch:PutMetricData", "*", {}),
+        ("cloudwatch:SetAlarmState", f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:beacon-demo-run-x-y-silent", {}),
+        ("cloudwatch:DeleteAlarms", f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:beacon-demo-run-x-y-silent", {}),
+        ("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:beacon-vision-run-x-y-silent", {}),
+        ("ssm:GetParameter", f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/beacon/demo/run-alarm-template", {}),
+        ("eks:DescribeCluster", f"arn:aws:eks:{REGION}:{ACCOUNT}:cluster/beacon-demo", {}),
+        ("logs:PutLogEvents", own_logs(aws, "vision").replace(":*", ":log-stream:x"), {}),
+    ]
+    for action, resource, context in refused:
+        explanation = aws.decide(Request(action, resource, role, {**TLS, **context}))
+        assert explanation.decision is not Decision.ALLOW, f"{action} {resource} -> {explanation}"
+
+
+def test_only_lambda_may_take_the_functions_role(aws: Deployment) -> None:
+    role = role_of(aws, TEAM)
+    assert decision(aws, "sts:AssumeRole", role, "lambda.amazonaws.com") is Decision.ALLOW
+    for principal in ("pods.eks.amazonaws.com", "sagemaker.amazonaws.com", f"arn:aws:iam::{ACCOUNT}:root"):
+        assert decision(aws, "sts:AssumeRole", role, principal) is not Decision.ALLOW
+
+
+# --- the bundle: nothing missing, nothing more -----------------------------------------------------
+LAMBDA_PROVIDES = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3", "six.py")
+
+ISOLATED_IMPORT = """
+import sys
+assert not any("site-packages" in p for p in sys.path), sys.path  # -S: no site, no .pth
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from beacon_ops.doctor import notify
+assert notify.__file__.startswith(sys.argv[1]), notify.__file__
+import beacon.contract, beacon.ranks
+class Nothing:
+    def __getattr__(self, name):
+        raise AssertionError("an ignored event calls nothing")
+ok = {"source": "aws.cloudwatch", "detail-type": "CloudWatch Alarm State Change",
+      "detail": {"alarmName": "beacon-demo-run-e-r-metrics-lost", "state": {"value": "OK"}}}
+assert notify.notify(ok, team="demo", bucket="b", topic_arn="t", region="us-east-1",
+                     s3=Nothing(), cloudwatch=Nothing(), sns=Nothing()) is None
+for name in ("torch", "aws_cdk", "kubernetes", "moto", "config", "stacks", "workloads", "beacon_constructs"):
+    assert name not in sys.modules, name
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+    else:
+        raise AssertionError(f"{name} is importable: the bundle is not isolated")
+print("isolated import ok")
+"""
+
+
+def lambda_runtime(tmp_path: Path) -> Path:
+    """What Lambda's Python runtime brings besides the standard library: boto3 and its dependencies."""
+    import boto3
+
+    site = Path(boto3.__file__).parents[1]
+    provided = tmp_path / "lambda-runtime"
+    provided.mkdir()
+    for name in LAMBDA_PROVIDES:
+        (provided / name).symlink_to(site / name)
+    return provided
+
+
+def test_the_bundle_imports_the_handler_with_nothing_but_itself_and_boto3(tmp_path: Path) -> None:
+    bundle = stage_bundle(tmp_path / "bundle")
+    done = subprocess.run(
+        [sys.executable, "-S", "-I", "-c", ISOLATED_IMPORT, str(bundle), str(lambda_runtime(tmp_path))],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "isolated import ok" in done.stdout
+
+
+def test_the_synthesized_asset_is_the_bundle(demo: Synthesized, tmp_path: Path) -> None:
+    (function,) = resources(demo, "AWS::Lambda::Function").values()
+    asset = demo.outdir / f"asset.{function['Properties']['Code']['S3Key'].removesuffix('.zip')}"
+    bundle = stage_bundle(tmp_path / "bundle")
+    files = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(asset)) for p in asset.rglob("*") if p.is_file())
+    assert all((bundle / f).read_bytes() == (asset / f).read_bytes() for f in files)
+    assert {source.split("/")[0] for source, _ in BUNDLE} == {"runtime", "beacon_ops"}
+    assert not any(f.startswith(("beacon_ops/cli", "beacon_ops/smoke", "beacon_ops/local")) for f in files)
+    assert "beacon_ops/doctor/notify.py" in files and (ROOT / "beacon_ops/doctor/notify.py").exists()
