@@ -510,5 +510,5 @@ def test_the_synthesized_asset_is_the_bundle(demo: Synthesized, tmp_path: Path) 
     assert files == sorted(str(p.relative_to(asset)) for p in asset.rglob("*") if p.is_file())
     assert all((bundle / f).read_bytes() == (asset / f).read_bytes() for f in files)
     assert {source.split("/")[0] for source, _ in BUNDLE} == {"runtime", "beacon_ops"}
-    assert not any(f.startswith(("beacon_ops/cli", "beacon_ops/smoke", "beacon_ops/local")) for f in files)
+    assert not any(f.startswith(("beacon_ops/cli", "beacon_ops/jobs", "beacon_ops/local")) for f in files)
     assert "beacon_ops/doctor/notify.py" in files and (ROOT / "beacon_ops/doctor/notify.py").exists()
