@@ -230,7 +230,6 @@ def telemetry(tmp_path: Path, *, s3: Any, cloudwatch: Any, **flags: str) -> Tele
         progress=ProgressClock(),
         spool=spool,
         run_alarms=None,
-        resumed_after_step=-1,
     )
 
 

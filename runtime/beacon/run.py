@@ -588,7 +588,6 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
         progress=progress,
         spool=spool,
         run_alarms=alarms,
-        resumed_after_step=spool.last_step,
     )
     if world.size > 1:
         telemetry.ranks_dir = settings.run_ranks_dir

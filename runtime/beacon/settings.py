@@ -49,6 +49,8 @@ class RunSettings:
     alarms: bool = True  # create this run's alarms from the team's template, delete them on exit
     allow_ephemeral_spool: bool = False  # a spool on tmpfs/overlay/emptyDir: local development only
     telemetry: bool = True  # every sink on; off only to measure overhead
+    # TensorBoard shows every record up to this rate, evenly thinned above it; S3 always has every record.
+    tensorboard_points_per_s: float = 1000.0
     # Logged metrics that also go to CloudWatch (each is a custom metric, billed monthly). S3 and
     # TensorBoard carry every metric; CloudWatch always carries the health contract and the loss.
     cloudwatch_metrics: tuple[str, ...] = ()
@@ -64,7 +66,13 @@ class RunSettings:
             _check(kind, lambda value, kind=kind: contract.validate_id(kind, value), getattr(self, kind))
         if self.run:
             _check("run", lambda value: contract.validate_id("run", value), self.run)
-        for name in ("flush_interval", "heartbeat_interval", "shutdown_budget", "stall_dump_after"):
+        for name in (
+            "flush_interval",
+            "heartbeat_interval",
+            "shutdown_budget",
+            "stall_dump_after",
+            "tensorboard_points_per_s",
+        ):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise SettingsError(f"{_label(name)}: must be a number > 0, got {value!r}")

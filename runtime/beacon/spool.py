@@ -72,32 +72,38 @@ class RunningSummary:
 
     def __init__(self) -> None:
         self.count = 0
+        self.first_seq = self.last_seq = -1
         self.low_step = self.high_step = 0
         self.attempts: set[int] = set()
         self.low_wall = self.high_wall = 0.0
-        self.first: Record | None = None
-        self.last: Record | None = None
 
-    def add(self, record: Record) -> None:
-        if self.first is None:
-            self.first = record
+    def add(self, record: Record, seq: int) -> None:
+        """`record` under sequence number `seq` (the spool numbers records as it appends them)."""
+        if self.count == 0:
+            self.first_seq = seq
             self.low_step = self.high_step = record.step
             self.low_wall = self.high_wall = record.wall_time
         else:
-            self.low_step, self.high_step = min(self.low_step, record.step), max(self.high_step, record.step)
-            self.low_wall, self.high_wall = min(self.low_wall, record.wall_time), max(self.high_wall, record.wall_time)
-        self.last = record
+            if record.step < self.low_step:
+                self.low_step = record.step
+            elif record.step > self.high_step:
+                self.high_step = record.step
+            if record.wall_time < self.low_wall:
+                self.low_wall = record.wall_time
+            elif record.wall_time > self.high_wall:
+                self.high_wall = record.wall_time
+        self.last_seq = seq
         self.count += 1
         self.attempts.add(record.attempt)
 
     def of(self, chunk: int) -> ChunkSummary | None:
-        if self.first is None or self.last is None:
+        if self.count == 0:
             return None
         return ChunkSummary(
             chunk=chunk,
             records=self.count,
-            first_seq=self.first.seq,
-            last_seq=self.last.seq,
+            first_seq=self.first_seq,
+            last_seq=self.last_seq,
             first_step=self.low_step,
             last_step=self.high_step,
             attempts=tuple(sorted(self.attempts)),
@@ -259,12 +265,11 @@ class Spool:
             return
         self._refuse_if_unusable()
         for record in records:
-            numbered = record.with_seq(self.next_seq)
-            line = numbered.to_line()
+            self._unsynced += record.to_line(self.next_seq)
+            self._open_summary.add(record, self.next_seq)
             self.next_seq += 1
-            self.last_step = max(self.last_step, record.step)
-            self._open_summary.add(numbered)
-            self._unsynced += line
+            if record.step > self.last_step:
+                self.last_step = record.step
         self.open_records += len(records)
 
     def sync(self) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
-from torch.utils.tensorboard import SummaryWriter  # at import: seconds the spool thread must not spend
 
 from beacon import contract, kill_points
 from beacon.contract import Record
@@ -34,6 +33,7 @@ from beacon.reconcile import RunConflictError
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings
 from beacon.spool import Chunk, Spool, SpoolDiskError, SpoolFullError, on_spool_disk
+from beacon.tensorboard_view import SEALED, TensorBoardView
 
 log = logging.getLogger("beacon.telemetry")
 
@@ -86,6 +86,7 @@ class DeliveryReport:
     metric_batches: int = 0
     metric_failures: int = 0
     tensorboard_files: int = 0
+    tensorboard_thinned: int = 0  # records above the view's rate, in S3 but not drawn in TensorBoard
     pending_chunks: int = 0
     unacknowledged_records: int = 0
 
@@ -127,14 +128,12 @@ class Telemetry(NullTelemetry):
         progress: ProgressClock,
         spool: Spool,
         run_alarms: RunAlarms | None,
-        resumed_after_step: int,
     ) -> None:
         self.config = config
         self.s3, self.cloudwatch = s3, cloudwatch
         self.progress = progress
         self.spool = spool
         self.run_alarms = run_alarms
-        self.resumed_after_step = resumed_after_step
         self.report = DeliveryReport()
         # Every rank's progress documents, for the cross-rank view (None with a single rank).
         self.ranks_dir: Path | None = None
@@ -144,6 +143,7 @@ class Telemetry(NullTelemetry):
         self._window = WindowStats()
         self._window_lock = threading.Lock()
         self._cloudwatch_metrics = frozenset(config.cloudwatch_metrics)
+        self._window_metrics = (contract.LOSS_KEY, *sorted(self._cloudwatch_metrics - {contract.LOSS_KEY}))
         self._stop = threading.Event()  # the loop is over: seal what is left, then stop
         self._spool_done = threading.Event()  # nothing new will reach the pending set
         self._beats_done = threading.Event()  # uploads are over: the final beat, then stop
@@ -155,8 +155,9 @@ class Telemetry(NullTelemetry):
         self._awaiting_sync: list[Record] = []  # appended to the spool, not yet fsync'd
         self._backoff_until = 0.0
         self._backoff = 1.0
-        self._tensorboard: Any = None
-        self._tensorboard_dir = spool.directory / "tensorboard"
+        self.tensorboard = TensorBoardView(
+            spool.directory / "tensorboard", points_per_s=config.tensorboard_points_per_s
+        )
         self._first_beat_at: float | None = None
         self._last_rate_sample = (time.monotonic(), progress.steps)
         self._fatal: BaseException | None = None
@@ -166,7 +167,8 @@ class Telemetry(NullTelemetry):
         self._upload_thread = threading.Thread(target=self._upload_loop, name="beacon-uploader", daemon=True)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="beacon-heartbeat", daemon=True)
         self._threads = [self._spool_thread, self._upload_thread, self._heartbeat_thread]
-        self._seal_leftover_tensorboard()
+        with on_spool_disk(spool.directory):
+            self.tensorboard.seal_leftovers()
 
     def begin_attempt(self) -> int:
         """Before `start`: this process's records form the next attempt of the run."""
@@ -255,7 +257,8 @@ class Telemetry(NullTelemetry):
                         return
                 if stopping:
                     return
-                self._stop.wait(UPLOAD_POLL_S)
+                if len(self._queue) < self.config.chunk_records:  # a backlog goes on at once
+                    self._stop.wait(UPLOAD_POLL_S)
         finally:
             self._spool_done.set()
             self._upload_wake.set()
@@ -265,18 +268,20 @@ class Telemetry(NullTelemetry):
         """The queued steps as records, their values read here rather than on the training thread
         (a tensor's value waits for the device only on this thread)."""
         drained: list[Record] = []
+        experiment, run, attempt = self.config.experiment, self.config.run, self.attempt
         while self._queue:
-            step, raw, wall_time = self._queue.popleft()
-            metrics = {name: metric_value(value) for name, value in raw.items()}
-            drained.append(
-                Record(self.config.experiment, self.config.run, step, metrics, wall_time, attempt=self.attempt)
-            )
+            step, metrics, wall_time = self._queue.popleft()  # `log`'s own copy of the dict
+            for value in metrics.values():
+                if type(value) is not float:
+                    metrics = {name: metric_value(value) for name, value in metrics.items()}
+                    break
+            drained.append(Record(experiment, run, step, metrics, wall_time, attempt=attempt))
         if drained:
             with self._window_lock:
-                for record in drained:
-                    for name, value in record.metrics.items():
-                        if name == contract.LOSS_KEY or name in self._cloudwatch_metrics:
-                            self._window.values.setdefault(name, []).append(value)
+                for name in self._window_metrics:
+                    values = [record.metrics[name] for record in drained if name in record.metrics]
+                    if values:
+                        self._window.values.setdefault(name, []).extend(values)
                 self._window.last_step = max(self._window.last_step, drained[-1].step)
             for record in drained:  # for people reading pod logs, and SageMaker's metric definitions
                 if record.step % contract.PROGRESS_LOG_INTERVAL == 0 and record.loss is not None:
@@ -296,7 +301,8 @@ class Telemetry(NullTelemetry):
             self.report.records += len(synced)
             self._notify_durable()
             with on_spool_disk(self.spool.directory):
-                self._write_tensorboard(synced)  # a view of the records: a disk error here loses no record
+                # A view of the records: a disk error here loses no record.
+                self.tensorboard.write(synced, part=self.spool.next_chunk)
         due = self._chunk_opened_at is not None and (
             time.monotonic() - self._chunk_opened_at >= self.config.flush_interval
             or self.spool.open_records >= self.config.chunk_records
@@ -306,7 +312,7 @@ class Telemetry(NullTelemetry):
                 self._upload_wake.set()
             self._chunk_opened_at = None
             with on_spool_disk(self.spool.directory):
-                self._rotate_tensorboard()
+                self.tensorboard.rotate()
 
     # --- the uploader thread: S3 only -------------------------------------------------------------
     def _upload_loop(self) -> None:
@@ -325,7 +331,7 @@ class Telemetry(NullTelemetry):
             self._upload_wake.clear()
 
     def _has_pending(self) -> bool:
-        return bool(self.spool.pending()) or any(self._tensorboard_dir.glob("*.sealed"))
+        return bool(self.spool.pending() or self.tensorboard.sealed())
 
     def _upload_pending(self) -> None:
         for chunk in self.spool.pending():
@@ -335,7 +341,7 @@ class Telemetry(NullTelemetry):
                 self._back_off()
                 return
             self._backoff = 1.0
-        for path in sorted(self._tensorboard_dir.glob("*.sealed")):
+        for path in self.tensorboard.sealed():
             if self._remaining() <= 0 or not self._upload_tensorboard(path):
                 return
 
@@ -394,39 +400,9 @@ class Telemetry(NullTelemetry):
             self._window.upload_failures += 1
         return False
 
-    # --- TensorBoard: one whole file per flush, never a growing one ------------------------------
-    def _write_tensorboard(self, records: list[Record]) -> None:
-        if self._tensorboard is None:
-            self._tensorboard_dir.mkdir(parents=True, exist_ok=True)
-            self._tensorboard = SummaryWriter(
-                log_dir=str(self._tensorboard_dir / f"part-{self.spool.next_chunk:08d}"), flush_secs=3600
-            )
-        for record in records:
-            for name, value in record.metrics.items():
-                self._tensorboard.add_scalar(name, value, record.step, walltime=record.wall_time)
-
-    def _rotate_tensorboard(self) -> None:
-        if self._tensorboard is None:
-            return
-        log_dir = Path(self._tensorboard.log_dir)
-        self._tensorboard.close()
-        self._tensorboard = None
-        self._seal_tensorboard_part(log_dir)
-
-    def _seal_tensorboard_part(self, log_dir: Path) -> None:
-        for event_file in log_dir.glob("events.out.tfevents.*"):
-            event_file.rename(self._tensorboard_dir / f"{log_dir.name}.{event_file.name}.sealed")
-        log_dir.rmdir()
-
-    def _seal_leftover_tensorboard(self) -> None:
-        """A part a crash left open is sealed and uploaded like any other: its points happened."""
-        for log_dir in sorted(self._tensorboard_dir.glob("part-*")):
-            if log_dir.is_dir():
-                with on_spool_disk(self.spool.directory):
-                    self._seal_tensorboard_part(log_dir)
-
+    # --- TensorBoard: one whole file per flush, never a growing one (`beacon.tensorboard_view`) ---
     def _upload_tensorboard(self, path: Path) -> bool:
-        name = path.name.removesuffix(".sealed")
+        name = path.name.removesuffix(SEALED)
         key = contract.tensorboard_key(self.config.experiment, self.config.run, name)
         try:
             self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
@@ -604,6 +580,7 @@ class Telemetry(NullTelemetry):
         self._heartbeat_thread.join(timeout=max(0.0, self._remaining()))
         pending = self.spool.pending()
         self.report.pending_chunks = len(pending)
+        self.report.tensorboard_thinned = self.tensorboard.thinned
         self.report.unacknowledged_records = self.spool.unacknowledged_records() + len(self._queue)
         if self.run_alarms is not None and self.run_alarms.armed and not self.report.unacknowledged_records:
             try:
