@@ -38,9 +38,34 @@ TORCH_WAIT = (
 
 
 # --- the evidence a hung 4-rank run leaves, written by the runtime's own writers -------------------
-def forward(signal: RankSignal) -> None:
-    """Rank 3's model: it hangs here, and its stall dump (faulthandler's, of this very thread) says so."""
+# Rank 3's process: a script whose main thread hangs in `forward`, dumped by the runtime's own writer
+# (a process of its own, as on a node: a test runner's threads are not a training script's).
+HUNG_RANK = """
+import os
+import sys
+from pathlib import Path
+from beacon.progress import ProgressClock
+from beacon.ranks import Placement, RankSignal
+
+def forward(signal):
     signal.dump_stacks("no progress for 95 s after step 50")
+
+progress = ProgressClock()
+progress.dispatched_step = 50
+progress.step_finished()
+signal = RankSignal(
+    Path(sys.argv[1]), rank=3, local_rank=1, world_size=4, progress=progress, interval=600,
+    stall_dump_after=600, placement=Placement(*sys.argv[2:5]),
+).start()
+forward(signal)
+os._exit(0)  # no last word: rank 3 is hung, not ended
+"""
+
+
+def hang_rank_3(ranks_dir: Path) -> None:
+    """Rank 3's stall dump, taken inside `forward` by faulthandler, in a process of its own."""
+    command = [sys.executable, "-c", HUNG_RANK, str(ranks_dir), STOPPED.pod, STOPPED.node, STOPPED.instance]
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=120)
 
 
 def waiting_dump(rank: int) -> str:
@@ -80,7 +105,7 @@ def seed_hung_run(s3: Any, bucket: str, workdir: Path) -> None:
             ).start()
             signals.append(signal)
             signal.write()
-        forward(signals[3])
+        hang_rank_3(ranks_dir)
         for rank in range(3):
             (ranks_dir / stacks_name(rank)).write_text(waiting_dump(rank))
         assert upload_rank_evidence(s3, bucket=bucket, experiment=EXPERIMENT, run=RUN, attempt=0, directory=ranks_dir)
