@@ -20,12 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.aws_access import AccessError, describe_aws_error, open_session
 from beacon_ops.templates import load_templates
-from config import ConfigError, load_team
+from config import ConfigError, load_team, names
 
 RECORD_DIR = Path(".beacon/destroy")
 RETAINED_POLICIES = ("Retain", "RetainExceptOnCreate")
@@ -95,7 +94,7 @@ def prepare(cloudformation: Any, team: str, cdk_out: Path) -> list[Retained]:
         except ClientError:
             continue  # the stack or resource was never deployed: nothing of it remains
         found.append(Retained(item.stack, item.logical_id, item.resource_type, physical))
-    stateful = contract.stack_name(team, "artifacts")
+    stateful = names.stack_name(team, "artifacts")
     try:
         cloudformation.update_termination_protection(EnableTerminationProtection=False, StackName=stateful)
     except ClientError as error:

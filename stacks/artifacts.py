@@ -9,7 +9,7 @@ from constructs import Construct
 from beacon_constructs.artifact_store import ArtifactStore
 from beacon_constructs.image_repository import ImageRepository
 from beacon_constructs.volume import ArtifactVolume
-from config import TeamConfig
+from config import TeamConfig, names
 from stacks import outputs
 from workloads import manifests
 
@@ -33,7 +33,7 @@ class ArtifactsStack(Stack):
             noncurrent_version_retention=Duration.days(config.artifacts.noncurrent_version_retention_days),
             abort_incomplete_multipart_after=Duration.days(config.artifacts.abort_incomplete_multipart_days),
             metric_namespace=contract.metric_namespace(config.team),
-            cluster_name=contract.cluster_name(config.team),
+            cluster_name=names.cluster_name(config.team),
             training_namespace=contract.TRAINING_NAMESPACE,
             training_service_account=manifests.TRAINING_SERVICE_ACCOUNT,
         )
@@ -50,7 +50,7 @@ class ArtifactsStack(Stack):
         # policy; the cluster stack creates it after this one, under a fixed name. SageMaker pulls as the
         # writer, its execution role. Images are encrypted with the store's key: ECR uses it by grant.
         node_role_arn = self.format_arn(
-            service="iam", region="", resource="role", resource_name=contract.karpenter_node_role_name(config.team)
+            service="iam", region="", resource="role", resource_name=names.karpenter_node_role_name(config.team)
         )
         self.images = ImageRepository(
             self,

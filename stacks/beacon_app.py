@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aws_cdk import App, Environment, Validations
-from beacon import contract
 from cdk_nag import AwsSolutionsChecks
 
 from beacon_constructs.tagging import tag_team
-from config import TeamConfig
+from config import TeamConfig, names
 from stacks.artifacts import ArtifactsStack
 from stacks.cluster import ClusterStack
 from stacks.monitoring import MonitoringStack
@@ -25,11 +24,11 @@ class BeaconStacks:
 
 
 def stack_name(config: TeamConfig, component: str) -> str:
-    return contract.stack_name(config.team, component)
+    return names.stack_name(config.team, component)
 
 
 def cluster_name(config: TeamConfig) -> str:
-    return contract.cluster_name(config.team)
+    return names.cluster_name(config.team)
 
 
 def build_app(app: App, config: TeamConfig) -> BeaconStacks:

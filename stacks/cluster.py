@@ -15,7 +15,7 @@ from beacon_constructs.karpenter import Karpenter, PoolSettings
 from beacon_constructs.karpenter_manifests import pool_node_labels, pool_node_taints
 from beacon_constructs.smoke_job import SmokeJob
 from beacon_constructs.training_namespace import TrainingNamespace
-from config import TeamConfig
+from config import TeamConfig, names
 from stacks import outputs
 from workloads import manifests
 
@@ -67,7 +67,7 @@ class ClusterStack(Stack):
             ),
             controller_replicas=config.cluster.karpenter_replicas,
             node_ami_alias=compute.node_ami_alias,
-            node_role_name=contract.karpenter_node_role_name(config.team),
+            node_role_name=names.karpenter_node_role_name(config.team),
         )
         # AL2023 NVIDIA nodes need the device plugin to advertise nvidia.com/gpu. Deploy order:
         # Karpenter -> plugin -> node pools, so destroy removes the pools (and their nodes) first.

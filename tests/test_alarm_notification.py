@@ -25,6 +25,7 @@ from beacon.run_alarms import RunAlarms
 
 from beacon_constructs.alarm_verdict import BUNDLE, HANDLER, metrics_lost_pattern, stage_bundle
 from beacon_ops.doctor import notify
+from config import names
 from tests.conftest import WriterSession
 from tests.support.moto_server import REGION, MotoServer
 from tests.support.policy_eval import ACCOUNT, Decision, Deployment, Request, merge
@@ -378,17 +379,17 @@ def aws(demo: Synthesized, vision: Synthesized) -> Deployment:
 
 
 def role_of(aws: Deployment, team: str) -> str:
-    name = contract.stack_name(team, "artifacts")
+    name = names.stack_name(team, "artifacts")
     return aws.arn(name, aws.find(name, "AWS::IAM::Role", "ArtifactStoreVerdictRole"))
 
 
 def arn_of(aws: Deployment, team: str, component: str, kind: str, prefix: str = "") -> str:
-    name = contract.stack_name(team, component)
+    name = names.stack_name(team, component)
     return aws.arn(name, aws.find(name, kind, prefix))
 
 
 def topic_of(aws: Deployment, team: str) -> str:
-    name = contract.stack_name(team, "monitoring")
+    name = names.stack_name(team, "monitoring")
     return str(aws.resolve(name, {"Ref": aws.find(name, "AWS::SNS::Topic")}))
 
 
@@ -405,9 +406,9 @@ def decision(aws: Deployment, action: str, resource: str, principal: str, **cont
 
 def test_the_function_may_read_the_runs_evidence_and_publish_to_its_topic(aws: Deployment) -> None:
     role = role_of(aws, TEAM)
-    functions = aws.templates[contract.stack_name(TEAM, "monitoring")].of_type("AWS::Lambda::Function")
+    functions = aws.templates[names.stack_name(TEAM, "monitoring")].of_type("AWS::Lambda::Function")
     (function,) = [f for k, f in functions.items() if k.startswith("AlarmVerdict")]
-    assert aws.resolve(contract.stack_name(TEAM, "monitoring"), function["Properties"]["Role"]) == role
+    assert aws.resolve(names.stack_name(TEAM, "monitoring"), function["Properties"]["Role"]) == role
     bucket = arn_of(aws, TEAM, "artifacts", "AWS::S3::Bucket", "ArtifactStoreBucket")
     bucket_key = arn_of(aws, TEAM, "artifacts", "AWS::KMS::Key", "ArtifactStoreKey")
     evidence = f"{bucket}/{contract.rank_evidence_key(EXPERIMENT, RUN, 0, stacks_name(3))}"

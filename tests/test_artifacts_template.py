@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 from aws_cdk.assertions import Match, Template
-from beacon import contract
 
+from config import names
 from tests.support.synth import Synthesized
 
 STACK = "beacon-demo-artifacts"
@@ -241,7 +241,7 @@ def test_the_image_repository_admits_the_karpenter_node_role_by_name_and_the_wri
     (fence,) = repository["Properties"]["RepositoryPolicyText"]["Statement"]
     admitted = fence["Condition"]["ArnNotEquals"]["aws:PrincipalArn"]
     node_role, writer = admitted
-    assert node_role["Fn::Join"][1][-1] == f":role/{contract.karpenter_node_role_name('demo')}"
+    assert node_role["Fn::Join"][1][-1] == f":role/{names.karpenter_node_role_name('demo')}"
     writer_id, _ = demo.template("artifacts").one_of_type("AWS::IAM::Role", logical_id_prefix="ArtifactStoreWriterRole")
     assert writer == {"Fn::GetAtt": [writer_id, "Arn"]}
 

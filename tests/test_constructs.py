@@ -25,6 +25,7 @@ from beacon_constructs.network import TrainingNetwork
 from beacon_constructs.smoke_job import SmokeJob
 from beacon_constructs.training_namespace import TrainingNamespace
 from beacon_constructs.volume import ArtifactVolume
+from config import names
 from tests.support.synth import ROOT
 from workloads import manifests
 
@@ -207,7 +208,7 @@ def cluster_constructs(with_cluster: tuple[Stack, TrainingCluster]) -> dict[str,
         ),
         controller_replicas=2,
         node_ami_alias="al2023@latest",
-        node_role_name=contract.karpenter_node_role_name("demo"),
+        node_role_name=names.karpenter_node_role_name("demo"),
     )
     from beacon_constructs.karpenter_manifests import pool_node_labels, pool_node_taints
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
-from beacon import contract
 
 from beacon_constructs.karpenter import CHART_VERSION
 from beacon_ops.templates import Resolver
 from beacon_ops.templates import Template as SynthesizedTemplate
+from config import names
 from tests.support.synth import Synthesized
 
 REFERENCE = Path(__file__).parent / "reference" / f"karpenter-{CHART_VERSION}" / "getting-started-cloudformation.yaml"
@@ -166,7 +166,7 @@ def test_node_role_is_named_as_upstream_names_it(
     """The fixed name is what the image repository's policy (artifacts stack) names, without a reference."""
     theirs = RESOLVER.resolve(upstream["KarpenterNodeRole"]["Properties"]["RoleName"])
     (role,) = [r for k, r in cluster.of_type("AWS::IAM::Role").items() if k.startswith("KarpenterNodeRole")]
-    assert RESOLVER.resolve(role["Properties"]["RoleName"]) == theirs == contract.karpenter_node_role_name("demo")
+    assert RESOLVER.resolve(role["Properties"]["RoleName"]) == theirs == names.karpenter_node_role_name("demo")
 
 
 def _is_unconditioned_service_send(statement: dict[str, Any]) -> bool:

@@ -16,7 +16,7 @@ from smoke_job.config import parse_args
 
 from beacon_constructs.image_repository import FENCED_ACTIONS, PULL_ACTIONS, PUSH_ACTIONS
 from beacon_ops.templates import kubernetes_objects
-from config import TeamConfig
+from config import TeamConfig, names
 from tests.support.policy_eval import ACCOUNT, REGION, Decision, Deployment, Request, merge, wildcard_match
 from tests.support.synth import Synthesized
 from workloads import manifests
@@ -32,7 +32,7 @@ def aws(demo: Synthesized, vision: Synthesized) -> Deployment:
 
 
 def stack(team: str, component: str) -> str:
-    return contract.stack_name(team, component)
+    return names.stack_name(team, component)
 
 
 def arn_of(aws: Deployment, team: str, component: str, resource_type: str, prefix: str = "") -> str:
@@ -329,14 +329,14 @@ def pod_identity_tags(cluster: str, namespace: str, service_account: str) -> dic
 def test_item11_the_writer_is_handed_out_only_to_its_own_training_pods(aws: Deployment) -> None:
     role = writer(aws, DEMO)
     service_account = manifests.TRAINING_SERVICE_ACCOUNT
-    own = pod_identity_tags(contract.cluster_name(DEMO), contract.TRAINING_NAMESPACE, service_account)
+    own = pod_identity_tags(names.cluster_name(DEMO), contract.TRAINING_NAMESPACE, service_account)
     assert own["aws:RequestTag/eks-cluster-arn"] == arn_of(aws, DEMO, "cluster", "AWS::EKS::Cluster")
     for action in ("sts:AssumeRole", "sts:TagSession"):
         assert_allowed(aws, Request(action, role, "pods.eks.amazonaws.com", own))
         for foreign in (
-            pod_identity_tags(contract.cluster_name(VISION), contract.TRAINING_NAMESPACE, service_account),
-            pod_identity_tags(contract.cluster_name(DEMO), "default", service_account),
-            pod_identity_tags(contract.cluster_name(DEMO), contract.TRAINING_NAMESPACE, "default"),
+            pod_identity_tags(names.cluster_name(VISION), contract.TRAINING_NAMESPACE, service_account),
+            pod_identity_tags(names.cluster_name(DEMO), "default", service_account),
+            pod_identity_tags(names.cluster_name(DEMO), contract.TRAINING_NAMESPACE, "default"),
             {},
         ):
             assert_refused(aws, Request(action, role, "pods.eks.amazonaws.com", foreign))
@@ -403,7 +403,7 @@ def repository(aws: Deployment, team: str) -> str:
 def node_role(aws: Deployment, team: str) -> str:
     """The Karpenter node role as deployed: it carries AmazonEC2ContainerRegistryPullOnly (vendored text)."""
     role = arn_of(aws, team, "cluster", "AWS::IAM::Role", "KarpenterNodeRole")
-    assert role.endswith(f":role/{contract.karpenter_node_role_name(team)}")
+    assert role.endswith(f":role/{names.karpenter_node_role_name(team)}")
     return role
 
 

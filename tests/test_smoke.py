@@ -23,7 +23,7 @@ from beacon import contract
 
 from beacon_ops.jobs.eks import TOKEN_PREFIX, eks_token
 from beacon_ops.jobs.flow import read_outputs
-from config import TeamConfig
+from config import TeamConfig, names
 from stacks.outputs import OPERATOR_NEEDS as STACK_OUTPUTS
 from tests.support.deployed_team import BUCKET, IMAGE, TEAM, DeployedTeam, deploy_stand_in, fake_cluster
 from tests.support.fake_kubernetes import FakeKubernetes
@@ -52,9 +52,9 @@ def smoke_eks(
 # --- what the command reads is what the stacks write ------------------------------------------
 def test_every_output_smoke_reads_is_declared_by_the_synthesized_stacks(demo: Synthesized) -> None:
     for component, keys in STACK_OUTPUTS.items():
-        declared = set(demo.templates[contract.stack_name(TEAM, component)].body.get("Outputs", {}))
+        declared = set(demo.templates[names.stack_name(TEAM, component)].body.get("Outputs", {}))
         assert set(keys) <= declared, component
-    monitoring = demo.templates[contract.stack_name(TEAM, "monitoring")].body["Outputs"]
+    monitoring = demo.templates[names.stack_name(TEAM, "monitoring")].body["Outputs"]
     assert len([k for k in monitoring if k.endswith("AlarmName")]) == len(contract.TeamAlarm)
 
 

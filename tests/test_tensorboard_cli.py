@@ -24,6 +24,7 @@ from beacon import contract
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from beacon_ops.local.provision import OPERATOR
+from config import names
 from tests.conftest import WriterSession
 from tests.support.job_harness import JobHarness, keys_under, wait_for
 from tests.support.moto_server import REGION
@@ -50,7 +51,7 @@ def operator(as_writer: WriterSession) -> dict[str, str]:
             ),
         )
         aws.client("cloudformation").create_stack(
-            StackName=contract.stack_name(TEAM, "artifacts"),
+            StackName=names.stack_name(TEAM, "artifacts"),
             TemplateBody=json.dumps(
                 {
                     "Resources": {"StandIn": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
@@ -190,7 +191,7 @@ def test_it_serves_tensorboard_on_the_files_and_ends_it_on_sigterm(
 def test_the_reader_may_list_and_read_a_runs_tensorboard_files_as_aws_evaluates(demo: Synthesized) -> None:
     """What moto cannot say: the reader's s3:prefix and kms:ViaService conditions admit the command's calls."""
     aws = Deployment(demo.templates)
-    artifacts = contract.stack_name(TEAM, "artifacts")
+    artifacts = names.stack_name(TEAM, "artifacts")
     reader = aws.arn(artifacts, aws.find(artifacts, "AWS::IAM::Role", "ArtifactStoreReaderRole"))
     bucket = aws.arn(artifacts, aws.find(artifacts, "AWS::S3::Bucket", "ArtifactStoreBucket"))
     key = aws.arn(artifacts, aws.find(artifacts, "AWS::KMS::Key", "ArtifactStoreKey"))

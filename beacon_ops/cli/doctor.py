@@ -6,7 +6,6 @@ import json
 from typing import Annotated
 
 import typer
-from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.table import Table
 
@@ -14,6 +13,7 @@ from beacon_ops.aws_access import describe_aws_error
 from beacon_ops.cli.common import REGION_HELP, console, fail, identifier, session_or_fail, stack_outputs, team_or_fail
 from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.doctor.diagnosis import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose
+from config import names
 from stacks import outputs as outputs_of
 
 STYLE = {OK: "green", WARN: "yellow", FAIL: "red"}
@@ -44,7 +44,7 @@ def doctor(
     region = str(session.region_name)
     try:
         if bucket is None or reader_role_arn is None:
-            outputs = stack_outputs(session.client("cloudformation"), contract.stack_name(team, "artifacts"))
+            outputs = stack_outputs(session.client("cloudformation"), names.stack_name(team, "artifacts"))
             bucket = bucket or outputs[outputs_of.BUCKET_NAME]
             reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
             writer_role_arn = writer_role_arn or outputs.get(outputs_of.WRITER_ROLE_ARN)

@@ -23,6 +23,7 @@ from beacon_ops.aws_access import describe_aws_error
 from beacon_ops.cli.common import REGION_HELP, fail, identifier, session_or_fail, stack_outputs, team_or_fail
 from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.local.processes import stop_process
+from config import names
 from stacks import outputs as outputs_of
 
 DEFAULT_PORT = 6006
@@ -135,7 +136,7 @@ def tensorboard(
     target = directory or default_directory(team, experiment, run)
     try:
         if bucket is None or reader_role_arn is None:
-            outputs = stack_outputs(session.client("cloudformation"), contract.stack_name(team, "artifacts"))
+            outputs = stack_outputs(session.client("cloudformation"), names.stack_name(team, "artifacts"))
             bucket = bucket or outputs[outputs_of.BUCKET_NAME]
             reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
         sts = session.client("sts")

@@ -25,7 +25,7 @@ from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import ALARM, AlarmSet
 from beacon_ops.evidence.reading import Delivery, RunEvidence
 from beacon_ops.evidence.verify import Expected, Verification, read_and_verify
-from config import TeamConfig
+from config import TeamConfig, names
 from stacks import outputs as outputs_of
 from workloads.manifests import SmokeJobSpec, TrainingJobSpec, smoke_job_spec
 
@@ -71,7 +71,7 @@ def read_outputs(cloudformation: Any, team: str, region: str) -> TeamOutputs:
     """The team's stack outputs, or a JobError naming the stack and the output that is missing."""
     values: dict[str, dict[str, str]] = {}
     for component, keys in outputs_of.OPERATOR_NEEDS.items():
-        stack = contract.stack_name(team, component)
+        stack = names.stack_name(team, component)
         outputs = _stack_outputs(cloudformation, stack, region, team)
         missing = [key for key in keys if key not in outputs]
         if missing:

@@ -31,6 +31,7 @@ from beacon_ops.local.plot import render_png
 from beacon_ops.local.processes import end_process_tree
 from beacon_ops.local.sandbox import Sandbox, job_args, job_command, open_sandbox
 from beacon_ops.templates import Template, load_templates
+from config import names
 
 ROOT = Path(__file__).resolve().parents[2]
 TEAM = "demo"
@@ -293,7 +294,7 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     templates = synthesize(ROOT / "cdk.out", log)
-    monitoring = templates[contract.stack_name(TEAM, "monitoring")]
+    monitoring = templates[names.stack_name(TEAM, "monitoring")]
     log("starting the embedded AWS (moto, own process) and provisioning from the templates")
     sandbox = open_sandbox(templates, TEAM, bucket=BUCKET, workdir=workdir)
     try:

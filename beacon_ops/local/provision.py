@@ -11,10 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from beacon import contract
-
 from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.templates import Resolver, Template, TemplateError
+from config import names
 
 # Bucket-policy statements moto cannot evaluate faithfully. The template tests assert them.
 # - aws:SecureTransport: the embedded server speaks plain HTTP, so it would deny everything.
@@ -233,7 +232,7 @@ def provision_team(
     )
     keys = iam.create_access_key(UserName=OPERATOR)["AccessKey"]
     store = provision_artifact_store(
-        templates[contract.stack_name(team, "artifacts")],
+        templates[names.stack_name(team, "artifacts")],
         s3=clients("s3"),
         kms=clients("kms"),
         iam=iam,
@@ -243,7 +242,7 @@ def provision_team(
         trusted_principal_arn=operator["Arn"],
     )
     monitoring = provision_monitoring(
-        templates[contract.stack_name(team, "monitoring")],
+        templates[names.stack_name(team, "monitoring")],
         cloudwatch=clients("cloudwatch"),
         ssm=clients("ssm"),
         sns=clients("sns"),

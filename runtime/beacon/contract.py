@@ -320,24 +320,6 @@ class FinalState(StrEnum):
     PREEMPTED = "preempted"  # SIGTERM: spot interruption, eviction, a stopped SageMaker job
 
 
-# --- Stacks ------------------------------------------------------------------------------
-STACK_COMPONENTS = ("network", "artifacts", "cluster", "monitoring")
-
-
-def stack_name(team: str, component: str) -> str:
-    return f"beacon-{team}-{component}"
-
-
-def cluster_name(team: str) -> str:
-    return f"beacon-{team}"
-
-
-def karpenter_node_role_name(team: str) -> str:
-    """The Karpenter node role, named as upstream's template names it. A fixed name lets the artifacts
-    stack (deployed first) name the role in its image repository's policy without a reference."""
-    return f"KarpenterNodeRole-{cluster_name(team)}"
-
-
 # --- Log lines ---------------------------------------------------------------------------
 # Rank 0 logs one progress line every few steps: people read it in pod logs, and SageMaker's
 # metric definitions parse it (the regexes below are what `beacon smoke` sends).

@@ -24,6 +24,7 @@ import pytest
 from beacon import contract
 
 from beacon_ops.local.provision import OPERATOR, Provisioned, provision_team
+from config import names
 from stacks.outputs import OPERATOR_NEEDS as STACK_OUTPUTS
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.support.moto_server import ACCOUNT, REGION, MotoServer
@@ -54,7 +55,7 @@ def stand_in_outputs(demo: Synthesized, provisioned: Provisioned) -> dict[str, d
         "FileSystemId": "fs-0123456789abcdef0",
         "AccessPointId": "fsap-0123456789abcdef0",
         "ImageRepositoryUri": f"123456789012.dkr.ecr.us-east-1.amazonaws.com/{TEAM}-images",
-        "ClusterName": contract.cluster_name(TEAM),
+        "ClusterName": names.cluster_name(TEAM),
         "TrainingNamespace": contract.TRAINING_NAMESPACE,
         "SmokeJobName": "beacon-smoke-deployed",
         "SmokeImageUri": IMAGE,
@@ -65,7 +66,7 @@ def stand_in_outputs(demo: Synthesized, provisioned: Provisioned) -> dict[str, d
     }
     stacks: dict[str, dict[str, str]] = {}
     for component in STACK_OUTPUTS:
-        declared = demo.templates[contract.stack_name(TEAM, component)].body.get("Outputs", {})
+        declared = demo.templates[names.stack_name(TEAM, component)].body.get("Outputs", {})
         values = {}
         for key in declared:
             if key.startswith(CROSS_STACK_OUTPUTS):
@@ -142,7 +143,7 @@ def deploy_stand_in(demo: Synthesized, aws: MotoServer, eks_api: MotoServer, *, 
     if stacks:
         for component, values in outputs.items():
             aws.client("cloudformation").create_stack(
-                StackName=contract.stack_name(TEAM, component),
+                StackName=names.stack_name(TEAM, component),
                 TemplateBody=json.dumps(
                     {
                         "Resources": {"StandIn": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
@@ -167,7 +168,7 @@ def fake_cluster(
     }
     return FakeKubernetes(
         workdir,
-        cluster_name=contract.cluster_name(TEAM),
+        cluster_name=names.cluster_name(TEAM),
         access_key_id=deployed.operator["aws_access_key_id"],
         pod_environment=pod_env,
         namespaces={
@@ -185,7 +186,7 @@ def eks_api() -> Iterator[MotoServer]:
     every call), so the cluster's describe comes from a second moto, in its own process, unenforced."""
     server = MotoServer.start_process()
     server.client("eks").create_cluster(
-        name=contract.cluster_name(TEAM),
+        name=names.cluster_name(TEAM),
         roleArn=f"arn:aws:iam::{ACCOUNT}:role/beacon-demo-cluster",
         resourcesVpcConfig={"subnetIds": []},
     )

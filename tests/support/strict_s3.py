@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
 
-from beacon import contract
-
 from beacon_ops.templates import Template
+from config import names
 from tests.support.policy_eval import Decision, Deployment, PolicyDoc, Request, evaluate
 
 OBJECT_WRITES = {"PUT"}  # PutObject and CompleteMultipart's parts; the policy's Deny is on s3:PutObject
@@ -32,7 +31,7 @@ class BucketPolicyGate:
     @classmethod
     def of(cls, templates: Mapping[str, Template], team: str, bucket: str) -> BucketPolicyGate:
         deployment = Deployment(templates)
-        stack = contract.stack_name(team, "artifacts")
+        stack = names.stack_name(team, "artifacts")
         bucket_arn = deployment.arn(stack, deployment.find(stack, "AWS::S3::Bucket", "ArtifactStoreBucket"))
         writer = deployment.arn(stack, deployment.find(stack, "AWS::IAM::Role", "ArtifactStoreWriterRole"))
         return cls(bucket, bucket_arn, writer, deployment.resource_policies(bucket_arn))

@@ -8,11 +8,10 @@ from pathlib import Path
 
 from aws_cdk import App
 from aws_cdk.assertions import Template
-from beacon import contract
 
 from beacon_ops.templates import Template as SynthesizedTemplate
 from beacon_ops.templates import load_templates
-from config import TeamConfig
+from config import TeamConfig, names
 from stacks.beacon_app import BeaconStacks, build_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +32,7 @@ class Synthesized:
         return Template.from_json(self.templates[stack_name].body)
 
     def template(self, component: str) -> SynthesizedTemplate:
-        return self.templates[contract.stack_name(self.config.team, component)]
+        return self.templates[names.stack_name(self.config.team, component)]
 
 
 def synthesize(config: TeamConfig, outdir: Path) -> Synthesized:
