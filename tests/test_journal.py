@@ -3,16 +3,18 @@ thread had not yet fsync'd, and the next start (or `beacon.sync`) spools it firs
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from beacon.contract import Record, history, records_of
 from beacon.journal import DATA_START, ENTRY, Journal
-from beacon.spool import Spool
+from beacon.spool import Spool, SpoolFullError
 
 from tests.support.synth import ROOT
 
@@ -38,6 +40,7 @@ time.sleep(120)
 
 def spooled(directory: Path) -> list[Record]:
     spool = Spool(directory)
+    spool.recover_journal()  # as `reconcile` does, after it learnt what S3 holds
     try:
         return [record for chunk in spool.pending() for record in records_of(chunk.body())]
     finally:
@@ -105,3 +108,43 @@ def test_a_tensor_value_is_left_to_the_spool_thread_and_a_ring_of_unfsynced_step
     journal.durable_through(written)  # the spool caught up: the ring may wrap
     assert journal.append(2, 1.0, {"loss": 0.5}) == written + 1
     assert [step for step, _, _ in journal.unspooled()] == [2]
+
+
+def test_recovered_steps_are_numbered_after_and_never_repeat_what_s3_holds(tmp_path: Path) -> None:
+    directory = tmp_path / "exp" / "run-1"
+    spool = Spool(directory)
+    spool.recover_journal()
+    attempt = spool.begin_attempt()
+    for step in range(8):
+        spool.journal.append(step, 100.0 + step, {"loss": 1.0})
+    # Killed. Steps 0-4 had been spooled, sealed, delivered and dropped from the volume: only S3 has them.
+    in_s3 = [Record("exp", "run-1", step, {"loss": 1.0}, 100.0 + step, seq=step, attempt=attempt) for step in range(5)]
+    restarted = Spool(directory)
+    restarted.continue_after(chunk=0, seq=4, step=4, attempt=attempt)  # what `reconcile` learns from S3
+    restarted.remember(in_s3)
+    assert restarted.recover_journal() == 3
+    (chunk,) = restarted.pending()
+    assert chunk.sequence == 1
+    assert [(r.step, r.seq) for r in records_of(chunk.body())] == [(5, 5), (6, 6), (7, 7)]
+    assert restarted.recover_journal() == 0, "once"
+
+
+def test_only_plain_numbers_are_journaled_and_an_unreadable_entry_never_blocks_a_start(tmp_path: Path) -> None:
+    journal = Journal(tmp_path)
+    assert journal.append(0, 1.0, {"loss": None}) == 0
+    assert journal.append(0, 1.0, {"loss": "low"}) == 0
+    assert journal.append(1, 1.0, {"loss": 10**400}) == 1, "an int is a plain number, even one float() refuses"
+    assert journal.append(2, 1.0, {"loss": 0.5, "ok": True}) == 2
+    assert journal.unspooled() == [(2, 1.0, {"loss": 0.5, "ok": 1.0})]
+    assert journal.unreadable == 1
+
+
+def test_a_journal_that_does_not_fit_the_spool_volume_is_a_full_spool_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(SpoolFullError, match="spool"):
+        Spool(tmp_path / "exp" / "run-1")

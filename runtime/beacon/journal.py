@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 JOURNAL = "journal"
-CAPACITY = 16 * 1024 * 1024  # ~60,000 steps of 10 metrics: minutes of a spool thread that fell behind
+CAPACITY = 8 * 1024 * 1024  # ~40,000 steps of 10 metrics: far more than a spool thread's 0.25 s cycle
 MAGIC = b"BJRNL001"
 HEADER = struct.Struct("<8sIqq")  # magic, epoch, durable_through, attempt
 DATA_START = 64
 ENTRY = struct.Struct("<IIIQ")  # payload length, payload crc32, epoch, entry number
+PLAIN = (float, int, bool)  # what is journaled: values `float()` reads back as they were logged
 
 
 class Journal:
@@ -33,7 +34,9 @@ class Journal:
         descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             if os.fstat(descriptor).st_size < capacity:
-                os.ftruncate(descriptor, capacity)  # sparse: a fresh journal costs no disk
+                # Allocated, not sparse: a page first touched on a full disk would kill the loop with
+                # SIGBUS; taken here, a full disk is an OSError at start (the spool's SpoolFullError).
+                os.posix_fallocate(descriptor, 0, capacity)
             self.capacity = max(capacity, os.fstat(descriptor).st_size)
             self._map = mmap.mmap(descriptor, self.capacity)
         finally:
@@ -44,14 +47,15 @@ class Journal:
         self._number = 0  # the last entry written in this epoch
         self._position = DATA_START
         self.skipped = 0  # steps not journaled: the ring was full of steps the spool had not yet fsync'd
+        self.unreadable = 0  # entries recovery could not read back as numbers
 
     # --- the training thread -----------------------------------------------------------------------
     def append(self, step: int, wall_time: float, metrics: dict[str, Any]) -> int:
         """The step's entry number, or 0 when it is not journaled (a tensor value, a full ring)."""
-        try:
-            payload = marshal.dumps((step, wall_time, metrics))
-        except ValueError:  # not a plain number (a tensor, a numpy scalar): the spool thread reads it
-            return 0
+        for value in metrics.values():
+            if type(value) not in PLAIN:  # a tensor, a numpy scalar: the spool thread reads it
+                return 0
+        payload = marshal.dumps((step, wall_time, metrics))
         position, size = self._position, ENTRY.size + len(payload)
         if position + size > self.capacity:
             if self._durable < self._number:  # wrapping now would overwrite steps not yet fsync'd
@@ -87,8 +91,11 @@ class Journal:
             if zlib.crc32(payload) != crc:
                 break  # torn by the kill: never returned to the caller of `log`
             if number > self._durable:
-                step, wall_time, metrics = marshal.loads(payload)
-                found.append((int(step), float(wall_time), {str(k): float(v) for k, v in metrics.items()}))
+                try:
+                    step, wall_time, metrics = marshal.loads(payload)
+                    found.append((int(step), float(wall_time), {str(k): float(v) for k, v in metrics.items()}))
+                except (ValueError, TypeError, OverflowError, EOFError):
+                    self.unreadable += 1  # never blocks a start: the spool thread would have refused it too
             position, expected = end, number + 1
         return found
 

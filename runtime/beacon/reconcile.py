@@ -62,6 +62,7 @@ def reconcile(s3: Any, *, bucket: str, experiment: str, run: str, spool: Spool) 
         spool.acknowledge(chunk)
         delivered += 1
     if not in_s3:
+        spool.recover_journal()
         return Reconciliation(0, delivered, -1)
     last = in_s3[-1]
     body = s3.get_object(Bucket=bucket, Key=contract.events_key(experiment, run, last))["Body"].read()
@@ -70,6 +71,9 @@ def reconcile(s3: Any, *, bucket: str, experiment: str, run: str, spool: Spool) 
     step = max((r.step for r in records), default=-1)
     attempt = max((r.attempt for r in records), default=-1)
     spool.continue_after(chunk=last, seq=seq, step=step, attempt=attempt)
+    spool.remember(records)
+    # Last: the steps a SIGKILL left in the journal are numbered after, and never repeat, what S3 holds.
+    spool.recover_journal()
     return Reconciliation(len(in_s3), delivered, last)
 
 

@@ -159,13 +159,15 @@ class Spool:
         self.next_seq = 0
         self.last_step = -1
         self.last_attempt = -1  # the highest attempt of any record here (or in S3, after `continue_after`)
+        self._newest: dict[int, tuple[float, int]] = {}  # per attempt: the latest (wall time, step) spooled
         self.recovered_records = 0
         self._sealed: dict[int, Chunk] = {}
         for sequence in self._sealed_sequences():
             self._index_sealed(sequence)
         self._recover_open_chunk()
-        self.journal = Journal(directory)
-        self._recover_journal()
+        with on_spool_disk(directory):
+            self.journal = Journal(directory)  # its space taken now: a full disk is a SpoolFullError here
+        self._journal_recovered = False
         self._open = self._open_chunk()
         self._reopen = False  # a seal renamed the chunk but could not open the next one yet
         self.open_records = 0
@@ -205,11 +207,19 @@ class Spool:
         self._advance_past(lines)
 
     def _advance_past(self, lines: list[bytes]) -> None:
-        for line in lines:
-            record = Record.from_line(line)
+        records = [Record.from_line(line) for line in lines]
+        self.remember(records)
+        for record in records:
             self.next_seq = max(self.next_seq, record.seq + 1)
             self.last_step = max(self.last_step, record.step)
             self.last_attempt = max(self.last_attempt, record.attempt)
+
+    def remember(self, records: list[Record]) -> None:
+        """Records spooled here or delivered to S3: the journal's recovery skips what they cover."""
+        for record in records:
+            newest = self._newest.get(record.attempt)
+            if newest is None or (record.wall_time, record.step) > newest:
+                self._newest[record.attempt] = (record.wall_time, record.step)
 
     def _recover_open_chunk(self) -> None:
         path = self.directory / OPEN
@@ -235,21 +245,23 @@ class Spool:
         sequence = max(sequence, max(self._sealed, default=-1) + 1)
         self._seal_path(path, len(lines), sequence)
 
-    def _recover_journal(self) -> None:
-        """The steps a killed process logged after its last fsync (`beacon.journal`): sealed into a chunk
-        of their own, after the chunk recovery sealed, before anything new is appended."""
-        unspooled = self.journal.unspooled()
-        if unspooled:
-            # Between an fsync and the journal's mark a kill leaves steps in both: the spool's copy counts.
-            latest = sorted(self._sealed)[-2:]
-            spooled = {(r.attempt, r.step, r.wall_time) for n in latest for r in records_of(self._sealed[n].body())}
-            attempt, experiment, run = self.journal.attempt, self.directory.parent.name, self.directory.name
-            records = [
-                Record(experiment, run, step, metrics, wall_time, attempt=attempt)
-                for step, wall_time, metrics in unspooled
-                if (attempt, step, wall_time) not in spooled
-            ]
-            if records:
+    def recover_journal(self) -> int:
+        """Spool the steps a killed process journaled past its last fsync (`beacon.journal`), as a chunk
+        of their own, once; the number recovered. Called after `reconcile` (numbered after what S3
+        holds, and skipping what it holds), before anything new is appended."""
+        if self._journal_recovered:
+            return 0
+        attempt, experiment, run = self.journal.attempt, self.directory.parent.name, self.directory.name
+        # Steps are journaled in the order logged: those at or before the attempt's latest spooled step
+        # are in the spool or in S3 already (a kill between an fsync and the journal's mark).
+        newest = self._newest.get(attempt, (float("-inf"), -1))
+        records = [
+            Record(experiment, run, step, metrics, wall_time, attempt=attempt)
+            for step, wall_time, metrics in self.journal.unspooled()
+            if (wall_time, step) > newest
+        ]
+        if records:
+            with on_spool_disk(self.directory):
                 path = self.directory / OPEN
                 lines = b"".join(record.to_line(self.next_seq + n) for n, record in enumerate(records))
                 with open(path, "ab") as chunk:
@@ -258,8 +270,13 @@ class Spool:
                     os.fsync(chunk.fileno())
                 self._advance_past(lines.splitlines())
                 self.recovered_records += len(records)
+                self._open.close()
                 self._seal_path(path, len(records), max(self.next_chunk, max(self._sealed, default=-1) + 1))
-        self.journal.restart(self.journal.attempt)
+                self._open = self._open_chunk()
+                self._synced_size = 0
+        self.journal.restart(attempt)
+        self._journal_recovered = True
+        return len(records)
 
     def continue_after(self, *, chunk: int, seq: int, step: int, attempt: int) -> None:
         """Continue after what S3 already holds (a new volume under an existing run)."""
@@ -276,6 +293,7 @@ class Spool:
         """Start the next attempt of the run: 0 on a fresh run, one more than any attempt whose records
         are here or in S3 otherwise. From here on `last_step` and `durable_step` are this attempt's, so
         a checkpoint waits for its own records, not for those of an attempt that went further."""
+        self.recover_journal()  # a caller that skipped `reconcile`: the journal's steps first
         with self._lock:
             attempt = self.last_attempt + 1 if self.last_step >= 0 else 0
             self.last_attempt = attempt

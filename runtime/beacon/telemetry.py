@@ -87,6 +87,7 @@ class DeliveryReport:
     metric_failures: int = 0
     tensorboard_files: int = 0
     tensorboard_thinned: int = 0  # records above the view's rate, in S3 but not drawn in TensorBoard
+    journal_skipped: int = 0  # steps durable only from the spool's fsync: the journal's ring was full
     pending_chunks: int = 0
     unacknowledged_records: int = 0
 
@@ -309,9 +310,11 @@ class Telemetry(NullTelemetry):
             with on_spool_disk(self.spool.directory):
                 # A view of the records: a disk error here loses no record.
                 self.tensorboard.write(synced, part=self.spool.next_chunk)
-        due = self._chunk_opened_at is not None and (
-            time.monotonic() - self._chunk_opened_at >= self.config.flush_interval
-            or self.spool.open_records >= self.config.chunk_records
+        opened_for = None if self._chunk_opened_at is None else time.monotonic() - self._chunk_opened_at
+        # A full chunk waits one poll interval: a fast loop's chunks grow rather than its PUTs multiply.
+        due = opened_for is not None and (
+            opened_for >= self.config.flush_interval
+            or (self.spool.open_records >= self.config.chunk_records and opened_for >= UPLOAD_POLL_S)
         )
         if due or final:
             if self.spool.seal() is not None:
@@ -587,6 +590,7 @@ class Telemetry(NullTelemetry):
         pending = self.spool.pending()
         self.report.pending_chunks = len(pending)
         self.report.tensorboard_thinned = self.tensorboard.thinned
+        self.report.journal_skipped = self.spool.journal.skipped
         self.report.unacknowledged_records = self.spool.unacknowledged_records() + len(self._queue)
         if self.run_alarms is not None and self.run_alarms.armed and not self.report.unacknowledged_records:
             try:

@@ -97,6 +97,6 @@ class TensorBoardView:
         self._tokens = min(self.points_per_s, self._tokens + (now - self._refilled_at) * self.points_per_s)
         self._refilled_at = now
         kept = thin_evenly(records, int(self._tokens))
-        self._tokens -= len(kept)
+        self._tokens = max(0.0, self._tokens - len(kept))  # a kept last record runs up no debt
         self.thinned += len(records) - len(kept)
         return kept
