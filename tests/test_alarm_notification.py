@@ -103,9 +103,9 @@ def upload_at_the_attempts_end(s3: Any, bucket: str, ranks_dir: Path) -> None:
 def seed_hung_run(
     s3: Any, bucket: str, workdir: Path, upload: Callable[[Any, str, Path], None] = upload_at_the_attempts_end
 ) -> None:
-    """Rank 3 of 4 (2 nodes) stopped at step 50 in forward 95 s ago; ranks 0-2 wait in all_reduce; rank 0
-    wrote steps 0-50 and its preflight, and `upload` took the ranks' evidence to S3 while they hung (by
-    default as rank 0 does at the attempt's end)."""
+    """Rank 3 of 4 (2 nodes) stopped at step 50 in forward 100 s ago (its dump taken at 95 s); ranks 0-2
+    wait in all_reduce; rank 0 wrote steps 0-50 and its preflight, and `upload` took the ranks' evidence
+    to S3 while they hung (by default as rank 0 does at the attempt's end)."""
     ranks_dir = workdir / "ranks"
     signals = []
     try:
@@ -116,7 +116,7 @@ def seed_hung_run(
                 rank=rank,
                 local_rank=rank % 2,
                 world_size=4,
-                progress=stalled_for(95.0),
+                progress=stalled_for(100.0),
                 interval=600,  # the test writes; the thread never gets to
                 stall_dump_after=600,
                 placement=placement,

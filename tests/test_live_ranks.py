@@ -57,7 +57,7 @@ def write_ranks(directory: Path, documents: list[RankProgress], *, dumped: bool 
             (directory / stacks_name(d.rank)).write_text(stack_dump(d.rank, FORWARD if d.rank == 3 else ALL_REDUCE))
 
 
-def hung(*, rank3_age: float = 95.0) -> list[RankProgress]:
+def hung(*, rank3_age: float = 100.0) -> list[RankProgress]:
     """Rank 3 stopped in forward; ranks 0-2 wait in the next all_reduce, their progress stopped too."""
     return [document(r, age=rank3_age if r == 3 else rank3_age - 1) for r in range(4)]
 
@@ -98,6 +98,9 @@ def test_a_stalled_rank_makes_rank_0s_heartbeat_upload_a_live_snapshot_that_name
     aws: MotoServer, tmp_path: Path
 ) -> None:
     sink = rank_0(aws, tmp_path)
+    write_ranks(tmp_path / "ranks", hung(rank3_age=STALL + 1))
+    beat(sink)
+    assert ranks_keys(aws) == [], "the ranks dump at stall_dump_after, each within a pass of its thread (5 s)"
     write_ranks(tmp_path / "ranks", hung())
     beat(sink)
     assert ranks_keys(aws) == snapshot_keys(0, *EVERY_FILE), "every file, then the marker: create-only, off the loop"

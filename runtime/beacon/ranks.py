@@ -36,6 +36,14 @@ from beacon.progress import ProgressClock
 
 log = logging.getLogger("beacon.ranks")
 
+RANK_SIGNAL_INTERVAL_S = 5.0  # how often each rank rewrites its progress document, at most
+
+
+def rank_signal_interval(heartbeat_interval: float) -> float:
+    """Seconds between a rank's passes: it rewrites its document, and dumps its stacks once its progress
+    is older than `stall_dump_after`, so every stalled rank has dumped within one pass after that."""
+    return min(heartbeat_interval, RANK_SIGNAL_INTERVAL_S)
+
 
 def rank_document_name(rank: int) -> str:
     return f"rank-{rank:05d}.json"
@@ -302,10 +310,10 @@ def _evidence_key(experiment: str, run: str, attempt: int, live: int | None, fil
     return contract.live_rank_evidence_key(experiment, run, attempt, live, file_name)
 
 
-# Rank 0 refreshes a stall's live snapshot at most once per this many heartbeats (a minute at 15 s), and
-# only when the evidence changed (`evidence_state`): a dump taken after the first snapshot arrives within
-# a minute, a hang that stays as it is costs no more requests.
-LIVE_REFRESH_BEATS = 4
+# Rank 0 refreshes a stall's live snapshot at most once per this many heartbeats (30 s at 15 s), and only
+# when the evidence changed (`evidence_state`): a dump the first snapshot missed arrives within 30 s, before
+# the stalled alarm fires; a hang that stays as it is costs no more requests.
+LIVE_REFRESH_BEATS = 2
 
 
 def evidence_state(directory: Path, ranks: list[RankProgress]) -> tuple[object, ...]:
@@ -326,7 +334,8 @@ def evidence_state(directory: Path, ranks: list[RankProgress]) -> tuple[object, 
 
 class LiveSnapshots:
     """When rank 0 uploads a live snapshot of the ranks' evidence: once when a stall episode begins
-    (some rank's progress, phases excluded, older than `stall_dump_after`), then at most once per
+    (some rank's progress, phases excluded, older than `stall_dump_after` plus one rank-signal pass, by
+    when the stalled ranks have dumped their stacks), then at most once per
     `refresh_beats` heartbeats while it lasts, and only if the evidence changed. One in flight at most.
 
     Bound: per episode, 1 + beats / refresh_beats snapshots, each one PutObject per file of the ranks

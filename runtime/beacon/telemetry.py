@@ -34,6 +34,7 @@ from beacon.ranks import (
     PhaseFollower,
     RankProgress,
     evidence_state,
+    rank_signal_interval,
     read_ranks,
     upload_rank_evidence,
 )
@@ -483,7 +484,9 @@ class Telemetry(NullTelemetry):
         stalled = (
             view is not None
             and self.progress.current_phase() is None
-            and view.slowest_progress_age >= self.config.stall_dump_after
+            # the ranks dump their stacks at stall_dump_after, each within one pass of its signal thread
+            and view.slowest_progress_age
+            >= self.config.stall_dump_after + rank_signal_interval(self.config.heartbeat_interval)
         )
         busy = self._snapshot_thread is not None and self._snapshot_thread.is_alive()
         state = evidence_state(self.ranks_dir, ranks) if stalled else None
