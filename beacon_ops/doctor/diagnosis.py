@@ -319,7 +319,10 @@ def _stopped_rank(evidence: RunEvidence) -> tuple[Verdict, RankVerdict | None]:
         return Verdict(
             "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others"
         ), None
-    where = f"its stack: ranks/…/{stacks_name(stopped.rank)}" if stopped.stack else "no stack dump (killed outright)"
+    found = f"ranks/{evidence.rank_files_from or '…'}/{stacks_name(stopped.rank)}"
+    if evidence.rank_files_from.count("/"):  # a live snapshot: the attempt has not ended yet
+        found += " (live snapshot: rank 0 uploaded it while the run hung)"
+    where = f"its stack: {found}" if stopped.stack else "no stack dump (killed outright)"
     return Verdict("rank", FAIL, stopped.how, stopped.line(), where), stopped
 
 
