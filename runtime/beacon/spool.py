@@ -25,6 +25,7 @@ from typing import Any
 
 from beacon import kill_points
 from beacon.contract import ChunkSummary, Record, records_of
+from beacon.journal import Journal
 
 OPEN = "open.jsonl"
 SEALED = "sealed"
@@ -163,6 +164,8 @@ class Spool:
         for sequence in self._sealed_sequences():
             self._index_sealed(sequence)
         self._recover_open_chunk()
+        self.journal = Journal(directory)
+        self._recover_journal()
         self._open = self._open_chunk()
         self._reopen = False  # a seal renamed the chunk but could not open the next one yet
         self.open_records = 0
@@ -232,6 +235,32 @@ class Spool:
         sequence = max(sequence, max(self._sealed, default=-1) + 1)
         self._seal_path(path, len(lines), sequence)
 
+    def _recover_journal(self) -> None:
+        """The steps a killed process logged after its last fsync (`beacon.journal`): sealed into a chunk
+        of their own, after the chunk recovery sealed, before anything new is appended."""
+        unspooled = self.journal.unspooled()
+        if unspooled:
+            # Between an fsync and the journal's mark a kill leaves steps in both: the spool's copy counts.
+            latest = sorted(self._sealed)[-2:]
+            spooled = {(r.attempt, r.step, r.wall_time) for n in latest for r in records_of(self._sealed[n].body())}
+            attempt, experiment, run = self.journal.attempt, self.directory.parent.name, self.directory.name
+            records = [
+                Record(experiment, run, step, metrics, wall_time, attempt=attempt)
+                for step, wall_time, metrics in unspooled
+                if (attempt, step, wall_time) not in spooled
+            ]
+            if records:
+                path = self.directory / OPEN
+                lines = b"".join(record.to_line(self.next_seq + n) for n, record in enumerate(records))
+                with open(path, "ab") as chunk:
+                    chunk.write(lines)
+                    chunk.flush()
+                    os.fsync(chunk.fileno())
+                self._advance_past(lines.splitlines())
+                self.recovered_records += len(records)
+                self._seal_path(path, len(records), max(self.next_chunk, max(self._sealed, default=-1) + 1))
+        self.journal.restart(self.journal.attempt)
+
     def continue_after(self, *, chunk: int, seq: int, step: int, attempt: int) -> None:
         """Continue after what S3 already holds (a new volume under an existing run)."""
         with self._lock:
@@ -251,6 +280,7 @@ class Spool:
             attempt = self.last_attempt + 1 if self.last_step >= 0 else 0
             self.last_attempt = attempt
             self.last_step = self.durable_step = -1
+            self.journal.restart(attempt)
             return attempt
 
     # --- writing (the spool thread) -------------------------------------------------------
@@ -354,6 +384,7 @@ class Spool:
             return self.open_records + sum(c.records for c in self._sealed.values())
 
     def close(self) -> None:
+        self.journal.close()
         try:
             self._open.close()
         except OSError as error:  # a full disk: what it could not flush was never durable

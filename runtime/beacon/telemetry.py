@@ -152,7 +152,9 @@ class Telemetry(NullTelemetry):
         self.live_snapshots = LiveSnapshots()
         self._snapshot_thread: threading.Thread | None = None
         self.index = IndexWriter(s3, bucket=config.bucket, experiment=config.experiment, run=config.run)
-        self._queue: collections.deque[tuple[int, dict[str, Any], float]] = collections.deque()
+        # (step, metrics, wall time, journal entry number or 0)
+        self._queue: collections.deque[tuple[int, dict[str, Any], float, int]] = collections.deque()
+        self._journaled = 0  # the last journal entry drained into the spool
         self._window = WindowStats()
         self._window_lock = threading.Lock()
         self._cloudwatch_metrics = frozenset(config.cloudwatch_metrics)
@@ -198,7 +200,9 @@ class Telemetry(NullTelemetry):
         gone through again after a resume is recorded again, under this attempt (`contract.history`)."""
         if self._fatal is not None:
             raise self._fatal
-        self._queue.append((step, dict(metrics), time.time()))
+        copy, wall_time = dict(metrics), time.time()
+        # Journaled first (a memory copy into the spool volume's page cache): a SIGKILL now loses nothing.
+        self._queue.append((step, copy, wall_time, self.spool.journal.append(step, wall_time, copy)))
 
     def checkpoint_finished(self, seconds: float) -> None:
         with self._window_lock:
@@ -283,7 +287,8 @@ class Telemetry(NullTelemetry):
         drained: list[Record] = []
         experiment, run, attempt = self.config.experiment, self.config.run, self.attempt
         while self._queue:
-            step, metrics, wall_time = self._queue.popleft()  # `log`'s own copy of the dict
+            step, metrics, wall_time, journaled = self._queue.popleft()  # `log`'s own copy of the dict
+            self._journaled = journaled or self._journaled
             for value in metrics.values():
                 if type(value) is not float:
                     metrics = {name: metric_value(value) for name, value in metrics.items()}
@@ -309,6 +314,7 @@ class Telemetry(NullTelemetry):
             self.spool.append(records)
             self._awaiting_sync.extend(records)
         self.spool.sync()  # also writes again what a failed attempt left unsynced
+        self.spool.journal.durable_through(self._journaled)
         if self._awaiting_sync:
             synced, self._awaiting_sync = self._awaiting_sync, []
             self.report.records += len(synced)

@@ -1,0 +1,103 @@
+"""The steps logged since the spool's last fsync, kept where a SIGKILL cannot take them.
+
+`run.log` writes each step into this file-backed ring on the spool volume (a memory copy: the kernel
+keeps a killed process's dirty pages and writes them back), and the spool thread marks each fsync.
+A restart, or `beacon.sync`, appends the steps past that mark to the spool before anything else.
+
+Only plain numbers are journaled: a tensor's value exists only once the spool thread reads it (reading
+it here would wait for the device), so such a step is durable from the spool's fsync, as before.
+Not a defence against a lost machine: the page cache goes with it (the spool's fsync is that defence).
+"""
+
+from __future__ import annotations
+
+import marshal
+import mmap
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+JOURNAL = "journal"
+CAPACITY = 16 * 1024 * 1024  # ~60,000 steps of 10 metrics: minutes of a spool thread that fell behind
+MAGIC = b"BJRNL001"
+HEADER = struct.Struct("<8sIqq")  # magic, epoch, durable_through, attempt
+DATA_START = 64
+ENTRY = struct.Struct("<IIIQ")  # payload length, payload crc32, epoch, entry number
+
+
+class Journal:
+    def __init__(self, directory: Path, *, capacity: int = CAPACITY) -> None:
+        self.path = directory / JOURNAL
+        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(descriptor).st_size < capacity:
+                os.ftruncate(descriptor, capacity)  # sparse: a fresh journal costs no disk
+            self.capacity = max(capacity, os.fstat(descriptor).st_size)
+            self._map = mmap.mmap(descriptor, self.capacity)
+        finally:
+            os.close(descriptor)
+        magic, self._epoch, self._durable, self.attempt = HEADER.unpack_from(self._map, 0)
+        if magic != MAGIC:
+            self._epoch, self._durable, self.attempt = 0, 0, 0
+        self._number = 0  # the last entry written in this epoch
+        self._position = DATA_START
+        self.skipped = 0  # steps not journaled: the ring was full of steps the spool had not yet fsync'd
+
+    # --- the training thread -----------------------------------------------------------------------
+    def append(self, step: int, wall_time: float, metrics: dict[str, Any]) -> int:
+        """The step's entry number, or 0 when it is not journaled (a tensor value, a full ring)."""
+        try:
+            payload = marshal.dumps((step, wall_time, metrics))
+        except ValueError:  # not a plain number (a tensor, a numpy scalar): the spool thread reads it
+            return 0
+        position, size = self._position, ENTRY.size + len(payload)
+        if position + size > self.capacity:
+            if self._durable < self._number:  # wrapping now would overwrite steps not yet fsync'd
+                self.skipped += 1
+                return 0
+            position = DATA_START
+        number = self._number + 1
+        self._map[position + ENTRY.size : position + size] = payload
+        ENTRY.pack_into(self._map, position, len(payload), zlib.crc32(payload), self._epoch, number)  # last: commits
+        self._number, self._position = number, position + size
+        return number
+
+    # --- the spool thread --------------------------------------------------------------------------
+    def durable_through(self, number: int) -> None:
+        """Every entry through `number` is in the spool, fsync'd."""
+        if number > self._durable:
+            self._durable = number
+            HEADER.pack_into(self._map, 0, MAGIC, self._epoch, number, self.attempt)
+
+    # --- start-up: the spool, before anything is appended ----------------------------------------------
+    def unspooled(self) -> list[tuple[int, float, dict[str, float]]]:
+        """The steps a killed process journaled past its spool's last fsync, in the order logged."""
+        found: list[tuple[int, float, dict[str, float]]] = []
+        position, expected = DATA_START, None
+        while position + ENTRY.size <= self.capacity:
+            length, crc, epoch, number = ENTRY.unpack_from(self._map, position)
+            end = position + ENTRY.size + length
+            if length == 0 or end > self.capacity or epoch != self._epoch or number == 0:
+                break
+            if expected is not None and number != expected:
+                break  # the chain ends: what follows is older, already fsync'd
+            payload = bytes(self._map[position + ENTRY.size : end])
+            if zlib.crc32(payload) != crc:
+                break  # torn by the kill: never returned to the caller of `log`
+            if number > self._durable:
+                step, wall_time, metrics = marshal.loads(payload)
+                found.append((int(step), float(wall_time), {str(k): float(v) for k, v in metrics.items()}))
+            position, expected = end, number + 1
+        return found
+
+    def restart(self, attempt: int) -> None:
+        """A new epoch for `attempt`: entries of the old one are never read again."""
+        self._epoch = (self._epoch + 1) % 2**32
+        self._durable, self._number, self._position, self.attempt = 0, 0, DATA_START, attempt
+        ENTRY.pack_into(self._map, DATA_START, 0, 0, 0, 0)
+        HEADER.pack_into(self._map, 0, MAGIC, self._epoch, 0, attempt)
+
+    def close(self) -> None:
+        self._map.close()

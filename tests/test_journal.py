@@ -1,0 +1,107 @@
+"""A SIGKILL right after `run.log` loses no step: the journal on the spool volume keeps what the spool
+thread had not yet fsync'd, and the next start (or `beacon.sync`) spools it first, once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from beacon.contract import Record, history, records_of
+from beacon.journal import DATA_START, ENTRY, Journal
+from beacon.spool import Spool
+
+from tests.support.synth import ROOT
+
+LOGGED_THEN_KILLED = """
+import sys, time
+from pathlib import Path
+from beacon.progress import ProgressClock
+from beacon.settings import RunSettings
+from beacon.spool import Spool
+from beacon.telemetry import Telemetry
+
+spool = Spool(Path(sys.argv[1]))
+settings = RunSettings(experiment="exp", run="run-1", bucket="bucket", alarms=False)
+# The sinks' threads never start: no step reaches the spool but through the journal.
+telemetry = Telemetry(settings, s3=None, cloudwatch=None, progress=ProgressClock(), spool=spool, run_alarms=None)
+telemetry.begin_attempt()
+for step in range(int(sys.argv[2])):
+    telemetry.log(step, {"loss": 1.0 / (step + 1), "lr": 0.1, "tokens": step * 512})
+print("ready", flush=True)  # right after the last log call
+time.sleep(120)
+"""
+
+
+def spooled(directory: Path) -> list[Record]:
+    spool = Spool(directory)
+    try:
+        return [record for chunk in spool.pending() for record in records_of(chunk.body())]
+    finally:
+        spool.close()
+
+
+def test_every_step_logged_before_a_sigkill_is_spooled_on_the_next_start_once(tmp_path: Path) -> None:
+    directory = tmp_path / "spool" / "exp" / "run-1"
+    process = subprocess.Popen(
+        [sys.executable, "-c", LOGGED_THEN_KILLED, str(directory), "2000"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+    records = spooled(directory)
+    assert [r.step for r in records] == list(range(2000))
+    assert {(r.experiment, r.run, r.attempt) for r in records} == {("exp", "run-1", 0)}
+    assert records[7].metrics == {"loss": 1.0 / 8, "lr": 0.1, "tokens": 7 * 512.0}
+    assert [r.seq for r in records] == list(range(2000)), "numbered like any spooled record"
+    assert spooled(directory) == records, "a second start recovers nothing again"
+
+
+def test_steps_the_spool_fsynced_before_the_journal_was_marked_are_not_spooled_twice(tmp_path: Path) -> None:
+    directory = tmp_path / "exp" / "run-1"
+    spool = Spool(directory)
+    attempt = spool.begin_attempt()
+    for step in range(5):
+        spool.journal.append(step, 100.0 + step, {"loss": 1.0})
+    spool.append([Record("exp", "run-1", step, {"loss": 1.0}, 100.0 + step, attempt=attempt) for step in range(3)])
+    spool.sync()  # killed here: steps 0-2 fsync'd, the journal not yet told
+    records = spooled(directory)
+    assert [r.step for r in records] == [0, 1, 2, 3, 4]
+    assert not history(records).duplicated
+
+
+def test_a_torn_entry_ends_the_journal_and_an_old_epoch_is_never_read(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, capacity=4096)
+    sizes = [journal.append(step, 1.0, {"loss": 0.5}) for step in range(3)]
+    assert sizes == [1, 2, 3]
+    entry_size = (journal._position - DATA_START) // 3
+    journal._map[DATA_START + 2 * entry_size + ENTRY.size] ^= 0xFF  # the kill tore step 2's payload
+    assert [step for step, _, _ in journal.unspooled()] == [0, 1]
+    journal.restart(attempt=1)
+    # Same-sized entries of the new epoch end where old ones began: the epoch keeps them apart.
+    journal.append(10, 1.0, {"loss": 0.5})
+    assert [step for step, _, _ in journal.unspooled()] == [10]
+    journal.durable_through(1)
+    assert journal.unspooled() == []
+
+
+def test_a_tensor_value_is_left_to_the_spool_thread_and_a_ring_of_unfsynced_steps_is_never_overwritten(
+    tmp_path: Path,
+) -> None:
+    journal = Journal(tmp_path, capacity=DATA_START + 200)
+    assert journal.append(0, 1.0, {"loss": torch.tensor(0.5)}) == 0, "reading a tensor would wait for the device"
+    assert journal.append(0, 1.0, {"loss": 0.5}) == 1
+    while journal.append(1, 1.0, {"loss": 0.5}):
+        pass
+    assert journal.skipped == 1
+    written = journal._number
+    journal.durable_through(written)  # the spool caught up: the ring may wrap
+    assert journal.append(2, 1.0, {"loss": 0.5}) == written + 1
+    assert [step for step, _, _ in journal.unspooled()] == [2]
