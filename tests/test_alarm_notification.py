@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from beacon.preflight import PreflightRecord
 from beacon.progress import ProgressClock
 from beacon.ranks import Placement, RankSignal, stacks_name, upload_rank_evidence
 from beacon.run_alarms import RunAlarms
+from beacon.spool import Spool
+from beacon.telemetry import Telemetry
+from smoke_job.config import parse_args
 
 from beacon_constructs.alarm_verdict import BUNDLE, HANDLER, metrics_lost_pattern, stage_bundle
 from beacon_ops.doctor import notify
@@ -83,23 +87,37 @@ def waiting_dump(rank: int) -> str:
     )
 
 
-def seed_hung_run(s3: Any, bucket: str, workdir: Path) -> None:
-    """Rank 3 of 4 (2 nodes) stopped at step 50 in forward; ranks 0-2 wait in all_reduce; rank 0 uploaded
-    the ranks' evidence and wrote steps 0-50 and its preflight."""
+def stalled_for(seconds: float) -> ProgressClock:
+    """A rank's clock whose last step was `seconds` ago."""
+    now = [0.0]
+    progress = ProgressClock(now=lambda: now[0])
+    progress.dispatched_step = 50
+    progress.step_finished()
+    now[0] = seconds
+    return progress
+
+
+def upload_at_the_attempts_end(s3: Any, bucket: str, ranks_dir: Path) -> None:
+    assert upload_rank_evidence(s3, bucket=bucket, experiment=EXPERIMENT, run=RUN, attempt=0, directory=ranks_dir)
+
+
+def seed_hung_run(
+    s3: Any, bucket: str, workdir: Path, upload: Callable[[Any, str, Path], None] = upload_at_the_attempts_end
+) -> None:
+    """Rank 3 of 4 (2 nodes) stopped at step 50 in forward 100 s ago (its dump taken at 95 s); ranks 0-2
+    wait in all_reduce; rank 0 wrote steps 0-50 and its preflight, and `upload` took the ranks' evidence
+    to S3 while they hung (by default as rank 0 does at the attempt's end)."""
     ranks_dir = workdir / "ranks"
     signals = []
     try:
         for rank in range(4):
-            progress = ProgressClock()
-            progress.dispatched_step = 50
-            progress.step_finished()
             placement = STOPPED if rank == 3 else Placement(f"train-{rank // 2}-abc{rank}", f"ip-10-0-1-{rank}", "")
             signal = RankSignal(
                 ranks_dir,
                 rank=rank,
                 local_rank=rank % 2,
                 world_size=4,
-                progress=progress,
+                progress=stalled_for(100.0),
                 interval=600,  # the test writes; the thread never gets to
                 stall_dump_after=600,
                 placement=placement,
@@ -109,7 +127,7 @@ def seed_hung_run(s3: Any, bucket: str, workdir: Path) -> None:
         hang_rank_3(ranks_dir)
         for rank in range(3):
             (ranks_dir / stacks_name(rank)).write_text(waiting_dump(rank))
-        assert upload_rank_evidence(s3, bucket=bucket, experiment=EXPERIMENT, run=RUN, attempt=0, directory=ranks_dir)
+        upload(s3, bucket, ranks_dir)  # before their last words: they still hang
     finally:
         for signal in signals:
             signal.stop()
@@ -234,21 +252,66 @@ def test_the_function_reads_the_run_with_the_readers_rights_alone(as_writer: Wri
     verdict published by an identity that may publish and do nothing else."""
     seed_hung_run(as_writer.client("s3"), as_writer.bucket, as_writer.workdir)
     topic, sqs, queue, publisher = topic_with_queue_as_admin(as_writer)
-    reader = as_writer.reader
+    notification = notify_as_the_function(as_writer, topic, publisher)
+    assert notification is not None and notification.message.startswith("rank-hung: rank 3 on pod"), notification
+    as_writer.aws.reset_auth_only()
+    assert len(delivered(sqs, queue)) == 1
+
+
+def test_while_the_run_still_hangs_rank_0s_live_snapshot_lets_the_notification_name_the_rank(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """No attempt has ended: the ranks' evidence is on the volume, which the function does not mount. Rank 0's
+    heartbeat (the runtime's, as the writer, IAM enforced) uploads a live snapshot once a rank stalls past
+    `stall_dump_after` (90 s, as deployed); the function, with the reader's rights, names rank 3 from it."""
+
+    def rank_0s_heartbeat(s3: Any, bucket: str, ranks_dir: Path) -> None:
+        flags = {"--bucket": bucket, "--team": TEAM, "--experiment": EXPERIMENT, "--run-id": RUN}
+        config = parse_args([part for pair in flags.items() for part in pair]).settings
+        rank_0 = Telemetry(config, s3=s3, cloudwatch=as_writer.client("cloudwatch"), progress=ProgressClock(),
+                           spool=Spool(tmp_path / "spool"), run_alarms=None)  # fmt: skip
+        rank_0.ranks_dir = ranks_dir
+        rank_0.beat()
+        assert rank_0.wait_live_snapshot(timeout=30)
+
+    seed_hung_run(as_writer.client("s3"), as_writer.bucket, as_writer.workdir, rank_0s_heartbeat)
+    topic, sqs, queue, publisher = topic_with_queue_as_admin(as_writer)
+    notification = notify_as_the_function(as_writer, topic, publisher)
+    assert notification is not None
+    assert notification.message.startswith(
+        f"rank-hung: rank 3 on pod {STOPPED.pod}, node {STOPPED.node}, instance {STOPPED.instance} "
+        "hung at step 50 in training ("
+    ), notification.message
+    verdict = notification.message.splitlines()[0]
+    assert "in forward)" in verdict and verdict.endswith("; 3 rank(s) wait in all_reduce (0, 1, 2)"), verdict
+    assert "last word" not in verdict, "taken while the ranks hang, before any last word"
+    live = "ranks/attempt-00000/live-00000/stacks-rank-00003.txt (live snapshot: rank 0 uploaded it while the run hung)"
+    assert f"fix: its stack: {live}" in notification.message
+    as_writer.aws.reset_auth_only()
+    (message,) = delivered(sqs, queue)
+    assert message["Message"] == notification.message
+    listed = as_writer.aws.client("s3").list_objects_v2(
+        Bucket=as_writer.bucket, Prefix=f"{contract.run_prefix(EXPERIMENT, RUN)}{contract.RANKS}/"
+    )
+    ranks = [item["Key"] for item in listed["Contents"]]
+    assert ranks and all("/live-00000/" in key for key in ranks), "no attempt ended: only the live snapshot"
+
+
+def notify_as_the_function(
+    as_writer: WriterSession, topic: str, publisher: dict[str, str]
+) -> notify.Notification | None:
+    """The run's metrics-lost alarm event, handled with the reader's rights and published as `publisher`."""
     event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.METRICS_LOST)})
-    notification = notify.notify(
+    return notify.notify(
         event,
         team=TEAM,
         bucket=as_writer.bucket,
         topic_arn=topic,
         region=REGION,
-        s3=as_writer.client("s3", reader),
-        cloudwatch=as_writer.client("cloudwatch", reader),
+        s3=as_writer.client("s3", as_writer.reader),
+        cloudwatch=as_writer.client("cloudwatch", as_writer.reader),
         sns=as_writer.aws.client("sns", **publisher),
     )
-    assert notification is not None and notification.message.startswith("rank-hung: rank 3 on pod"), notification
-    as_writer.aws.reset_auth_only()
-    assert len(delivered(sqs, queue)) == 1
 
 
 def topic_with_queue_as_admin(as_writer: WriterSession) -> tuple[str, Any, str, dict[str, str]]:
@@ -416,6 +479,8 @@ def test_the_function_may_read_the_runs_evidence_and_publish_to_its_topic(aws: D
     sns = {"kms:ViaService": f"sns.{REGION}.amazonaws.com"}
     allowed = [
         ("s3:GetObject", evidence, {}),
+        # a live snapshot, uploaded while the run hangs: under the run's prefix like the rest
+        ("s3:GetObject", f"{bucket}/{contract.live_rank_evidence_key(EXPERIMENT, RUN, 0, 2, stacks_name(3))}", {}),
         ("s3:GetObject", f"{bucket}/{contract.events_key(EXPERIMENT, RUN, 0)}", {}),
         ("s3:ListBucket", bucket, {"s3:prefix": contract.run_prefix(EXPERIMENT, RUN)}),
         ("kms:Decrypt", bucket_key, s3),

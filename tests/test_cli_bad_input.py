@@ -12,12 +12,12 @@ from tests.support.synth import ROOT
 RUN = ["run", "--team", "demo", "--image", ":v1"]
 CASES = {
     "unknown_flag": (["doctor", "--team", "demo", "--run", "r", "--colour", "x"], "No such option: --colour"),
-    "run_id_not_s3_safe": (["doctor", "--team", "demo", "--run", "Bad/Run"], "Invalid value for '--run'"),
+    "run_id_not_s3_safe": (["doctor", "--team", "demo", "--run", "Bad/Run"], "run 'Bad/Run' must be 1-63 of a-z"),
     "experiment_not_s3_safe": (
         ["doctor", "--team", "demo", "--run", "r", "--experiment", "a b"],
-        "Invalid value for '--experiment'",
+        "experiment 'a b' must be 1-63 of a-z",
     ),
-    "missing_run": (["doctor", "--team", "demo"], "Missing option '--run'"),
+    "missing_run": (["doctor", "--team", "demo"], "give one of --run (a Beacon run) or --job"),
     "negative_steps": (["local", "--steps", "-3"], "Invalid value for '--steps'"),
     "unknown_command": (["nosuch"], "No such command 'nosuch'"),
     "smoke_unknown_target": (["smoke", "--team", "demo", "--target", "gke"], "Invalid value for '--target'"),

@@ -201,7 +201,15 @@ def test_the_cli_reads_options_from_the_environment_and_prints_json(
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["diagnosis"] == "finished" and answer["healthy"] is True
-    assert len(answer["verdicts"]) == 10
+    assert len(answer["verdicts"]) == 11
+    # No cluster stack in this sandbox: the orchestrator's verdict says so, and how to fix it, without failing.
+    orchestrator = answer["verdicts"][0]
+    assert (orchestrator["check"], orchestrator["status"], orchestrator["verdict"]) == (
+        "orchestrator",
+        "info",
+        "unreadable",
+    )
+    assert "beacon-demo-cluster" in orchestrator["evidence"] and "make deploy TEAM=demo" in orchestrator["fix"]
 
 
 def test_the_cli_names_the_team_it_cannot_read(as_writer: WriterSession) -> None:

@@ -19,7 +19,7 @@ from beacon.ranks import CrossRankView, PhaseFollower, Placement, RankProgress, 
 
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.rank_verdict import which_rank
-from beacon_ops.evidence.reading import metric_samples
+from beacon_ops.evidence.reading import RunEvidence, metric_samples, rank_keys
 from tests.conftest import WriterSession
 from tests.support.job_harness import JobHarness, keys_under, signal_group, wait_for
 from tests.support.synth import ROOT
@@ -180,7 +180,20 @@ def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_wher
         assert verdict.waiting == {"all_reduce": [0, 1, 2]}
         assert verdict.line().startswith("rank 3 on pod train-1, node node-1 hung at step 20 in training (")
         assert verdict.line().endswith("; 3 rank(s) wait in all_reduce (0, 1, 2)")
-        time.sleep(3)  # rank 0's heartbeats (1 s apart here) carry the cross-rank view meanwhile
+        started = time.monotonic()
+        s3, prefix = as_writer.client("s3"), contract.run_prefix("smoke", run)
+
+        def live_snapshot_names_rank_3() -> bool:
+            """What the alarm's function reads while the job hangs: rank 0's live snapshot, not the volume."""
+            chosen, where = rank_keys(prefix, keys_under(s3, as_writer.bucket, f"{prefix}{contract.RANKS}/"))
+            files = {key.rsplit("/", 1)[1]: s3.get_object(Bucket=as_writer.bucket, Key=key)["Body"].read()
+                     for key in chosen}  # fmt: skip
+            live = which_rank(*RunEvidence("smoke", run, rank_files=files).ranks()) if "/live-" in where else None
+            return live is not None and (live.rank, live.how, live.step) == (3, "hung", 20)
+
+        assert wait_for(live_snapshot_names_rank_3, timeout=20, interval=0.5), "rank 0 uploads a live snapshot"
+        # rank 0's heartbeats (1 s apart here) carry the cross-rank view meanwhile
+        time.sleep(max(0.0, 3 - (time.monotonic() - started)))
         for node in nodes:
             os.killpg(node.pid, signal.SIGTERM)
 

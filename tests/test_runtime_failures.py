@@ -355,7 +355,7 @@ def test_the_jobs_largest_metric_batch_is_one_request_far_under_the_size_limit(
             sink._window.upload_latencies_ms.extend([12.5] * 1000)
             sink._window.upload_failures += 3
         if window < 3:
-            sink._restore_window(sink._metric_batch(time.time())[1])  # a batch that failed: merged into the next
+            sink._restore_window(sink._metric_batch(time.time(), [])[1])  # a batch that failed: merged into the next
     sink.beat()
     assert sink.report.metric_batches == 1 and sink.report.metric_failures == 0, "accepted by the strict AWS"
     (request,) = sent

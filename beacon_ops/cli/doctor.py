@@ -1,18 +1,31 @@
-"""`beacon doctor`: why are my metrics missing? Verdicts with evidence and fixes, most likely first."""
+"""`beacon doctor`: why are my metrics missing? Verdicts with evidence and fixes, most likely first.
+
+A Beacon run (`--run`) is diagnosed from its evidence and, when the team's cluster answers, from what the
+orchestrator says about its Job (Beacon names the Job after the run). Any Kubernetes Job (`--job`) is
+diagnosed from the orchestrator alone, unless its container carries a Beacon run's settings.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from datetime import UTC, datetime
+from typing import Annotated, NoReturn
 
+import boto3
 import typer
+from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.table import Table
 
 from beacon_ops.aws_access import describe_aws_error
-from beacon_ops.cli.common import REGION_HELP, console, fail, identifier, session_or_fail, stack_outputs, team_or_fail
+from beacon_ops.cli.common import REGION_HELP, console, fail, session_or_fail, stack_outputs, team_or_fail
+from beacon_ops.cli.follow import KubernetesUrl
 from beacon_ops.credentials import assume_role_credentials
-from beacon_ops.doctor.diagnosis import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose
+from beacon_ops.doctor.diagnosis import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose, diagnose_job
+from beacon_ops.doctor.eks_state import read_job
+from beacon_ops.doctor.orchestrator import OrchestratorState
+from beacon_ops.jobs.eks import cluster_api
+from beacon_ops.jobs.flow import JobError
 from config import names
 from stacks import outputs as outputs_of
 
@@ -20,28 +33,76 @@ STYLE = {OK: "green", WARN: "yellow", FAIL: "red"}
 
 
 def print_diagnosis(result: Diagnosis) -> None:
-    table = Table(title=f"beacon doctor: {result.experiment}/{result.run} -> {result.diagnosis}")
+    print(result.headline())  # the first line: the cause and its evidence, never wrapped
+    subject = f"{result.experiment}/{result.run}" if result.experiment else f"job {result.run}"
+    table = Table(title=f"beacon doctor: {subject} -> {result.diagnosis}")
     for column in ("check", "verdict", "evidence", "fix"):
         table.add_column(column, overflow="fold")
     for v in result.verdicts:
         table.add_row(v.check, f"[{STYLE.get(v.status, 'white')}]{v.verdict}[/]", v.evidence, v.fix)
     console.print(table)
+    for note in result.orchestrator.notes if result.orchestrator else ():
+        console.print(f"not read: {note}")
+
+
+def read_orchestrator(
+    session: boto3.session.Session, team: str, job: str, *, namespace: str | None, kubernetes_url: str | None
+) -> OrchestratorState:
+    """The Job as the team's cluster sees it; what stands in the way otherwise, as the state's problem."""
+    stack = names.stack_name(team, "cluster")
+    cluster, where = names.cluster_name(team), namespace or contract.TRAINING_NAMESPACE
+    try:
+        outputs = stack_outputs(session.client("cloudformation"), stack)
+        cluster = outputs.get(outputs_of.CLUSTER_NAME, cluster)
+        where = namespace or outputs.get(outputs_of.TRAINING_NAMESPACE, where)
+        api = cluster_api(session, cluster, str(session.region_name), url_override=kubernetes_url)
+    except (ClientError, BotoCoreError) as error:
+        problem = f"stack {stack}: {describe_aws_error(error)}"
+        fix = f"deploy the team's cluster stack (make deploy TEAM={team}), or read the stack as a role that may"
+        return OrchestratorState("eks", cluster, where, job, datetime.now(UTC), problem=problem, fix=fix)
+    except JobError as error:
+        fix = "the doctor's identity needs eks:DescribeCluster and an access entry on the cluster"
+        return OrchestratorState("eks", cluster, where, job, datetime.now(UTC), problem=str(error), fix=fix)
+    return read_job(api, cluster=cluster, namespace=where, name=job)
 
 
 def doctor(
     team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name")],
-    run: Annotated[str, typer.Option(envvar="BEACON_RUN_ID", help="run id", callback=identifier("run"))],
-    experiment: Annotated[str, typer.Option(envvar="BEACON_EXPERIMENT", callback=identifier("experiment"))] = "smoke",
+    run: Annotated[str | None, typer.Option(envvar="BEACON_RUN_ID", help="a Beacon run id")] = None,
+    job: Annotated[
+        str | None, typer.Option(help="any Kubernetes Job on the team's cluster, with or without Beacon's library")
+    ] = None,
+    experiment: Annotated[str, typer.Option(envvar="BEACON_EXPERIMENT")] = "smoke",
+    namespace: Annotated[
+        str | None, typer.Option(help="the Job's namespace (default: the stack's training namespace)")
+    ] = None,
     bucket: Annotated[str | None, typer.Option(envvar="BEACON_BUCKET", help="default: the stack output")] = None,
     region: Annotated[str | None, typer.Option(help=REGION_HELP)] = None,
     reader_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")] = None,
     writer_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_WRITER_ROLE_ARN")] = None,
+    kubernetes_url: KubernetesUrl = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Why are my metrics missing? Verdicts with evidence and fixes, most likely first."""
+    if (run is None) == (job is None):
+        raise fail("doctor", "give one of --run (a Beacon run) or --job (any Kubernetes Job)", as_json=as_json)
+    for kind, value in (("run", run), ("experiment", experiment)):
+        if value is not None:
+            try:
+                contract.validate_id(kind, value)
+            except ValueError as error:
+                raise fail("doctor", str(error), as_json=as_json) from None
     config = team_or_fail("doctor", team, as_json=as_json)
     session = session_or_fail("doctor", region=region, config=config, as_json=as_json)
     region = str(session.region_name)
+    state = read_orchestrator(session, team, job or str(run), namespace=namespace, kubernetes_url=kubernetes_url)
+    beacon_run = state.job.beacon if state.job is not None else {}
+    if job is not None:
+        if beacon_run.get("BEACON_RUN_ID") and beacon_run.get("BEACON_TEAM", team) == team:
+            run, experiment = beacon_run["BEACON_RUN_ID"], beacon_run.get("BEACON_EXPERIMENT", experiment)
+        else:
+            show(diagnose_job(team, state), as_json=as_json)
+    assert run is not None
     try:
         if bucket is None or reader_role_arn is None:
             outputs = stack_outputs(session.client("cloudformation"), names.stack_name(team, "artifacts"))
@@ -66,6 +127,7 @@ def doctor(
                 s3=session.client("s3", **reader),
                 cloudwatch=session.client("cloudwatch", **reader),
                 probe_s3=probe,
+                orchestrator=state,
             )
         )
     except (ClientError, BotoCoreError) as error:
@@ -74,6 +136,10 @@ def doctor(
     except KeyError as error:
         why = f"stack output {error} is missing"
         raise fail("doctor", f"cannot read team {team!r} in {region}: {why}", as_json=as_json) from None
+    show(result, as_json=as_json)
+
+
+def show(result: Diagnosis, *, as_json: bool) -> NoReturn:
     if as_json:
         print(json.dumps(result.as_dict(), indent=2, default=str))
     else:

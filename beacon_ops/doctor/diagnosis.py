@@ -16,21 +16,15 @@ from beacon import contract
 from beacon.ranks import stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
+from beacon_ops.doctor.orchestrator import CHECK as CHECK_ORCHESTRATOR
+from beacon_ops.doctor.orchestrator import OrchestratorState, orchestrator_verdict
 from beacon_ops.doctor.rank_verdict import RankVerdict, which_rank
+from beacon_ops.doctor.verdict import FAIL, INFO, OK, WARN, Verdict
 from beacon_ops.evidence.reading import RunEvidence, alarm_states, metric_samples, read_run
 
-OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
+__all__ = ["FAIL", "INFO", "OK", "WARN", "Diagnosis", "DoctorInputs", "Verdict", "diagnose", "diagnose_job"]
 SILENT_BEATS = 3  # heartbeats missed before the doctor calls a run silent
 DEFAULT_HEARTBEAT_S = 15.0
-
-
-@dataclass(frozen=True)
-class Verdict:
-    check: str
-    status: str
-    verdict: str
-    evidence: str
-    fix: str = ""
 
 
 @dataclass
@@ -44,6 +38,7 @@ class Diagnosis:
     progress_age_s: float | None = None
     lead: str = ""  # the check whose verdict is the cause
     stopped_rank: RankVerdict | None = None  # the rank that stopped a multi-rank run, with its stack
+    orchestrator: OrchestratorState | None = None  # what the orchestrator said about the job, when asked
 
     @property
     def healthy(self) -> bool:
@@ -56,7 +51,7 @@ class Diagnosis:
         return f"{self.diagnosis}: {lead.evidence}" if lead is not None else self.diagnosis
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "healthy": self.healthy}
+        return {**asdict(self), "healthy": self.healthy, "headline": self.headline()}
 
 
 @dataclass
@@ -71,6 +66,9 @@ class DoctorInputs:
     probe_s3: Any | None = None  # the job's identity, for the write probe
     stall_after_s: float = contract.STALL_THRESHOLD_S
     now: datetime | None = None
+    # The job as its orchestrator sees it, read by the caller (`beacon doctor` reads the Kubernetes API; the
+    # alarm's Lambda does not): its verdict leads the others when it fails.
+    orchestrator: OrchestratorState | None = None
 
 
 def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Diagnosis:
@@ -87,6 +85,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
 
     rank_check, stopped = _stopped_rank(evidence)
     verdicts = [
+        *([orchestrator_verdict(inputs.orchestrator)] if inputs.orchestrator is not None else []),
         _job_state(evidence),
         _liveness(evidence, heartbeat_age, progress_age, interval, inputs.stall_after_s),
         _delivery(inputs, evidence, dims, now),
@@ -101,6 +100,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     by_check = {v.check: v for v in verdicts}
     # In order: the first failing check that explains the others is the cause.
     causes = (
+        ("orchestrator", lambda v: v.verdict),  # what killed or blocked the job explains the silence it left
         ("permission", lambda v: "permission"),
         ("spool", lambda v: "spool-not-persistent"),
         ("ranks", lambda v: "rank-collision"),
@@ -109,14 +109,47 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         ("delivery", lambda v: "delivery"),
         ("endpoint", lambda v: "endpoint"),
     )
-    lead, cause = next(
-        ((check, name(by_check[check])) for check, name in causes if by_check[check].status == FAIL), ("job", "")
-    )
+    failing = [(check, name) for check, name in causes if check in by_check and by_check[check].status == FAIL]
+    lead, cause = next(((check, name(by_check[check])) for check, name in failing), ("job", ""))
     if not cause:
         cause = "not-started" if by_check["job"].verdict == "not started" else evidence.final_state or "healthy"
     return Diagnosis(
-        inputs.team, inputs.experiment, inputs.run, cause, verdicts, heartbeat_age, progress_age, lead, stopped
+        inputs.team,
+        inputs.experiment,
+        inputs.run,
+        cause,
+        verdicts,
+        heartbeat_age,
+        progress_age,
+        lead,
+        stopped,
+        inputs.orchestrator,
     )
+
+
+def diagnose_job(team: str, state: OrchestratorState) -> Diagnosis:
+    """A job without Beacon's library (or whose run is not known): what the orchestrator alone can tell,
+    and what it cannot."""
+    verdict = orchestrator_verdict(state)
+    blind = Verdict(
+        "beacon",
+        INFO,
+        "not known",
+        "no Beacon records for this job: no heartbeat, no step progress, no delivery to S3, no per-rank stacks, "
+        "no preflight (permissions, spool, endpoint) — the doctor cannot tell a hung loop from a slow one, nor "
+        "whether metrics were lost",
+        "`import beacon` in the training (beacon.init, run.log) and run it with Beacon's environment "
+        "(workloads.manifests.training_job sets it), or `beacon run`",
+    )
+    if verdict.status == FAIL or verdict.verdict == "unreadable":
+        cause = verdict.verdict if verdict.status == FAIL else "orchestrator-unreadable"
+    elif verdict.verdict == "complete":
+        cause = "finished"
+    elif verdict.verdict == "running":
+        cause = "healthy"
+    else:
+        cause = verdict.verdict.replace(" ", "-").replace(",", "")
+    return Diagnosis(team, "", state.job_name, cause, [verdict, blind], lead=CHECK_ORCHESTRATOR, orchestrator=state)
 
 
 def _samples(
@@ -319,7 +352,10 @@ def _stopped_rank(evidence: RunEvidence) -> tuple[Verdict, RankVerdict | None]:
         return Verdict(
             "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others"
         ), None
-    where = f"its stack: ranks/…/{stacks_name(stopped.rank)}" if stopped.stack else "no stack dump (killed outright)"
+    found = f"ranks/{evidence.rank_files_from or '…'}/{stacks_name(stopped.rank)}"
+    if evidence.rank_files_from.count("/"):  # a live snapshot: the attempt has not ended yet
+        found += " (live snapshot: rank 0 uploaded it while the run hung)"
+    where = f"its stack: {found}" if stopped.stack else "no stack dump (killed outright)"
     return Verdict("rank", FAIL, stopped.how, stopped.line(), where), stopped
 
 

@@ -25,6 +25,8 @@ class RunEvidence:
     errors: list[str] = field(default_factory=list)
     # The newest attempt's ranks' evidence (`beacon.ranks`, uploaded by rank 0): file name -> bytes.
     rank_files: dict[str, bytes] = field(default_factory=dict)
+    # Where they came from: `attempt-<k>` (the attempt's end) or `attempt-<k>/live-<n>` (a stall's snapshot).
+    rank_files_from: str = ""
 
     def ranks(self) -> tuple[list[RankProgress], dict[int, str]]:
         """Every rank's last document, and each rank's stack dumps, from the rank files."""
@@ -145,13 +147,34 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str) -> RunEvidence:
             evidence.checkpoints.append(key)
         elif kind == contract.TENSORBOARD:
             evidence.tensorboard_files.append(key)
-    rank_keys = [key for key in keys if key.removeprefix(prefix).split("/", 1)[0] == contract.RANKS]
-    if rank_keys:
-        newest = max(key.removeprefix(prefix).split("/")[1] for key in rank_keys)  # attempt-<k>, zero-padded
-        for key in rank_keys:
-            if key.removeprefix(prefix).split("/")[1] == newest:
-                evidence.rank_files[key.rsplit("/", 1)[1]] = _read(s3, bucket, key)
+    chosen, evidence.rank_files_from = rank_keys(prefix, keys)
+    for key in chosen:
+        evidence.rank_files[key.rsplit("/", 1)[1]] = _read(s3, bucket, key)
     return evidence
+
+
+def rank_keys(prefix: str, keys: list[str]) -> tuple[list[str], str]:
+    """The ranks' evidence to read, chosen from the run's one listing, and where it is (`attempt-<k>` or
+    `attempt-<k>/live-<n>`): the newest attempt's end-of-attempt files when it has them; else that
+    attempt's newest live snapshot (rank 0 uploads one while a rank stalls), the newest complete one
+    when there is one (a snapshot still uploading lacks files)."""
+    ranks = f"{prefix}{contract.RANKS}/"
+    paths = [key.removeprefix(ranks).split("/") for key in keys if key.startswith(ranks)]
+    if not paths:
+        return [], ""
+    newest = max(path[0] for path in paths)  # attempt-<k>, zero-padded
+    final = [path for path in paths if path[0] == newest and len(path) == 2]
+    live = [
+        path
+        for path in paths
+        if path[0] == newest and len(path) == 3 and path[1].startswith(f"{contract.LIVE_SNAPSHOT}-")
+    ]
+    if final or not live:
+        return [ranks + "/".join(path) for path in final], newest if final else ""
+    complete = {path[1] for path in live if path[2] == contract.LIVE_SNAPSHOT_COMPLETE}
+    snapshot = max(complete or {path[1] for path in live})  # live-<n>, zero-padded
+    chosen = [path for path in live if path[1] == snapshot and path[2] != contract.LIVE_SNAPSHOT_COMPLETE]
+    return [ranks + "/".join(path) for path in chosen], f"{newest}/{snapshot}"
 
 
 @dataclass(frozen=True)

@@ -62,12 +62,19 @@ def eks_token(session: boto3.session.Session, cluster_name: str, region: str) ->
 
 def kubernetes_api(session: boto3.session.Session, outputs: TeamOutputs, *, url_override: str | None) -> k8s.ApiClient:
     """An API client for the team's cluster; the endpoint comes from EKS unless a tunnel is given."""
+    return cluster_api(session, outputs.cluster_name, outputs.region, url_override=url_override)
+
+
+def cluster_api(
+    session: boto3.session.Session, cluster_name: str, region: str, *, url_override: str | None
+) -> k8s.ApiClient:
+    """An API client for cluster `cluster_name`, authenticated with an EKS token of `session`."""
     try:
-        cluster = session.client("eks").describe_cluster(name=outputs.cluster_name)["cluster"]
+        cluster = session.client("eks").describe_cluster(name=cluster_name)["cluster"]
     except (ClientError, BotoCoreError) as error:
-        raise JobError(f"cluster {outputs.cluster_name}: cannot describe it: {error}") from None
+        raise JobError(f"cluster {cluster_name}: cannot describe it: {error}") from None
     if cluster.get("status") != "ACTIVE":
-        raise JobError(f"cluster {outputs.cluster_name} is {cluster.get('status')}, not ACTIVE")
+        raise JobError(f"cluster {cluster_name} is {cluster.get('status')}, not ACTIVE")
     endpoint = str(cluster["endpoint"])
     configuration = k8s.Configuration()
     configuration.host = url_override or endpoint
@@ -81,12 +88,12 @@ def kubernetes_api(session: boto3.session.Session, outputs: TeamOutputs, *, url_
         if url_override:  # a tunnel: the certificate still names the cluster's endpoint
             configuration.tls_server_name = urlparse(endpoint).hostname
     # The client sends a bearer token only once one is set; the hook renews it before it expires.
-    configuration.api_key = {"authorization": eks_token(session, outputs.cluster_name, outputs.region)}
+    configuration.api_key = {"authorization": eks_token(session, cluster_name, region)}
     minted = [time.monotonic()]
 
     def refresh(conf: k8s.Configuration) -> None:
         if time.monotonic() - minted[0] > TOKEN_REFRESH_S:
-            conf.api_key["authorization"] = eks_token(session, outputs.cluster_name, outputs.region)
+            conf.api_key["authorization"] = eks_token(session, cluster_name, region)
             minted[0] = time.monotonic()
 
     configuration.api_key_prefix = {"authorization": "Bearer"}

@@ -23,6 +23,10 @@ PREFLIGHT = "preflight"
 STATUS = "status"
 PARAMS = "params"  # the run's hyperparameters, written once
 RANKS = "ranks"  # every rank's progress signal and stack dumps, uploaded at the end of an attempt
+# ... and during a stall, as rank 0 saw them then (`live_rank_evidence_key`); a snapshot whose files are
+# all in S3 ends with this marker, written last, so a reader never takes a half-uploaded one for whole.
+LIVE_SNAPSHOT = "live"
+LIVE_SNAPSHOT_COMPLETE = ".complete"
 INDEX = "index"  # what each group of event chunks holds, so a reader finds the tail without listing them all
 # Event chunks per index document: a 1,000,000-record run of 2,000 chunks has 32 of them.
 INDEX_GROUP = 64
@@ -60,6 +64,13 @@ def index_key(experiment: str, run: str, group: int) -> str:
 def rank_evidence_key(experiment: str, run: str, attempt: int, file_name: str) -> str:
     """A rank's last progress document, stack dumps or flight-recorder dump, as the attempt left it."""
     return f"{run_prefix(experiment, run)}{RANKS}/attempt-{attempt:05d}/{file_name}"
+
+
+def live_rank_evidence_key(experiment: str, run: str, attempt: int, snapshot: int, file_name: str) -> str:
+    """A file of the ranks directory as rank 0 uploaded it while a rank stalled: snapshot `snapshot` of
+    the attempt (0, 1, ...), create-only, beside the attempt's end-of-attempt files. Readers prefer
+    those; the newest complete snapshot stands in while the attempt still hangs."""
+    return rank_evidence_key(experiment, run, attempt, f"{LIVE_SNAPSHOT}-{snapshot:05d}/{file_name}")
 
 
 def tensorboard_key(experiment: str, run: str, file_name: str) -> str:

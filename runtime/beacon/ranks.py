@@ -36,6 +36,14 @@ from beacon.progress import ProgressClock
 
 log = logging.getLogger("beacon.ranks")
 
+RANK_SIGNAL_INTERVAL_S = 5.0  # how often each rank rewrites its progress document, at most
+
+
+def rank_signal_interval(heartbeat_interval: float) -> float:
+    """Seconds between a rank's passes: it rewrites its document, and dumps its stacks once its progress
+    is older than `stall_dump_after`, so every stalled rank has dumped within one pass after that."""
+    return min(heartbeat_interval, RANK_SIGNAL_INTERVAL_S)
+
 
 def rank_document_name(rank: int) -> str:
     return f"rank-{rank:05d}.json"
@@ -259,20 +267,97 @@ class PhaseFollower:
                 self.followed[rank] = name
 
 
-def upload_rank_evidence(s3: Any, *, bucket: str, experiment: str, run: str, attempt: int, directory: Path) -> int:
+def upload_rank_evidence(
+    s3: Any, *, bucket: str, experiment: str, run: str, attempt: int, directory: Path, live: int | None = None
+) -> int:
     """Every file of a run's ranks directory (progress documents, stack and flight-recorder dumps) to
-    S3, create-only under the attempt; the number uploaded. A file already there stays as it is."""
-    uploaded = 0
+    S3, create-only under the attempt; the number uploaded. A file already there stays as it is.
+
+    With `live`, the files go to live snapshot `live` of the attempt instead (`contract.live_rank_evidence_key`),
+    followed by its completion marker once every file is in S3: what rank 0 uploads while a rank stalls."""
+    uploaded, missing = 0, 0
     for path in sorted(directory.glob("*")) if directory.is_dir() else []:
-        if not path.is_file() or path.name.startswith(".") or path.stat().st_size == 0:
-            continue
-        key = contract.rank_evidence_key(experiment, run, attempt, path.name)
+        key = None
         try:
+            if not path.is_file() or path.name.startswith(".") or path.stat().st_size == 0:
+                continue
+            key = _evidence_key(experiment, run, attempt, live, path.name)
             s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
             uploaded += 1
         except ClientError as error:
             if error.response["Error"]["Code"] != "PreconditionFailed":
                 log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
+                missing += 1
         except (BotoCoreError, OSError) as error:
+            if key is not None:  # else the file went away meanwhile (a dump replaced): nothing to keep
+                log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
+                missing += 1
+    if live is not None and not missing:
+        key = _evidence_key(experiment, run, attempt, live, contract.LIVE_SNAPSHOT_COMPLETE)
+        try:
+            s3.put_object(Bucket=bucket, Key=key, Body=b"", IfNoneMatch="*")
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "PreconditionFailed":
+                log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
+        except BotoCoreError as error:
             log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
     return uploaded
+
+
+def _evidence_key(experiment: str, run: str, attempt: int, live: int | None, file_name: str) -> str:
+    if live is None:
+        return contract.rank_evidence_key(experiment, run, attempt, file_name)
+    return contract.live_rank_evidence_key(experiment, run, attempt, live, file_name)
+
+
+# Rank 0 refreshes a stall's live snapshot at most once per this many heartbeats (30 s at 15 s), and only
+# when the evidence changed (`evidence_state`): a dump the first snapshot missed arrives within 30 s, before
+# the stalled alarm fires; a hang that stays as it is costs no more requests.
+LIVE_REFRESH_BEATS = 2
+
+
+def evidence_state(directory: Path, ranks: list[RankProgress]) -> tuple[object, ...]:
+    """What a snapshot of the ranks directory would say, as far as a verdict goes: each rank's step,
+    phase, last word and dump count, and each dump file's size (not each document's ages)."""
+    try:
+        dumps = tuple(
+            sorted(
+                (path.name, path.stat().st_size)
+                for path in directory.glob("*")
+                if not path.name.startswith((".", "rank-"))
+            )
+        )
+    except OSError:  # a file replaced meanwhile: the next beat looks again
+        dumps = ()
+    return tuple((r.rank, r.step, r.phase, r.ended, r.stacks_dumped) for r in ranks), dumps
+
+
+class LiveSnapshots:
+    """When rank 0 uploads a live snapshot of the ranks' evidence: once when a stall episode begins
+    (some rank's progress, phases excluded, older than `stall_dump_after` plus one rank-signal pass, by
+    when the stalled ranks have dumped their stacks), then at most once per
+    `refresh_beats` heartbeats while it lasts, and only if the evidence changed. One in flight at most.
+
+    Bound: per episode, 1 + beats / refresh_beats snapshots, each one PutObject per file of the ranks
+    directory (a document and a stacks file per rank, plus flight-recorder dumps) and one marker."""
+
+    def __init__(self, *, refresh_beats: int = LIVE_REFRESH_BEATS) -> None:
+        self.refresh_beats = refresh_beats
+        self.taken = 0  # snapshots so far in this process: the next one's number
+        self.in_episode = False
+        self._beats_since = 0
+        self._state: tuple[object, ...] | None = None
+
+    def due(self, *, stalled: bool, state: tuple[object, ...] | None, busy: bool = False) -> int | None:
+        """The number of the snapshot to take now, or None."""
+        if not stalled:
+            self.in_episode = False
+            return None
+        self._beats_since += 1
+        if busy:  # the previous snapshot is still uploading: never two at once
+            return None
+        if self.in_episode and (self._beats_since < self.refresh_beats or state == self._state):
+            return None
+        self.in_episode, self._beats_since, self._state = True, 0, state
+        self.taken += 1
+        return self.taken - 1

@@ -47,7 +47,7 @@ from beacon.mirrors import MIRROR_SHARE, RunInfo, build
 from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, Mirrors, MirrorWorker, s3_chunks
 from beacon.preflight import PreflightError, run_preflight
 from beacon.progress import ProgressClock
-from beacon.ranks import RankSignal
+from beacon.ranks import RankSignal, rank_signal_interval
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings, SettingsError, generated_run_id
@@ -61,7 +61,6 @@ FINISH_MARGIN_S = 30.0
 # The least the tracker mirrors get once the uploads are over, to send the last records and the state.
 MIRROR_LAST_WORD_S = 1.0
 PHASE_NAME_LIMIT = 64
-RANK_SIGNAL_INTERVAL_S = 5.0  # how often each rank rewrites its progress document, at most
 FLIGHT_RECORDER_ENTRIES = 2000  # collectives kept per rank for a timeout's dump
 
 
@@ -393,7 +392,7 @@ def init(
                 local_rank=world.local_rank,
                 world_size=world.size,
                 progress=progress,
-                interval=min(settings.heartbeat_interval, RANK_SIGNAL_INTERVAL_S),
+                interval=rank_signal_interval(settings.heartbeat_interval),
                 stall_dump_after=settings.stall_dump_after,
             ).start()
             if signals is not None:

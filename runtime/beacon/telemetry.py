@@ -28,7 +28,16 @@ from beacon import contract, kill_points
 from beacon.contract import Record
 from beacon.index import IndexWriter
 from beacon.progress import ProgressClock
-from beacon.ranks import CrossRankView, PhaseFollower, read_ranks, upload_rank_evidence
+from beacon.ranks import (
+    CrossRankView,
+    LiveSnapshots,
+    PhaseFollower,
+    RankProgress,
+    evidence_state,
+    rank_signal_interval,
+    read_ranks,
+    upload_rank_evidence,
+)
 from beacon.reconcile import RunConflictError
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings
@@ -139,6 +148,10 @@ class Telemetry(NullTelemetry):
         # Every rank's progress documents, for the cross-rank view (None with a single rank).
         self.ranks_dir: Path | None = None
         self._phases_of_other_ranks = PhaseFollower(progress)
+        # While a rank stalls, the ranks' evidence goes to S3 at once (not only at the attempt's end), from
+        # a thread of its own so that a slow S3 never delays a heartbeat.
+        self.live_snapshots = LiveSnapshots()
+        self._snapshot_thread: threading.Thread | None = None
         self.index = IndexWriter(s3, bucket=config.bucket, experiment=config.experiment, run=config.run)
         # (step, metrics, wall time, journal entry number or 0)
         self._queue: collections.deque[tuple[int, dict[str, Any], float, int]] = collections.deque()
@@ -441,7 +454,10 @@ class Telemetry(NullTelemetry):
 
     def beat(self, *, final: bool = False) -> None:
         now = time.time()
-        data, window = self._metric_batch(now)
+        ranks = read_ranks(self.ranks_dir) if self.ranks_dir is not None else []
+        data, window = self._metric_batch(now, ranks)
+        if not final:  # whatever CloudWatch answers: the evidence does not go through it
+            self._snapshot_if_stalled(ranks, now)
         try:
             for start in range(0, len(data), MAX_DATA_PER_REQUEST):
                 self.cloudwatch.put_metric_data(
@@ -466,6 +482,55 @@ class Telemetry(NullTelemetry):
             except (ClientError, BotoCoreError) as error:
                 log.error("cannot create this run's alarms: %s", error)
 
+    def _snapshot_if_stalled(self, ranks: list[RankProgress], now: float) -> None:
+        """Upload a live snapshot of the ranks' evidence when a rank stalls (`LiveSnapshots` says when):
+        the alarm's function then names the rank while the job still hangs. A rank in a named phase (a
+        150 s checkpoint) is working: rank 0's clock follows the other ranks' phases, so while any rank is
+        in one (or rank 0 itself), nothing is stalled."""
+        if self.ranks_dir is None:
+            return
+        view = CrossRankView.of(ranks, now)
+        stalled = (
+            view is not None
+            and self.progress.current_phase() is None
+            # the ranks dump their stacks at stall_dump_after, each within one pass of its signal thread
+            and view.slowest_progress_age
+            >= self.config.stall_dump_after + rank_signal_interval(self.config.heartbeat_interval)
+        )
+        busy = self._snapshot_thread is not None and self._snapshot_thread.is_alive()
+        state = evidence_state(self.ranks_dir, ranks) if stalled else None
+        snapshot = self.live_snapshots.due(stalled=stalled, state=state, busy=busy)
+        if snapshot is None or view is None:
+            return
+        log.warning(
+            "rank %d: no progress for %.0f s; live snapshot %d of the ranks' evidence to s3://%s/%s",
+            view.slowest_rank,
+            view.slowest_progress_age,
+            snapshot,
+            self.config.bucket,
+            contract.live_rank_evidence_key(self.config.experiment, self.config.run, self.attempt, snapshot, ""),
+        )
+        self._snapshot_thread = threading.Thread(
+            target=self._upload_snapshot, args=(self.ranks_dir, snapshot), name="beacon-rank-snapshot", daemon=True
+        )
+        self._snapshot_thread.start()
+
+    def _upload_snapshot(self, directory: Path, snapshot: int) -> None:
+        try:
+            upload_rank_evidence(
+                self.s3, bucket=self.config.bucket, experiment=self.config.experiment, run=self.config.run,
+                attempt=self.attempt, directory=directory, live=snapshot,
+            )  # fmt: skip
+        except Exception:  # evidence helps; it never stops the heartbeat or training
+            log.exception("live snapshot %d of the ranks' evidence failed", snapshot)
+
+    def wait_live_snapshot(self, timeout: float) -> bool:
+        """True once no live snapshot is uploading."""
+        thread = self._snapshot_thread
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
+
     def _restore_window(self, sent: WindowStats) -> None:
         with self._window_lock:
             current = self._window
@@ -476,7 +541,7 @@ class Telemetry(NullTelemetry):
             current.upload_failures += sent.upload_failures
             current.checkpoint_seconds[:0] = sent.checkpoint_seconds
 
-    def _metric_batch(self, now: float) -> tuple[list[dict[str, Any]], WindowStats]:
+    def _metric_batch(self, now: float, ranks: list[RankProgress]) -> tuple[list[dict[str, Any]], WindowStats]:
         with self._window_lock:
             window, self._window = self._window, WindowStats()
         timestamp = datetime.fromtimestamp(now, UTC)
@@ -493,7 +558,6 @@ class Telemetry(NullTelemetry):
                 **value,
             }
 
-        ranks = read_ranks(self.ranks_dir) if self.ranks_dir is not None else []
         self._phases_of_other_ranks.follow(ranks, now)  # before ProgressAge: their phases are work too
         mono, steps = time.monotonic(), self.progress.steps
         last_mono, last_steps = self._last_rate_sample

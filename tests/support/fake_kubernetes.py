@@ -11,6 +11,10 @@ What is faked, and how far:
   securityContext, resources and scheduling are not simulated.
 - The Job controller: Complete when every index succeeded; the podFailurePolicy's FailJob exit codes
   fail it at once; other failures retry up to backoffLimit.
+- Seeded state, for the doctor: Jobs, pods, events and nodes given as the API would serve them (`seed`),
+  with no kubelet behind them: a pod OOMKilled, Pending, pulling an image in vain, a node Karpenter
+  interrupted. Events are listed per namespace with `involvedObject.*` field selectors; nodes are read by
+  name (404 once gone).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -182,6 +187,11 @@ class FakeKubernetes:
         self.requests: list[tuple[str, str]] = []
         self.refused: list[str] = []
         self.schedulable = True  # False: pods stay Pending, as with no node that fits
+        self.seeded_jobs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.seeded_pods: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.forbidden: set[str] = set()  # path prefixes answered 403, as RBAC would
         self.lock = threading.RLock()
         fake = self
 
@@ -235,6 +245,22 @@ class FakeKubernetes:
             return "token is not signed"
         return None
 
+    def seed(
+        self,
+        *,
+        job: dict[str, Any] | None = None,
+        pods: Sequence[dict[str, Any]] = (),
+        events: Sequence[dict[str, Any]] = (),
+        nodes: Sequence[dict[str, Any]] = (),
+    ) -> None:
+        """Objects as the API serves them (with `status`), standing still: nothing runs them."""
+        with self.lock:
+            if job is not None:
+                self.seeded_jobs[(job["metadata"]["namespace"], job["metadata"]["name"])] = job
+            self.seeded_pods += list(pods)
+            self.events += list(events)
+            self.nodes.update({n["metadata"]["name"]: n for n in nodes})
+
     # --- HTTP -----------------------------------------------------------------------------
     def handle(self, request: BaseHTTPRequestHandler, method: str) -> None:
         url = urlparse(request.path)
@@ -246,6 +272,8 @@ class FakeKubernetes:
         if problem:
             self.refused.append(problem)
             code, payload = 401, status_body(401, "Unauthorized", problem)
+        elif any(url.path.startswith(prefix) for prefix in self.forbidden):
+            code, payload = 403, status_body(403, "Forbidden", f"{method} {url.path} is forbidden")
         else:
             code, payload = self.route(method, url.path, parse_qs(url.query), body)
         data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
@@ -263,6 +291,9 @@ class FakeKubernetes:
                 return self._namespaced_object(m[1], m[2], m[3])
             if m := re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs", path):
                 return self._create_job(m[1], body) if method == "POST" else (405, status_body(405, "Method", path))
+            m = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)", path)
+            if m and method == "GET" and (m[1], m[2]) in self.seeded_jobs:
+                return 200, self.seeded_jobs[(m[1], m[2])]
             if m := re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)(/status)?", path):
                 job = self.jobs.get((m[1], m[2]))
                 if job is None or job.deleted:
@@ -278,6 +309,12 @@ class FakeKubernetes:
                 return self._pods(m[1], query.get("labelSelector", [""])[0])
             if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", path):
                 return self._log(m[1], m[2], query)
+            if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", path):
+                return self._events(m[1], query.get("fieldSelector", [""])[0])
+            if m := re.fullmatch(r"/api/v1/nodes/([^/]+)", path):
+                if m[1] not in self.nodes:
+                    return 404, status_body(404, "NotFound", f'nodes "{m[1]}" not found')
+                return 200, self.nodes[m[1]]
         return 404, status_body(404, "NotFound", f"the fake has no route for {method} {path}")
 
     def _namespace(self, name: str) -> tuple[int, dict[str, Any]]:
@@ -322,7 +359,23 @@ class FakeKubernetes:
                 obj = pod.as_object(job)
                 if all(obj["metadata"]["labels"].get(k) == v for k, v in wanted.items()):
                     items.append(obj)
+        for obj in self.seeded_pods:
+            labels = obj["metadata"].get("labels", {})
+            if obj["metadata"]["namespace"] == ns and all(labels.get(k) == v for k, v in wanted.items()):
+                items.append(obj)
         return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}
+
+    def _events(self, ns: str, selector: str) -> tuple[int, dict[str, Any]]:
+        """An EventList; of field selectors, `involvedObject.<field>=<value>` (what the doctor asks)."""
+        wanted = dict(part.split("=", 1) for part in selector.split(",") if part)
+        items = []
+        for event in self.events:
+            involved = event.get("involvedObject", {})
+            if event["metadata"]["namespace"] == ns and all(
+                involved.get(k.removeprefix("involvedObject.")) == v for k, v in wanted.items()
+            ):
+                items.append(event)
+        return 200, {"apiVersion": "v1", "kind": "EventList", "metadata": {}, "items": items}
 
     def _log(self, ns: str, name: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any] | str]:
         for job in self.jobs.values():

@@ -1,0 +1,551 @@
+"""What the orchestrator knows about a job, as plain data, and the verdict it gives.
+
+The state is read elsewhere (`eks_state.py` reads it through the Kubernetes API) and handed to the
+diagnosis as an optional input: the alarm's Lambda diagnoses without it and imports nothing of
+Kubernetes. Here: the Kubernetes JSON of a Job, its pods and the events on them and on their nodes,
+parsed into dataclasses with timestamps, and one verdict that names the cause with quoted evidence.
+Pure: no I/O, no printing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from beacon_ops.doctor.verdict import FAIL, INFO, OK, WARN, Verdict
+
+CHECK = "orchestrator"
+# The Beacon settings a Job's container carries (workloads/manifests.py `_environment`): a Job that has them is a
+# Beacon run, whatever its name, and the doctor can read that run's evidence too.
+BEACON_ENVIRONMENT = ("BEACON_TEAM", "BEACON_EXPERIMENT", "BEACON_RUN_ID")
+
+# Waiting reasons of a container whose image never arrives (kubelet's images.ErrImagePullBackOff & co.).
+IMAGE_PULL_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"})
+CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+
+# Karpenter's event reasons, as published (statement level):
+# - aws/karpenter-provider-aws pkg/controllers/interruption/events/events.go (1d92708, 2026-08): on the Node and
+#   its NodeClaim, "SpotInterrupted" ("Spot interruption warning was triggered"), "InstanceTerminating",
+#   "InstanceStopping", "InstanceUnhealthy", "CapacityReservationInstanceInterrupted" and
+#   "TerminatingOnInterruption" ("Interruption triggered termination for the Node").
+INTERRUPTION_REASONS = frozenset(
+    {
+        "SpotInterrupted",
+        "TerminatingOnInterruption",
+        "InstanceTerminating",
+        "InstanceStopping",
+        "InstanceUnhealthy",
+        "CapacityReservationInstanceInterrupted",
+    }
+)
+# - kubernetes-sigs/karpenter pkg/events/reason.go and pkg/controllers/disruption/events/events.go (2266468,
+#   2026-08): "DisruptionTerminating" on the Node ("Disrupting Node: Underutilized|Empty|Drifted", the reason
+#   title-cased); pkg/controllers/node/termination/terminator/events/events.go: on the pod, "Evicted"
+#   ("Evicted pod: <the NodeClaim's DisruptionReason condition, or Forceful Termination>") and "Disrupted"
+#   (deleted to meet the node's terminationGracePeriod, bypassing do-not-disrupt); "FailedDraining" and
+#   "TerminationGracePeriodExpiring" on the Node. Expiry (nodeclaim/expiration) deletes the NodeClaim with no
+#   event of its own: it shows as the eviction's "Forceful Termination".
+DISRUPTION_REASONS = frozenset({"DisruptionTerminating", "TerminationGracePeriodExpiring"})
+POD_EVICTION_REASONS = frozenset({"Evicted", "Disrupted", "Preempted", "Preempting"})
+# - the scheduler's and Karpenter's provisioner's "FailedScheduling" (pkg/controllers/provisioning/scheduling/
+#   events.go: "Failed to schedule pod, <why>") and "Nominated" ("Pod should schedule on: nodeclaim/...").
+FAILED_SCHEDULING, NOMINATED = "FailedScheduling", "Nominated"
+GPU_RESOURCE = "nvidia.com/gpu"
+# kube-scheduler's default binder event: "Successfully assigned <ns>/<pod> to <node>".
+ASSIGNED = re.compile(r"Successfully assigned \S+ to (\S+)")
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not value or not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class KubeEvent:
+    kind: str  # of the object it is about: Job, Pod, Node, NodeClaim
+    name: str
+    reason: str
+    message: str
+    type: str  # Normal or Warning
+    at: datetime | None
+    count: int = 1
+    source: str = ""  # the component that reported it (default-scheduler, karpenter, kubelet)
+
+    def quoted(self) -> str:
+        return f'{self.kind.lower()} {self.name}: {self.reason} "{self.message}"'
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    name: str
+    image: str
+    init: bool
+    state: str  # waiting, running, terminated or unknown
+    reason: str = ""
+    message: str = ""
+    exit_code: int | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    restarts: int = 0
+    last_reason: str = ""  # the previous run of a restarted container
+    last_exit_code: int | None = None
+    last_finished_at: datetime | None = None
+    memory_limit: str | None = None
+
+
+@dataclass(frozen=True)
+class PodState:
+    name: str
+    phase: str
+    node: str
+    created_at: datetime | None
+    reason: str = ""  # status.reason: Evicted by the kubelet, for one
+    message: str = ""
+    unschedulable: str = ""  # PodScheduled=False: its reason and message
+    disruption: str = ""  # DisruptionTarget=True: its reason and message
+    deleting: bool = False
+    containers: tuple[ContainerView, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    exists: bool
+    capacity_type: str = ""  # karpenter.sh/capacity-type: spot or on-demand
+    node_pool: str = ""
+    instance_type: str = ""
+
+
+@dataclass(frozen=True)
+class JobCondition:
+    type: str
+    status: str
+    reason: str
+    message: str
+    at: datetime | None
+
+
+@dataclass(frozen=True)
+class JobState:
+    namespace: str
+    name: str
+    created_at: datetime | None
+    conditions: tuple[JobCondition, ...]
+    active: int
+    succeeded: int
+    failed: int
+    labels: dict[str, str] = field(default_factory=dict)
+    beacon: dict[str, str] = field(default_factory=dict)  # BEACON_TEAM, _EXPERIMENT, _RUN_ID of its container
+    pods: tuple[PodState, ...] = ()
+    events: tuple[KubeEvent, ...] = ()  # on the Job, its pods (gone ones too) and their nodes, oldest first
+    nodes: tuple[NodeView, ...] = ()
+
+    def condition(self, kind: str) -> JobCondition | None:
+        return next((c for c in self.conditions if c.type == kind and c.status == "True"), None)
+
+
+@dataclass(frozen=True)
+class OrchestratorState:
+    """The orchestrator's answer about one job, or why there is none (`problem`, with `fix`)."""
+
+    platform: str  # eks
+    cluster: str
+    namespace: str
+    job_name: str
+    read_at: datetime
+    job: JobState | None = None
+    problem: str = ""
+    fix: str = ""
+    notes: tuple[str, ...] = ()  # what could not be read beside the job (node events, say), and why
+
+
+# --- parsing the Kubernetes JSON (camelCase, as the API serves it) ----------------------------------------------
+
+
+def _container(status: dict[str, Any], spec: dict[str, Any], *, init: bool) -> ContainerView:
+    state = status.get("state") or {}
+    last = (status.get("lastState") or {}).get("terminated") or {}
+    limits = (spec.get("resources") or {}).get("limits") or {}
+    kind, found = next(iter(state.items()), ("unknown", None))
+    detail: dict[str, Any] = found or {}
+    return ContainerView(
+        name=str(status.get("name", "")),
+        image=str(status.get("image") or spec.get("image") or ""),
+        init=init,
+        state=kind,
+        reason=str(detail.get("reason") or ""),
+        message=str(detail.get("message") or ""),
+        exit_code=detail.get("exitCode"),
+        started_at=parse_time(detail.get("startedAt")),
+        finished_at=parse_time(detail.get("finishedAt")),
+        restarts=int(status.get("restartCount") or 0),
+        last_reason=str(last.get("reason") or ""),
+        last_exit_code=last.get("exitCode"),
+        last_finished_at=parse_time(last.get("finishedAt")),
+        memory_limit=limits.get("memory"),
+    )
+
+
+def pod_state(pod: dict[str, Any]) -> PodState:
+    metadata, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    scheduled, target = conditions.get("PodScheduled") or {}, conditions.get("DisruptionTarget") or {}
+    specs = {c.get("name"): c for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]}
+    containers = [
+        _container(s, specs.get(s.get("name")) or {}, init=init)
+        for init, key in ((True, "initContainerStatuses"), (False, "containerStatuses"))
+        for s in status.get(key) or []
+    ]
+    return PodState(
+        name=str(metadata.get("name", "")),
+        phase=str(status.get("phase") or "Unknown"),
+        node=str(spec.get("nodeName") or ""),
+        created_at=parse_time(metadata.get("creationTimestamp")),
+        reason=str(status.get("reason") or ""),
+        message=str(status.get("message") or ""),
+        unschedulable=(
+            f"{scheduled.get('reason') or 'Unschedulable'}: {scheduled.get('message') or ''}".strip()
+            if scheduled.get("status") == "False"
+            else ""
+        ),
+        disruption=(
+            f"{target.get('reason') or 'DisruptionTarget'}: {target.get('message') or ''}".strip()
+            if target.get("status") == "True"
+            else ""
+        ),
+        deleting=bool(metadata.get("deletionTimestamp")),
+        containers=tuple(containers),
+    )
+
+
+def kube_event(event: dict[str, Any]) -> KubeEvent:
+    involved = event.get("involvedObject") or event.get("regarding") or {}
+    source = event.get("source") or {}
+    at = (
+        parse_time(event.get("lastTimestamp"))
+        or parse_time(event.get("eventTime"))
+        or parse_time(event.get("firstTimestamp"))
+        or parse_time((event.get("metadata") or {}).get("creationTimestamp"))
+    )
+    return KubeEvent(
+        kind=str(involved.get("kind") or ""),
+        name=str(involved.get("name") or ""),
+        reason=str(event.get("reason") or ""),
+        message=str(event.get("message") or event.get("note") or "").strip(),
+        type=str(event.get("type") or ""),
+        at=at,
+        count=int(event.get("count") or 1),
+        source=str(
+            source.get("component") or event.get("reportingComponent") or event.get("reportingController") or ""
+        ),
+    )
+
+
+def node_view(name: str, node: dict[str, Any] | None) -> NodeView:
+    if node is None:
+        return NodeView(name, exists=False)
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return NodeView(
+        name,
+        exists=True,
+        capacity_type=str(
+            labels.get("karpenter.sh/capacity-type") or labels.get("eks.amazonaws.com/capacityType") or ""
+        ),
+        node_pool=str(labels.get("karpenter.sh/nodepool") or ""),
+        instance_type=str(labels.get("node.kubernetes.io/instance-type") or ""),
+    )
+
+
+def belongs_to_job(job_name: str, kind: str, name: str, pods: set[str]) -> bool:
+    """An event on the Job, on one of its pods, or on a pod of it that is gone (`<job>-<index>-<hash>`,
+    `<job>-<hash>`)."""
+    if kind == "Job":
+        return name == job_name
+    return kind == "Pod" and (name in pods or name.startswith(f"{job_name}-"))
+
+
+def nodes_of(pods: list[PodState], events: list[KubeEvent]) -> list[str]:
+    """The nodes the job's pods ran on, gone pods included (the scheduler's `Scheduled` event names them)."""
+    names = [p.node for p in pods if p.node]
+    names += [m[1] for e in events if e.reason == "Scheduled" and (m := ASSIGNED.search(e.message))]
+    return list(dict.fromkeys(names))
+
+
+def job_state(
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    nodes: dict[str, dict[str, Any] | None] | None = None,
+) -> JobState:
+    """The Job, its pods, and every event given that concerns it or its nodes, oldest first."""
+    metadata, status = job.get("metadata") or {}, job.get("status") or {}
+    name = str(metadata.get("name", ""))
+    template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    environment = {
+        str(e.get("name")): str(e.get("value"))
+        for c in template.get("containers") or []
+        for e in c.get("env") or []
+        if "value" in e
+    }
+    states = sorted((pod_state(p) for p in pods), key=lambda p: p.created_at or datetime.min.replace(tzinfo=UTC))
+    pod_names = {p.name for p in states}
+    parsed = [kube_event(e) for e in events]
+    node_names = set(nodes_of(states, parsed)) | set(nodes or {})
+    mine = [
+        e
+        for e in parsed
+        if belongs_to_job(name, e.kind, e.name, pod_names) or (e.kind == "Node" and e.name in node_names)
+    ]
+    mine.sort(key=lambda e: e.at or datetime.min.replace(tzinfo=UTC))
+    return JobState(
+        namespace=str(metadata.get("namespace", "")),
+        name=name,
+        created_at=parse_time(metadata.get("creationTimestamp")),
+        conditions=tuple(
+            JobCondition(
+                str(c.get("type")),
+                str(c.get("status")),
+                str(c.get("reason") or ""),
+                str(c.get("message") or ""),
+                parse_time(c.get("lastTransitionTime")),
+            )
+            for c in status.get("conditions") or []
+        ),
+        active=int(status.get("active") or 0),
+        succeeded=int(status.get("succeeded") or 0),
+        failed=int(status.get("failed") or 0),
+        labels=dict(metadata.get("labels") or {}),
+        beacon={k: environment[k] for k in BEACON_ENVIRONMENT if k in environment},
+        pods=tuple(states),
+        events=tuple(mine),
+        nodes=tuple(node_view(n, (nodes or {}).get(n)) for n in sorted(node_names)),
+    )
+
+
+# --- the verdict ----------------------------------------------------------------------------------------------
+
+
+def _at(when: datetime | None) -> str:
+    return f" at {when:%Y-%m-%d %H:%M:%S} UTC" if when else ""
+
+
+def _where(job: JobState, pod: PodState, container: ContainerView | None = None) -> str:
+    what = f"pod {job.namespace}/{pod.name}"
+    what = f"container {container.name} of {what}" if container else what
+    return f"{what} on node {pod.node}" if pod.node else what
+
+
+def _node(job: JobState, name: str) -> NodeView | None:
+    return next((n for n in job.nodes if n.name == name), None)
+
+
+def _running(job: JobState) -> list[PodState]:
+    return [p for p in job.pods if p.phase == "Running" and not p.deleting]
+
+
+def _never_started(job: JobState) -> Verdict | None:
+    """A container waiting for an image that does not come, or for config that is not there."""
+    for pod in job.pods:
+        for c in pod.containers:
+            if c.state != "waiting" or c.reason not in IMAGE_PULL_REASONS | CONFIG_REASONS:
+                continue
+            quoted = f'{_where(job, pod, c)}: {c.reason} "{c.message or "no message"}"'
+            if c.reason in IMAGE_PULL_REASONS:
+                fix = (
+                    f"push {c.image} or fix its name and tag; for ECR, the node role needs "
+                    "AmazonEC2ContainerRegistryPullOnly and the repository's policy must admit it "
+                    "(a team's images: <ImageRepositoryUri>:<tag>, pulled by that team's nodes only)"
+                )
+                return Verdict(CHECK, FAIL, "image-pull", f"{quoted} (image {c.image})", fix)
+            fix = (
+                "the pod refers to a Secret, ConfigMap, key or volume that is not there, or to a user the "
+                f"image lacks: create it in namespace {job.namespace} or fix the Job's spec"
+            )
+            return Verdict(CHECK, FAIL, "container-config", quoted, fix)
+    return None
+
+
+def _oom(job: JobState) -> Verdict | None:
+    for pod in reversed(job.pods):
+        for c in pod.containers:
+            if c.reason == "OOMKilled" or c.last_reason == "OOMKilled":
+                current = c.reason == "OOMKilled"
+                code = c.exit_code if current else c.last_exit_code
+                when = c.finished_at if current else c.last_finished_at
+                limit = f"memory limit {c.memory_limit}" if c.memory_limit else "no memory limit (the node's memory)"
+                restarted = f", restarted {c.restarts} time(s)" if c.restarts else ""
+                raise_it = (
+                    f"raise resources.limits.memory of container {c.name} above {c.memory_limit}"
+                    if c.memory_limit
+                    else f"give container {c.name} a memory request and limit that fit, on a larger instance type"
+                )
+                return Verdict(
+                    CHECK,
+                    FAIL,
+                    "oom-killed",
+                    f'{_where(job, pod, c)}: "OOMKilled" (exit code {code}){_at(when)}, {limit}{restarted}',
+                    f"{raise_it}, or lower the batch size or the DataLoader's workers and prefetch; "
+                    "a rerun with the same run id resumes from the last checkpoint",
+                )
+    return None
+
+
+def _interruption(job: JobState) -> Verdict | None:
+    """Karpenter's interruption and disruption events on the job's nodes, and the evictions of its pods."""
+    node_events = [e for e in job.events if e.kind == "Node" and e.reason in INTERRUPTION_REASONS | DISRUPTION_REASONS]
+    pod_events = [e for e in job.events if e.kind == "Pod" and e.reason in POD_EVICTION_REASONS]
+    evicted = [p for p in job.pods if p.disruption or p.reason == "Evicted"]
+    if not (node_events or pod_events or evicted):
+        return None
+    spot = [e for e in node_events if e.reason in INTERRUPTION_REASONS]
+    cause = next(iter(spot or node_events or pod_events), None)
+    facts = [f"{e.quoted()}{_at(e.at)}" for e in (cause, *pod_events[:1]) if e is not None]
+    facts += [f"pod {job.namespace}/{p.name}: {p.disruption or p.reason + ' ' + repr(p.message)}" for p in evicted[:1]]
+    facts = list(dict.fromkeys(facts))
+    resumed = _running(job)
+    node = _node(job, cause.name) if cause is not None and cause.kind == "Node" else None
+    pool = f" (NodePool {node.node_pool}, {node.capacity_type or '?'} capacity)" if node and node.node_pool else ""
+    if spot:
+        name, fix = (
+            "spot-interrupted",
+            f"EC2 took the node back{pool} with a 2-minute notice, which do-not-disrupt cannot block: "
+            "checkpoint often enough that a lost node costs little, or run the job on an on-demand NodePool "
+            "(karpenter.sh/capacity-type: on-demand); the Job's retry resumes from the last checkpoint",
+        )
+    elif cause is not None and cause.reason == "DisruptionTerminating":
+        name, fix = (
+            "disrupted",
+            f"Karpenter removed the node{pool} ({cause.message}): give training pods the annotation "
+            "karpenter.sh/do-not-disrupt: \"true\" (Beacon's Job builder does), and set the NodePool's "
+            "disruption budgets, expireAfter and terminationGracePeriod so training nodes are not consolidated, "
+            "drifted or expired under a run",
+        )
+    else:
+        name, fix = (
+            "evicted",
+            "the pod was evicted (node pressure, preemption, or a node drained): give it requests equal to "
+            "its limits, a priority class, or a node of its own; the Job's retry resumes from the last checkpoint",
+        )
+    if resumed:
+        return Verdict(
+            CHECK,
+            WARN,
+            f"{name}, resumed",
+            f"{'; '.join(facts)}; now running: {', '.join(p.name for p in resumed)}",
+            fix,
+        )
+    return Verdict(CHECK, FAIL, name, "; ".join(facts), fix)
+
+
+def _exit_code(job: JobState) -> Verdict | None:
+    for pod in reversed(job.pods):
+        for c in pod.containers:
+            code = c.exit_code if c.state == "terminated" else c.last_exit_code
+            reason = c.reason if c.state == "terminated" else c.last_reason
+            if code:
+                return Verdict(
+                    CHECK,
+                    FAIL,
+                    "exit-code",
+                    f'{_where(job, pod, c)}: "{reason or "Error"}", exit code {code}'
+                    f"{_at(c.finished_at or c.last_finished_at)}"
+                    f"{f', restarted {c.restarts} time(s)' if c.restarts else ''}",
+                    f"read its log: kubectl -n {job.namespace} logs {pod.name} -c {c.name}"
+                    f"{' --previous' if c.state != 'terminated' else ''}; Beacon's runtime exits 2 on bad input "
+                    "and 3 on a failed preflight",
+                )
+    return None
+
+
+def _unschedulable(job: JobState) -> Verdict | None:
+    pending = [p for p in job.pods if p.phase == "Pending" and p.unschedulable]
+    if not pending:
+        return None
+    pod = pending[-1]
+    scheduling = [e for e in job.events if e.name == pod.name and e.reason in (FAILED_SCHEDULING, NOMINATED)]
+    last = scheduling[-1] if scheduling else None
+    failed = [e for e in scheduling if e.reason == FAILED_SCHEDULING]
+    evidence = f'pod {job.namespace}/{pod.name} Pending: "{pod.unschedulable}"'
+    karpenter = [e for e in failed if e.source == "karpenter" or e.message.startswith("Failed to schedule pod")]
+    if karpenter:
+        evidence += f"; {karpenter[-1].quoted()}{_at(karpenter[-1].at)}"
+    if last is not None and last.reason == NOMINATED:
+        return Verdict(
+            CHECK,
+            WARN,
+            "waiting-for-node",
+            f"{evidence}; {last.quoted()}{_at(last.at)}",
+            "Karpenter is launching a node for it: GPU instances take minutes to join",
+        )
+    if GPU_RESOURCE in evidence:
+        fix = (
+            f"no node offers the {GPU_RESOURCE} it requests: raise the GPU NodePool's limits.{GPU_RESOURCE}, widen "
+            "its instance types (node.kubernetes.io/instance-type, karpenter.k8s.aws/instance-gpu-count), or ask AWS "
+            "for more G/P-instance vCPU quota (Service Quotas, EC2, Spot or On-Demand); `kubectl get nodepools` shows "
+            "what each pool has used"
+        )
+    else:
+        fix = (
+            "no NodePool matches the pod's requirements, tolerations or node selector, or every pool is at its "
+            "limits: compare the pod's nodeSelector/affinity and tolerations with `kubectl get nodepools -o yaml`"
+        )
+    return Verdict(CHECK, FAIL, "unschedulable", evidence, fix)
+
+
+def _job_failed(job: JobState) -> Verdict | None:
+    failed = job.condition("Failed")
+    if failed is None:
+        return None
+    return Verdict(
+        CHECK,
+        FAIL,
+        "job-failed",
+        f'Job {job.namespace}/{job.name} Failed{_at(failed.at)}: {failed.reason} "{failed.message}"',
+        f"kubectl -n {job.namespace} describe job {job.name}: its pods and their exit codes",
+    )
+
+
+def orchestrator_verdict(state: OrchestratorState) -> Verdict:
+    """The cause the orchestrator sees, most telling first: a container that never started (its image, its
+    config), one the kernel killed for memory, a node taken away, an exit code, a pod that cannot be placed."""
+    if state.problem:
+        return Verdict(CHECK, INFO, "unreadable", state.problem, state.fix)
+    job = state.job
+    if job is None:
+        return Verdict(
+            CHECK,
+            WARN,
+            "no job",
+            f"no Job {state.namespace}/{state.job_name} on cluster {state.cluster}",
+            "it may have ended more than its ttlSecondsAfterFinished ago (Beacon's: 24 h), or run in another "
+            "namespace (--namespace)",
+        )
+    complete = job.condition("Complete")
+    if complete is not None:
+        return Verdict(
+            CHECK,
+            OK,
+            "complete",
+            f"Job {job.namespace}/{job.name} Complete{_at(complete.at)}: {job.succeeded} pod(s) succeeded, "
+            f"{job.failed} failed",
+        )
+    for check in (_never_started, _oom, _interruption, _exit_code, _unschedulable, _job_failed):
+        verdict = check(job)
+        if verdict is not None:
+            return verdict
+    running = _running(job)
+    restarts = sum(c.restarts for p in job.pods for c in p.containers)
+    if running:
+        text = f"Job {job.namespace}/{job.name}: {', '.join(f'{p.name} Running on {p.node}' for p in running)}"
+        if restarts:
+            return Verdict(CHECK, WARN, "restarted", f"{text}; {restarts} restart(s)", "see the pods' previous logs")
+        return Verdict(CHECK, OK, "running", text)
+    phases = ", ".join(f"{p.name} {p.phase}" for p in job.pods) or "no pod yet"
+    return Verdict(CHECK, INFO, "starting", f"Job {job.namespace}/{job.name}: {phases}")

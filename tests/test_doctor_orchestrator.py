@@ -1,0 +1,344 @@
+"""`beacon doctor` on what the orchestrator sees: one test per verdict, on the fake Kubernetes API.
+
+The team is "deployed" into moto (tests/support/deployed_team.py); the cluster's state is seeded into the
+fake Kubernetes API as the API would serve it (no kubelet, no training process). Each test runs the real
+`beacon doctor` command and asserts its first line (the cause with quoted evidence) and its exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+from beacon import contract
+
+from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam
+from tests.support.fake_kubernetes import FakeKubernetes
+from tests.support.moto_server import REGION
+from workloads import manifests
+
+NS = contract.TRAINING_NAMESPACE
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/demo-images:v7"
+T0 = "2026-12-01T10:00:00Z"
+GPU_NODE = "ip-10-0-2-7.ec2.internal"
+SPOT_MESSAGE = "Spot interruption warning was triggered"  # aws/karpenter-provider-aws interruption/events
+
+
+def doctor(deployed: DeployedTeam, fake: FakeKubernetes | str, *args: str) -> subprocess.CompletedProcess[str]:
+    url = fake if isinstance(fake, str) else fake.url
+    return deployed.cli(*args, "--kubernetes-url", url, verb="doctor", timeout=120)
+
+
+def answered(deployed: DeployedTeam, fake: FakeKubernetes | str, *args: str, code: int = 1) -> dict[str, Any]:
+    """`beacon doctor ... --json`: its answer, once its exit code is `code`."""
+    done = doctor(deployed, fake, *args, "--json")
+    assert done.returncode == code, done.stdout + done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def first_line(done: subprocess.CompletedProcess[str]) -> str:
+    return done.stdout.splitlines()[0] if done.stdout else f"(no output; stderr: {done.stderr})"
+
+
+# --- the cluster's objects, as the Kubernetes API serves them -----------------------------------------------------
+
+
+def beacon_job(run: str, **status: Any) -> dict[str, Any]:
+    """A Beacon run's Job, built by Beacon's one Job builder, with a status."""
+    spec = manifests.TrainingJobSpec(
+        team=TEAM, image=IMAGE, bucket=BUCKET, region=REGION, uid=1000, gid=1000, name=run, command=("train.py",)
+    )
+    job = manifests.training_job(spec)[0]
+    job["metadata"]["creationTimestamp"] = T0
+    return {**job, "status": status}
+
+
+def foreign_job(name: str, **status: Any) -> dict[str, Any]:
+    """A team's own Job, no Beacon in it."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": name}, "creationTimestamp": T0},
+        "spec": {
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "train", "image": IMAGE, "env": [{"name": "EPOCHS", "value": "3"}]}],
+                }
+            }
+        },
+        "status": status,
+    }
+
+
+def pod(
+    job: dict[str, Any],
+    suffix: str,
+    *,
+    phase: str,
+    state: dict[str, Any],
+    node: str | None = GPU_NODE,
+    conditions: list[dict[str, Any]] | None = None,
+    memory: str | None = None,
+    restarts: int = 0,
+) -> dict[str, Any]:
+    name = job["metadata"]["name"]
+    container: dict[str, Any] = {"name": "train", "image": IMAGE}
+    if memory:
+        container["resources"] = {"limits": {"memory": memory}, "requests": {"memory": memory}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{name}-{suffix}",
+            "namespace": NS,
+            "creationTimestamp": T0,
+            "labels": {**job["metadata"]["labels"], "batch.kubernetes.io/job-name": name},
+        },
+        "spec": {"containers": [container], **({"nodeName": node} if node else {})},
+        "status": {
+            "phase": phase,
+            "conditions": conditions or [{"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [
+                {
+                    "name": "train",
+                    "image": IMAGE,
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": restarts,
+                    "state": state,
+                }
+            ],
+        },
+    }
+
+
+def unschedulable(job: dict[str, Any], suffix: str, message: str) -> dict[str, Any]:
+    """A pod the scheduler could not place: Pending, on no node, PodScheduled False."""
+    scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+    waiting = {"waiting": {"reason": "ContainerCreating"}}
+    return pod(job, suffix, phase="Pending", node=None, state=waiting, conditions=[scheduled])
+
+
+def event(
+    kind: str, name: str, reason: str, message: str, at: str, *, source: str, kind_type: str = "Warning"
+) -> dict[str, Any]:
+    namespace = "default" if kind == "Node" else NS  # Kubernetes records a Node's events in `default`
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{abs(hash((reason, at))):x}", "namespace": namespace},
+        "involvedObject": {"kind": kind, "name": name, **({"namespace": namespace} if kind != "Node" else {})},
+        "reason": reason,
+        "message": message,
+        "type": kind_type,
+        "lastTimestamp": at,
+        "count": 1,
+        "source": {"component": source},
+    }
+
+
+def spot_node(name: str) -> dict[str, Any]:
+    labels = {
+        "karpenter.sh/capacity-type": "spot",
+        "karpenter.sh/nodepool": manifests.GPU_POOL,
+        "node.kubernetes.io/instance-type": "g5.xlarge",
+    }
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
+# --- one test per verdict ------------------------------------------------------------------------------------------
+
+
+def test_an_oomkilled_beacon_run_leads_with_the_container_its_exit_code_and_its_memory_limit(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    job = beacon_job("oom-run", active=0, failed=1)
+    oom = {
+        "terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": T0, "finishedAt": "2026-12-01T10:04:12Z"}
+    }
+    kubernetes.seed(
+        job=job, pods=[pod(job, "0-x7k2p", phase="Failed", state=oom, memory="16Gi")], nodes=[spot_node(GPU_NODE)]
+    )
+    done = doctor(deployed, kubernetes, "--run", "oom-run")
+    assert done.returncode == 1, done.stderr
+    assert first_line(done) == (
+        f'oom-killed: container train of pod {NS}/oom-run-0-x7k2p on node {GPU_NODE}: "OOMKilled" (exit code 137) '
+        "at 2026-12-01 10:04:12 UTC, memory limit 16Gi"
+    )
+    assert "resources.limits.memory" in done.stdout  # the fix, in the table (folded: one word at a time)
+
+
+def test_a_beacon_job_evicted_by_a_spot_interruption_names_the_node_and_karpenters_event(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """The interrupted pod is gone and so is its node: the scheduler's and Karpenter's events still name them.
+    Found by --job: the Job's container carries the run's settings, so the run's evidence is read too."""
+    job = beacon_job("spot-run", active=1, failed=0)
+    gone = "spot-run-0-aaaaa"
+    waiting = unschedulable(job, "0-bbbbb", "0/2 nodes are available")
+    kubernetes.seed(
+        job=job,
+        pods=[waiting],
+        events=[
+            event(
+                "Pod",
+                gone,
+                "Scheduled",
+                f"Successfully assigned {NS}/{gone} to {GPU_NODE}",
+                T0,
+                source="default-scheduler",
+                kind_type="Normal",
+            ),
+            event("Node", GPU_NODE, "SpotInterrupted", SPOT_MESSAGE, "2026-12-01T10:05:00Z", source="karpenter"),
+            event(
+                "Node",
+                GPU_NODE,
+                "TerminatingOnInterruption",
+                "Interruption triggered termination for the Node",
+                "2026-12-01T10:05:01Z",
+                source="karpenter",
+            ),
+            event(
+                "Pod",
+                gone,
+                "Evicted",
+                "Evicted pod: Forceful Termination",
+                "2026-12-01T10:05:02Z",
+                source="karpenter",
+                kind_type="Normal",
+            ),
+        ],
+    )
+    answer = answered(deployed, kubernetes, "--job", "spot-run")
+    assert answer["headline"] == (
+        f'spot-interrupted: node {GPU_NODE}: SpotInterrupted "{SPOT_MESSAGE}" at 2026-12-01 10:05:00 UTC; '
+        f'pod {gone}: Evicted "Evicted pod: Forceful Termination" at 2026-12-01 10:05:02 UTC'
+    )
+    assert answer["run"] == "spot-run" and answer["lead"] == "orchestrator"
+    checks = [v["check"] for v in answer["verdicts"]]
+    assert checks[0] == "orchestrator" and "delivery" in checks  # the run's evidence was read as well
+    fix = answer["verdicts"][0]["fix"]
+    assert "checkpoint" in fix and "on-demand" in fix
+    assert answer["orchestrator"]["job"]["nodes"] == [
+        {"name": GPU_NODE, "exists": False, "capacity_type": "", "node_pool": "", "instance_type": ""}
+    ]
+
+
+def test_a_foreign_job_pending_for_lack_of_gpus_quotes_the_scheduler_and_karpenter(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    job = foreign_job("llm-finetune", active=1)
+    insufficient = (
+        "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: "
+        "3 No preemption victims found for incoming pod."
+    )
+    karpenter = (
+        f'Failed to schedule pod, incompatible with nodepool "{manifests.GPU_POOL}", all available instance types '
+        f'exceed limits for nodepool: "{manifests.GPU_POOL}"'
+    )
+    pending = unschedulable(job, "q9w8e", insufficient)
+    kubernetes.seed(
+        job=job,
+        pods=[pending],
+        events=[
+            event(
+                "Pod",
+                "llm-finetune-q9w8e",
+                "FailedScheduling",
+                insufficient,
+                "2026-12-01T10:00:05Z",
+                source="default-scheduler",
+            ),
+            event(
+                "Pod", "llm-finetune-q9w8e", "FailedScheduling", karpenter, "2026-12-01T10:00:06Z", source="karpenter"
+            ),
+        ],
+    )
+    answer = answered(deployed, kubernetes, "--job", "llm-finetune")
+    assert answer["headline"] == (
+        f'unschedulable: pod {NS}/llm-finetune-q9w8e Pending: "Unschedulable: {insufficient}"; '
+        f'pod llm-finetune-q9w8e: FailedScheduling "{karpenter}" at 2026-12-01 10:00:06 UTC'
+    )
+    fix = answer["verdicts"][0]["fix"]
+    assert "raise the GPU NodePool's limits.nvidia.com/gpu" in fix and "quota" in fix
+
+
+def test_a_foreign_job_whose_image_cannot_be_pulled_names_the_image_and_the_reason(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    job = foreign_job("etl-train", active=1)
+    back_off = f'Back-off pulling image "{IMAGE}"'
+    stuck = pod(job, "m3n4b", phase="Pending", state={"waiting": {"reason": "ImagePullBackOff", "message": back_off}})
+    kubernetes.seed(job=job, pods=[stuck])
+    answer = answered(deployed, kubernetes, "--job", "etl-train")
+    assert answer["headline"] == (
+        f'image-pull: container train of pod {NS}/etl-train-m3n4b on node {GPU_NODE}: ImagePullBackOff "{back_off}" '
+        f"(image {IMAGE})"
+    )
+    assert "AmazonEC2ContainerRegistryPullOnly" in answer["verdicts"][0]["fix"]
+
+
+def test_a_foreign_job_that_failed_says_what_only_beacons_library_could_tell(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    job = foreign_job("plain-job", active=0, failed=1)
+    job["status"]["conditions"] = [
+        {
+            "type": "Failed",
+            "status": "True",
+            "reason": "BackoffLimitExceeded",
+            "message": "Job has reached the specified backoff limit",
+        }
+    ]
+    error = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": T0, "finishedAt": "2026-12-01T10:01:30Z"}}
+    kubernetes.seed(job=job, pods=[pod(job, "k1l2j", phase="Failed", state=error)])
+    answer = answered(deployed, kubernetes, "--job", "plain-job")
+    assert answer["headline"] == (
+        f'exit-code: container train of pod {NS}/plain-job-k1l2j on node {GPU_NODE}: "Error", exit code 1 '
+        "at 2026-12-01 10:01:30 UTC"
+    )
+    beacon = next(v for v in answer["verdicts"] if v["check"] == "beacon")
+    assert beacon["status"] == "info" and "no heartbeat" in beacon["evidence"] and "import beacon" in beacon["fix"]
+    assert [v["check"] for v in answer["verdicts"]] == ["orchestrator", "beacon"]  # no S3, no CloudWatch read
+    state = answer["orchestrator"]["job"]
+    assert state["conditions"][0]["reason"] == "BackoffLimitExceeded" and state["beacon"] == {}
+    assert state["pods"][0]["containers"][0]["exit_code"] == 1
+
+
+def test_a_healthy_foreign_job_passes_with_exit_code_zero(deployed: DeployedTeam, kubernetes: FakeKubernetes) -> None:
+    job = foreign_job("done-job", active=0, succeeded=1)
+    job["status"]["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": "2026-12-01T11:00:00Z"}]
+    finished = {
+        "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": T0, "finishedAt": "2026-12-01T11:00:00Z"}
+    }
+    kubernetes.seed(job=job, pods=[pod(job, "p0o9i", phase="Succeeded", state=finished)])
+    done = doctor(deployed, kubernetes, "--job", "done-job")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        first_line(done)
+        == f"finished: Job {NS}/done-job Complete at 2026-12-01 11:00:00 UTC: 1 pod(s) succeeded, 0 failed"
+    )
+
+
+def test_a_beacon_run_whose_cluster_cannot_be_reached_gets_an_info_verdict_not_a_crash(
+    deployed: DeployedTeam,
+) -> None:
+    answer = answered(deployed, "http://127.0.0.1:9", "--run", "nobody-run")
+    orchestrator = answer["verdicts"][0]
+    assert orchestrator["check"] == "orchestrator" and orchestrator["status"] == "info"
+    assert orchestrator["verdict"] == "unreadable" and "cannot reach the Kubernetes API" in orchestrator["evidence"]
+    assert "--kubernetes-url" in orchestrator["fix"]
+    assert answer["lead"] != "orchestrator"  # Beacon's own evidence leads: the cluster said nothing
+
+
+def test_a_forbidden_event_list_is_a_note_and_the_job_is_still_diagnosed(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    job = foreign_job("quiet-job", active=1)
+    kubernetes.seed(job=job, pods=[pod(job, "r5t6y", phase="Running", state={"running": {"startedAt": T0}})])
+    kubernetes.forbidden.add(f"/api/v1/namespaces/{NS}/events")
+    answer = answered(deployed, kubernetes, "--job", "quiet-job", code=0)
+    assert answer["diagnosis"] == "healthy"
+    assert any("refused listing the events of namespace" in n for n in answer["orchestrator"]["notes"])

@@ -1,0 +1,204 @@
+"""Which rank, while the run still hangs (issue 17): rank 0's heartbeat uploads a live snapshot of the
+ranks' evidence once a rank stalls, so the alarm's function, which reads S3 only, names the rank before
+the attempt ends. The heartbeat runs in-process against the embedded AWS; the documents say their
+ages, so no clock is scaled and nothing sleeps."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from beacon import contract
+from beacon.progress import ProgressClock
+from beacon.ranks import LiveSnapshots, RankProgress, rank_document_name, stacks_name, upload_rank_evidence
+from beacon.spool import Spool
+from beacon.telemetry import Telemetry
+from smoke_job.config import parse_args
+
+from beacon_ops.doctor.rank_verdict import which_rank
+from beacon_ops.evidence.reading import rank_keys, read_run
+from tests.support.job_harness import keys_under
+from tests.support.moto_server import MotoServer
+
+BUCKET, EXPERIMENT, RUN = "beacon-demo-live", "smoke", "r1"
+STALL = 90.0  # stall_dump_after, as deployed
+FORWARD = '  File "/app/model.py", line 41 in forward\n  File "/app/train.py", line 88 in train_step\n'
+ALL_REDUCE = (
+    '  File "/venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce\n'
+    '  File "/app/train.py", line 88 in train_step\n'
+)
+
+
+def document(rank: int, *, age: float, phase: str = "training", step: int = 50, dumps: int = 1) -> RankProgress:
+    now = time.time()
+    return RankProgress(rank, rank % 2, 4, step, phase, age, now, now - age, 100 + rank, f"train-{rank // 2}",
+                        f"node-{rank // 2}", "g6.12xlarge", dumps)  # fmt: skip
+
+
+def stack_dump(rank: int, frames: str) -> str:
+    return (
+        f"--- rank {rank} pid {100 + rank} at 1.0, step 50: no progress for 95 s after step 50\n"
+        "Thread 0x1 (most recent call first):\n"
+        '  File "/usr/lib/python3.12/threading.py", line 1032 in _bootstrap\n\n'
+        f"Current thread 0x2 (most recent call first):\n{frames}"
+    )
+
+
+def write_ranks(directory: Path, documents: list[RankProgress], *, dumped: bool = True) -> None:
+    """The ranks directory as the ranks' own writers leave it on the volume (`beacon.ranks`)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for d in documents:
+        (directory / rank_document_name(d.rank)).write_text(json.dumps(asdict(d)))
+        if dumped:
+            (directory / stacks_name(d.rank)).write_text(stack_dump(d.rank, FORWARD if d.rank == 3 else ALL_REDUCE))
+
+
+def hung(*, rank3_age: float = 100.0) -> list[RankProgress]:
+    """Rank 3 stopped in forward; ranks 0-2 wait in the next all_reduce, their progress stopped too."""
+    return [document(r, age=rank3_age if r == 3 else rank3_age - 1) for r in range(4)]
+
+
+@pytest.fixture
+def aws(moto_server: MotoServer) -> MotoServer:
+    moto_server.client("s3").create_bucket(Bucket=BUCKET)
+    return moto_server
+
+
+def rank_0(aws: MotoServer, tmp_path: Path) -> Telemetry:
+    """Rank 0's telemetry of a 4-rank run, as `beacon.run` builds it (ranks_dir set for world size > 1)."""
+    flags = {"--bucket": BUCKET, "--experiment": EXPERIMENT, "--run-id": RUN, "--stall-dump-after": str(STALL)}
+    config = parse_args([part for pair in flags.items() for part in pair]).settings
+    sink = Telemetry(config, s3=aws.client("s3"), cloudwatch=aws.client("cloudwatch"), progress=ProgressClock(),
+                     spool=Spool(tmp_path / "spool"), run_alarms=None)  # fmt: skip
+    sink.ranks_dir = tmp_path / "ranks"
+    return sink
+
+
+def beat(sink: Telemetry) -> None:
+    sink.beat()
+    assert sink.wait_live_snapshot(timeout=30)
+
+
+def ranks_keys(aws: MotoServer) -> list[str]:
+    return sorted(keys_under(aws.client("s3"), BUCKET, f"{contract.run_prefix(EXPERIMENT, RUN)}{contract.RANKS}/"))
+
+
+def snapshot_keys(snapshot: int, *names: str) -> list[str]:
+    return sorted(contract.live_rank_evidence_key(EXPERIMENT, RUN, 0, snapshot, name) for name in names)
+
+
+EVERY_FILE = (contract.LIVE_SNAPSHOT_COMPLETE, *(f(r) for r in range(4) for f in (rank_document_name, stacks_name)))
+
+
+def test_a_stalled_rank_makes_rank_0s_heartbeat_upload_a_live_snapshot_that_names_it(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    sink = rank_0(aws, tmp_path)
+    write_ranks(tmp_path / "ranks", hung(rank3_age=STALL + 1))
+    beat(sink)
+    assert ranks_keys(aws) == [], "the ranks dump at stall_dump_after, each within a pass of its thread (5 s)"
+    write_ranks(tmp_path / "ranks", hung())
+    beat(sink)
+    assert ranks_keys(aws) == snapshot_keys(0, *EVERY_FILE), "every file, then the marker: create-only, off the loop"
+    evidence = read_run(aws.client("s3"), BUCKET, EXPERIMENT, RUN)
+    assert evidence.rank_files_from == "attempt-00000/live-00000"
+    assert set(evidence.rank_files) == set(EVERY_FILE) - {contract.LIVE_SNAPSHOT_COMPLETE}
+    verdict = which_rank(*evidence.ranks())
+    assert verdict is not None and (verdict.rank, verdict.how, verdict.step) == (3, "hung", 50)
+    assert verdict.where == "/app/model.py:41 in forward" and verdict.waiting == {"all_reduce": [0, 1, 2]}
+
+
+def test_one_snapshot_per_stall_and_a_refresh_only_when_the_evidence_changed_and_refresh_beats_went_by(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    """The bound: per stall, 1 + beats / LIVE_REFRESH_BEATS snapshots at most, each one PutObject per
+    file of the ranks directory and a marker; a hang that stays as it is costs one."""
+    sink = rank_0(aws, tmp_path)
+    refresh = sink.live_snapshots.refresh_beats
+    ranks = tmp_path / "ranks"
+    write_ranks(ranks, hung(), dumped=False)  # the ranks' own dumps come a beat later (their own clocks)
+    beat(sink)
+    first = ranks_keys(aws)
+    assert first == snapshot_keys(0, contract.LIVE_SNAPSHOT_COMPLETE, *(rank_document_name(r) for r in range(4)))
+    for _ in range(refresh + 2):
+        write_ranks(ranks, hung(rank3_age=120), dumped=False)  # ages grow: not a change worth a request
+        beat(sink)
+    assert ranks_keys(aws) == first, "the same hang: no second snapshot"
+    write_ranks(ranks, hung(rank3_age=130))  # now every rank has dumped its stacks
+    beat(sink)
+    assert ranks_keys(aws) == sorted(first + snapshot_keys(1, *EVERY_FILE)), "a refresh carries the dumps"
+    (ranks / stacks_name(0)).write_text(stack_dump(0, ALL_REDUCE) * 2)
+    for _ in range(refresh - 1):
+        beat(sink)
+    assert len(ranks_keys(aws)) == len(first) + len(EVERY_FILE), "at most one refresh per refresh_beats beats"
+    beat(sink)
+    assert contract.live_rank_evidence_key(EXPERIMENT, RUN, 0, 2, stacks_name(0)) in ranks_keys(aws)
+    assert read_run(aws.client("s3"), BUCKET, EXPERIMENT, RUN).rank_files_from == "attempt-00000/live-00002"
+
+
+def test_a_150_s_checkpoint_on_one_rank_while_the_others_wait_uploads_nothing(aws: MotoServer, tmp_path: Path) -> None:
+    """Ranks 0-2 wait 150 s in the next collective (their progress ages say so) while rank 3 checkpoints:
+    rank 0's clock follows rank 3's phase, so nothing is stalled."""
+    sink = rank_0(aws, tmp_path)
+    waiting = [document(r, age=150.0) for r in range(3)]
+    write_ranks(tmp_path / "ranks", [*waiting, document(3, age=2.0, phase=contract.Phase.CHECKPOINT)])
+    beat(sink)
+    beat(sink)
+    assert ranks_keys(aws) == []
+    assert sink.live_snapshots.taken == 0
+    write_ranks(tmp_path / "ranks", [*waiting, document(3, age=150.0)])  # back in training, and stuck there
+    beat(sink)
+    assert [k.rsplit("/", 2)[1] for k in ranks_keys(aws)] == ["live-00000"] * len(EVERY_FILE)
+
+
+def test_a_stall_that_ends_and_comes_back_is_a_new_episode_with_its_own_snapshot() -> None:
+    snapshots = LiveSnapshots(refresh_beats=4)
+    assert snapshots.due(stalled=True, state=("a",)) == 0
+    assert snapshots.due(stalled=True, state=("a",)) is None
+    assert snapshots.due(stalled=False, state=None) is None
+    assert snapshots.due(stalled=True, state=("a",), busy=True) is None, "never two uploads at once"
+    assert snapshots.due(stalled=True, state=("a",)) == 1
+
+
+def test_a_single_rank_run_never_snapshots(aws: MotoServer, tmp_path: Path) -> None:
+    sink = rank_0(aws, tmp_path)
+    sink.ranks_dir = None  # world size 1
+    write_ranks(tmp_path / "ranks", hung())
+    beat(sink)
+    assert ranks_keys(aws) == []
+
+
+# --- reading: the end of the attempt wins; else the newest complete snapshot of the newest attempt ------
+def keys_of(*paths: str) -> list[str]:
+    return [f"p/{contract.RANKS}/{path}" for path in paths]
+
+
+def test_the_reader_prefers_the_attempts_own_files_then_the_newest_complete_snapshot() -> None:
+    live0 = keys_of("attempt-00001/live-00000/rank-00003.json", "attempt-00001/live-00000/.complete")
+    live1_partial = keys_of("attempt-00001/live-00001/rank-00000.json")
+    final = keys_of("attempt-00001/rank-00000.json", "attempt-00001/rank-00003.json")
+    older = keys_of("attempt-00000/rank-00000.json")
+    assert rank_keys("p/", older + live0 + live1_partial) == (live0[:1], "attempt-00001/live-00000")
+    assert rank_keys("p/", older + live1_partial) == (live1_partial, "attempt-00001/live-00001"), "better than none"
+    assert rank_keys("p/", older + live0 + final) == (final, "attempt-00001")
+    assert rank_keys("p/", older) == (older, "attempt-00000")
+    assert rank_keys("p/", keys_of("attempt-00001/live-00000/.complete")) == ([], "attempt-00001/live-00000")
+    assert rank_keys("p/", []) == ([], "")
+
+
+def test_with_a_live_snapshot_and_the_attempts_end_in_s3_the_end_wins(aws: MotoServer, tmp_path: Path) -> None:
+    s3: Any = aws.client("s3")
+    write_ranks(tmp_path / "hung", hung())
+    assert upload_rank_evidence(s3, bucket=BUCKET, experiment=EXPERIMENT, run=RUN, attempt=0,
+                                directory=tmp_path / "hung", live=0) == 8  # fmt: skip
+    ended = [replace(d, ended="preempted") for d in hung()]
+    write_ranks(tmp_path / "ended", ended)
+    upload_rank_evidence(s3, bucket=BUCKET, experiment=EXPERIMENT, run=RUN, attempt=0, directory=tmp_path / "ended")
+    evidence = read_run(s3, BUCKET, EXPERIMENT, RUN)
+    assert evidence.rank_files_from == "attempt-00000"
+    documents, _ = evidence.ranks()
+    assert {d.ended for d in documents} == {"preempted"}, "the attempt's last word, not the snapshot"
