@@ -21,6 +21,7 @@ from typing import Any
 
 JOURNAL = "journal"
 CAPACITY = 8 * 1024 * 1024  # ~40,000 steps of 10 metrics: far more than a spool thread's 0.25 s cycle
+MIN_CAPACITY = 16 * 1024
 MAGIC = b"BJRNL001"
 HEADER = struct.Struct("<8sIqq")  # magic, epoch, durable_through, attempt
 DATA_START = 64
@@ -33,11 +34,15 @@ class Journal:
         self.path = directory / JOURNAL
         descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if os.fstat(descriptor).st_size < capacity:
+            size = os.fstat(descriptor).st_size
+            if size < DATA_START + ENTRY.size:
+                # At most an eighth of what the volume has free: the spool's records come first.
+                volume = os.statvfs(directory)
+                size = min(capacity, max(MIN_CAPACITY, volume.f_bavail * volume.f_frsize // 8))
                 # Allocated, not sparse: a page first touched on a full disk would kill the loop with
                 # SIGBUS; taken here, a full disk is an OSError at start (the spool's SpoolFullError).
-                os.posix_fallocate(descriptor, 0, capacity)
-            self.capacity = max(capacity, os.fstat(descriptor).st_size)
+                os.posix_fallocate(descriptor, 0, size)
+            self.capacity = size
             self._map = mmap.mmap(descriptor, self.capacity)
         finally:
             os.close(descriptor)

@@ -168,6 +168,7 @@ class Telemetry(NullTelemetry):
         self._durable = threading.Condition()
         self._durable_watchers: list[threading.Event] = []  # set whenever records become durable
         self._chunk_opened_at: float | None = None
+        self._sealed_at = 0.0  # monotonic time of the last seal
         self._awaiting_sync: list[Record] = []  # appended to the spool, not yet fsync'd
         self._backoff_until = 0.0
         self._backoff = 1.0
@@ -323,14 +324,15 @@ class Telemetry(NullTelemetry):
             with on_spool_disk(self.spool.directory):
                 # A view of the records: a disk error here loses no record.
                 self.tensorboard.write(synced, part=self.spool.next_chunk)
-        opened_for = None if self._chunk_opened_at is None else time.monotonic() - self._chunk_opened_at
-        # A full chunk waits one poll interval: a fast loop's chunks grow rather than its PUTs multiply.
-        due = opened_for is not None and (
-            opened_for >= self.config.flush_interval
-            or (self.spool.open_records >= self.config.chunk_records and opened_for >= UPLOAD_POLL_S)
+        now = time.monotonic()
+        # At most one full chunk per poll interval: a fast loop's chunks grow rather than its PUTs multiply.
+        due = self._chunk_opened_at is not None and (
+            now - self._chunk_opened_at >= self.config.flush_interval
+            or (self.spool.open_records >= self.config.chunk_records and now - self._sealed_at >= UPLOAD_POLL_S)
         )
         if due or final:
             if self.spool.seal() is not None:
+                self._sealed_at = now
                 self._upload_wake.set()
             self._chunk_opened_at = None
             with on_spool_disk(self.spool.directory):
