@@ -242,7 +242,9 @@ def test_a_rank_killed_outright_leaves_its_last_document_and_the_others_stacks_n
                 node.communicate(timeout=60)
     documents = {r.rank: r for r in read_ranks(ranks_dir)}
     view = CrossRankView.of(list(documents.values()), max(r.wall_time for r in documents.values()))
-    assert view is not None and view.slowest_rank == 3, "the rank that stopped writing is the slowest"
+    # Not "rank 3 is the slowest": killed between steps, it may have stepped last of the four (CI saw
+    # rank 1 slowest by 0.1 s). Its silence while the others said their last word is the sign.
+    assert view is not None and view.step_spread <= 1, view
     assert documents[3].ended == "", "killed outright: no last word, its silence is the sign"
     verdict = which_rank(list(documents.values()), {})
     assert verdict is not None and (verdict.rank, verdict.how) == (3, "died")
