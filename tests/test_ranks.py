@@ -241,10 +241,10 @@ def test_a_rank_killed_outright_leaves_its_last_document_and_the_others_stacks_n
                 signal_group(node, signal.SIGKILL)
                 node.communicate(timeout=60)
     documents = {r.rank: r for r in read_ranks(ranks_dir)}
-    view = CrossRankView.of(list(documents.values()), max(r.wall_time for r in documents.values()))
-    # Not "rank 3 is the slowest": killed between steps, it may have stepped last of the four (CI saw
-    # rank 1 slowest by 0.1 s). Its silence while the others said their last word is the sign.
-    assert view is not None and view.step_spread <= 1, view
+    # Not "rank 3 is the slowest", nor "the ranks are a step apart": its document is as old as its last
+    # pass, up to an interval of steps behind (CI saw rank 1 slowest by 0.1 s, and a spread of 2 steps).
+    # That it was written before every other rank's last word, and holds none itself, is the sign.
+    assert documents[3].wall_time < min(documents[r].wall_time for r in (0, 1, 2)), documents
     assert documents[3].ended == "", "killed outright: no last word, its silence is the sign"
     verdict = which_rank(list(documents.values()), {})
     assert verdict is not None and (verdict.rank, verdict.how) == (3, "died")
