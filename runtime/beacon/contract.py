@@ -149,9 +149,6 @@ class Record:
     def loss(self) -> float | None:
         return self.metrics.get(LOSS_KEY)
 
-    def with_seq(self, seq: int) -> Record:
-        return Record(self.experiment, self.run, self.step, self.metrics, self.wall_time, seq, self.rank, self.attempt)
-
     def to_line(self, seq: int | None = None) -> bytes:
         """The record as one JSON line; `seq` numbers it without a copy (the spool's hot path)."""
         body = {
