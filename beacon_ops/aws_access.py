@@ -81,3 +81,19 @@ def describe_stack(cloudformation: Any, stack: str) -> tuple[str, dict[str, str]
     """A stack's status and outputs: the one reader of stack outputs (its keys: stacks/outputs.py)."""
     answer = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
     return str(answer.get("StackStatus", "")), {o["OutputKey"]: o["OutputValue"] for o in answer.get("Outputs", [])}
+
+
+def deployed_stack_outputs(cloudformation: Any, stack: str, region: str, team: str) -> dict[str, str]:
+    """A deployed stack's outputs, or AccessError saying in one line that it is missing or broken, and how
+    to deploy it."""
+    try:
+        status, outputs = describe_stack(cloudformation, stack)
+    except ClientError as error:
+        if "does not exist" in str(error):
+            raise AccessError(
+                f"stack {stack} not found in {region}: deploy it first (make deploy TEAM={team})"
+            ) from None
+        raise AccessError(f"stack {stack}: cannot describe it: {describe_aws_error(error)}") from None
+    if not status.endswith("_COMPLETE") or "ROLLBACK" in status or "DELETE" in status:
+        raise AccessError(f"stack {stack} is {status}, not deployed cleanly: fix and redeploy it first")
+    return outputs

@@ -31,6 +31,7 @@ from beacon_ops.local.processes import end_process_tree
 from beacon_ops.local.provision import provision_team
 from beacon_ops.templates import load_templates
 from bench.cost import bench_idle_cost
+from bench.doctor import bench_doctor
 from bench.mlflow_server import MlflowServer
 from bench.trackers import bench_mirror_lag, bench_sustained, bench_trackers
 
@@ -404,6 +405,7 @@ GOALS = {
     "sustained_rss_growth_mb": ("<=", 64),
     "mirror_lag_median_s": ("<=", 2.0),
     "rank_signal_ms_per_step": ("<=", 0.01),
+    "doctor_long_run_s": ("<=", 10),
 }
 
 
@@ -450,7 +452,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000, help="records for the sustained figure")
     parser.add_argument("--outage-s", type=float, default=60.0, help="the S3 outage during the sustained run")
     parser.add_argument("--only-library", action="store_true", help="only issue 14's figures (the library's)")
+    parser.add_argument("--only-doctor", action="store_true", help="only the doctor on a 1,000,000-record run")
     args = parser.parse_args()
+    args.only_library = args.only_library or args.only_doctor
     OUT.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "system": platform.platform()},
@@ -474,9 +478,20 @@ def main() -> None:
                 report.update(bench_detection(bench))
                 print("bench: requests and cost per job", flush=True)
                 report.update(bench_cost(bench))
-            report.update(bench_library(bench, args.records, args.outage_s))
-            print("bench: the per-rank progress signal's cost on the training thread (4 ranks)", flush=True)
-            report.update(bench_rank_signal())
+            if not args.only_doctor:
+                report.update(bench_library(bench, args.records, args.outage_s))
+                print("bench: the per-rank progress signal's cost on the training thread (4 ranks)", flush=True)
+                report.update(bench_rank_signal())
+            print("bench: the doctor on a 1,000,000-record run of 2,000 chunks (its index and tail)", flush=True)
+            report.update(
+                bench_doctor(
+                    s3_writer=bench.aws.client("s3"),
+                    s3_reader=bench.aws.client("s3", **bench.reader),
+                    cloudwatch=bench.aws.client("cloudwatch", **bench.reader),
+                    bucket=BUCKET,
+                    region=REGION,
+                )
+            )
         finally:
             bench.aws.stop()
     if not args.only_library:
@@ -500,7 +515,8 @@ def main() -> None:
     ):
         if name in report:
             print(f"{name:36} {report[name]:12.4f}")
-    print_trackers(report["trackers"])
+    if "trackers" in report:
+        print_trackers(report["trackers"])
     print(f"\nreport: {OUT / 'report.json'}")
 
 

@@ -77,3 +77,22 @@ def test_the_rank_signal_figure_is_measured_with_the_signals_running() -> None:
     figures = bench_rank_signal(rounds=1, steps=200)
     assert set(figures) == {"rank_signal_ms_per_step", "rank_signal_added_ms_per_step"}
     assert figures["rank_signal_ms_per_step"] > 0
+
+
+def test_the_doctor_figure_counts_every_record_of_a_long_run_from_its_index(moto_server: MotoServer) -> None:
+    from bench.doctor import bench_doctor
+
+    moto_server.client("s3").create_bucket(Bucket=BUCKET)
+    figures = bench_doctor(
+        s3_writer=moto_server.client("s3"),
+        s3_reader=moto_server.client("s3"),
+        cloudwatch=moto_server.client("cloudwatch"),
+        bucket=BUCKET,
+        region=REGION,
+        records=5_000,
+        chunk_records=50,
+        rounds=1,
+    )
+    assert (figures["doctor_long_run_chunks"], figures["doctor_long_run_index_documents"]) == (100, 1)
+    assert figures["doctor_long_run_diagnosis"] == "finished"
+    assert figures["doctor_long_run_s"] > 0 and figures["doctor_full_read_s"] > 0

@@ -15,6 +15,7 @@ from beacon import contract
 
 from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
 from tests.conftest import WriterSession
+from tests.support.cli import against, beacon
 from tests.support.job_harness import JobHarness, signal_group, wait_for
 from tests.support.moto_server import REGION
 from tests.support.synth import ROOT
@@ -213,16 +214,7 @@ def test_the_cli_reads_options_from_the_environment_and_prints_json(
 
 
 def test_the_cli_names_the_team_it_cannot_read(as_writer: WriterSession) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
-    env.update(AWS_ENDPOINT_URL=as_writer.aws.url, AWS_REGION=REGION, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="y")
-    done = subprocess.run(
-        [sys.executable, "-m", "beacon_ops.cli", "doctor", "--team", "nosuch", "--run", "r"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = beacon("doctor", "--team", "nosuch", "--run", "r", env=against(as_writer.aws.url))
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("beacon doctor: ") and "unknown team 'nosuch'" in line

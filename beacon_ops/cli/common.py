@@ -11,7 +11,7 @@ import typer
 from beacon import contract
 from rich.console import Console
 
-from beacon_ops.aws_access import AccessError, describe_stack, open_session
+from beacon_ops.aws_access import AccessError, open_session
 from config import ConfigError, TeamConfig, load_team
 
 REGION_HELP = "AWS region (default: the team file's region, then AWS_REGION)"
@@ -64,7 +64,3 @@ def session_or_fail(command: str, *, region: str | None, config: TeamConfig, as_
         return open_session(region_flag=region, team_region=config.region)
     except AccessError as error:
         raise fail(command, str(error), as_json=as_json) from None
-
-
-def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
-    return describe_stack(cloudformation, stack)[1]

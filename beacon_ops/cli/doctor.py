@@ -17,8 +17,8 @@ from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.table import Table
 
-from beacon_ops.aws_access import describe_aws_error
-from beacon_ops.cli.common import REGION_HELP, console, fail, session_or_fail, stack_outputs, team_or_fail
+from beacon_ops.aws_access import AccessError, deployed_stack_outputs, describe_aws_error
+from beacon_ops.cli.common import REGION_HELP, console, fail, session_or_fail, team_or_fail
 from beacon_ops.cli.follow import KubernetesUrl
 from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.doctor.diagnosis import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose, diagnose_job
@@ -51,18 +51,21 @@ def read_orchestrator(
     """The Job as the team's cluster sees it; what stands in the way otherwise, as the state's problem."""
     stack = names.stack_name(team, "cluster")
     cluster, where = names.cluster_name(team), namespace or contract.TRAINING_NAMESPACE
+    region = str(session.region_name)
     try:
-        outputs = stack_outputs(session.client("cloudformation"), stack)
+        outputs = deployed_stack_outputs(session.client("cloudformation"), stack, region, team)
         cluster = outputs.get(outputs_of.CLUSTER_NAME, cluster)
         where = namespace or outputs.get(outputs_of.TRAINING_NAMESPACE, where)
-        api = cluster_api(session, cluster, str(session.region_name), url_override=kubernetes_url)
-    except (ClientError, BotoCoreError) as error:
-        problem = f"stack {stack}: {describe_aws_error(error)}"
+    except (ClientError, BotoCoreError, AccessError) as error:
+        problem = str(error) if isinstance(error, AccessError) else f"stack {stack}: {describe_aws_error(error)}"
         fix = f"deploy the team's cluster stack (make deploy TEAM={team}), or read the stack as a role that may"
         return OrchestratorState("eks", cluster, where, job, datetime.now(UTC), problem=problem, fix=fix)
-    except JobError as error:
+    try:
+        api = cluster_api(session, cluster, region, url_override=kubernetes_url)
+    except (ClientError, BotoCoreError, JobError) as error:
+        problem = str(error) if isinstance(error, JobError) else describe_aws_error(error)
         fix = "the doctor's identity needs eks:DescribeCluster and an access entry on the cluster"
-        return OrchestratorState("eks", cluster, where, job, datetime.now(UTC), problem=str(error), fix=fix)
+        return OrchestratorState("eks", cluster, where, job, datetime.now(UTC), problem=problem, fix=fix)
     return read_job(api, cluster=cluster, namespace=where, name=job)
 
 
@@ -105,18 +108,20 @@ def doctor(
     assert run is not None
     try:
         if bucket is None or reader_role_arn is None:
-            outputs = stack_outputs(session.client("cloudformation"), names.stack_name(team, "artifacts"))
+            stack = names.stack_name(team, "artifacts")
+            outputs = deployed_stack_outputs(session.client("cloudformation"), stack, region, team)
             bucket = bucket or outputs[outputs_of.BUCKET_NAME]
             reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
             writer_role_arn = writer_role_arn or outputs.get(outputs_of.WRITER_ROLE_ARN)
         sts = session.client("sts")
         reader = assume_role_credentials(sts, reader_role_arn, "beacon-doctor") if reader_role_arn else {}
-        probe = None
+        probe, probe_unavailable = None, ""
         if writer_role_arn:
             try:
                 probe = session.client("s3", **assume_role_credentials(sts, writer_role_arn, "beacon-doctor-probe"))
-            except ClientError:
-                probe = None  # the writer trusts only its workloads; the verdict says so
+            except ClientError as error:  # the writer trusts only its workloads; the verdict says so
+                code = error.response.get("Error", {}).get("Code", "")
+                probe_unavailable = f"the writer role {writer_role_arn} cannot be assumed from here ({code})"
         result = diagnose(
             DoctorInputs(
                 team=team,
@@ -127,12 +132,15 @@ def doctor(
                 s3=session.client("s3", **reader),
                 cloudwatch=session.client("cloudwatch", **reader),
                 probe_s3=probe,
+                probe_unavailable=probe_unavailable,
                 orchestrator=state,
             )
         )
     except (ClientError, BotoCoreError) as error:
         why = describe_aws_error(error)
         raise fail("doctor", f"cannot read team {team!r} in {region}: {why}", as_json=as_json) from None
+    except AccessError as error:
+        raise fail("doctor", str(error), as_json=as_json) from None
     except KeyError as error:
         why = f"stack output {error} is missing"
         raise fail("doctor", f"cannot read team {team!r} in {region}: {why}", as_json=as_json) from None

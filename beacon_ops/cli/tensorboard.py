@@ -19,8 +19,8 @@ import typer
 from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.aws_access import describe_aws_error
-from beacon_ops.cli.common import REGION_HELP, fail, identifier, session_or_fail, stack_outputs, team_or_fail
+from beacon_ops.aws_access import AccessError, deployed_stack_outputs, describe_aws_error
+from beacon_ops.cli.common import REGION_HELP, fail, identifier, session_or_fail, team_or_fail
 from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.local.processes import stop_process
 from config import names
@@ -136,7 +136,8 @@ def tensorboard(
     target = directory or default_directory(team, experiment, run)
     try:
         if bucket is None or reader_role_arn is None:
-            outputs = stack_outputs(session.client("cloudformation"), names.stack_name(team, "artifacts"))
+            stack = names.stack_name(team, "artifacts")
+            outputs = deployed_stack_outputs(session.client("cloudformation"), stack, region, team)
             bucket = bucket or outputs[outputs_of.BUCKET_NAME]
             reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
         sts = session.client("sts")
@@ -144,7 +145,7 @@ def tensorboard(
         fetched = fetch_run(
             session.client("s3", **reader), bucket=bucket, experiment=experiment, run=run, directory=target
         )
-    except TensorBoardError as error:
+    except (TensorBoardError, AccessError) as error:
         raise fail("tensorboard", str(error)) from None
     except (ClientError, BotoCoreError) as error:
         why = describe_aws_error(error)
@@ -164,5 +165,5 @@ def tensorboard(
     print(f"beacon tensorboard: serving at http://localhost:{port}/ (Ctrl-C stops it)", file=sys.stderr)
     try:
         raise typer.Exit(serve_directory(fetched.directory, port))
-    except TensorBoardError as error:
+    except (TensorBoardError, AccessError) as error:
         raise fail("tensorboard", str(error)) from None

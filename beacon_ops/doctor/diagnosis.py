@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -64,6 +65,7 @@ class DoctorInputs:
     s3: Any  # read access to the bucket
     cloudwatch: Any  # read access to metrics and alarms
     probe_s3: Any | None = None  # the job's identity, for the write probe
+    probe_unavailable: str = ""  # why there is no probe_s3 (the writer role trusts only the job's services)
     stall_after_s: float = contract.STALL_THRESHOLD_S
     now: datetime | None = None
     # The job as its orchestrator sees it, read by the caller (`beacon doctor` reads the Kubernetes API; the
@@ -75,7 +77,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     """evidence: the run as its caller already read it (smoke's verification), so it is read once."""
     now = inputs.now or datetime.now(UTC)
     if evidence is None:
-        evidence = read_run(inputs.s3, inputs.bucket, inputs.experiment, inputs.run)
+        # A run of any length: the index's summaries, and the chunks after them (smoke passes a full reading)
+        evidence = read_run(inputs.s3, inputs.bucket, inputs.experiment, inputs.run, tail_only=True)
     dims = contract.run_dimensions(inputs.team, inputs.experiment, inputs.run)
     interval = float((evidence.preflight or {}).get("heartbeat_interval", DEFAULT_HEARTBEAT_S))
     beats = _samples(inputs, contract.HEARTBEAT, dims, "SampleCount", now)
@@ -89,7 +92,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         _job_state(evidence),
         _liveness(evidence, heartbeat_age, progress_age, interval, inputs.stall_after_s),
         _delivery(inputs, evidence, dims, now),
-        _write_probe(inputs),
+        _write_probe(inputs, evidence),
         _endpoint(inputs, evidence),
         _rank_collision(evidence),
         rank_check,
@@ -99,7 +102,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     ]
     by_check = {v.check: v for v in verdicts}
     # In order: the first failing check that explains the others is the cause.
-    causes = (
+    causes: list[tuple[str, Callable[[Verdict], str]]] = [
         ("orchestrator", lambda v: v.verdict),  # what killed or blocked the job explains the silence it left
         ("permission", lambda v: "permission"),
         ("spool", lambda v: "spool-not-persistent"),
@@ -108,7 +111,10 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         ("liveness", lambda v: v.verdict),
         ("delivery", lambda v: "delivery"),
         ("endpoint", lambda v: "endpoint"),
-    )
+    ]
+    if by_check["endpoint"].verdict in ("no bucket", "not readable"):
+        # Without the bucket every verdict from S3 is blind: that leads, after what the orchestrator saw.
+        causes.insert(1, ("endpoint", lambda v: v.verdict.replace(" ", "-")))
     failing = [(check, name) for check, name in causes if check in by_check and by_check[check].status == FAIL]
     lead, cause = next(((check, name(by_check[check])) for check, name in failing), ("job", ""))
     if not cause:
@@ -246,14 +252,30 @@ def _delivery(inputs: DoctorInputs, evidence: RunEvidence, dims: dict[str, str],
     steps = _samples(inputs, contract.STEP, dims, "Maximum", now)
     backlog = _samples(inputs, contract.SPOOL_BACKLOG, dims, "Maximum", now)
     failures = _samples(inputs, contract.UPLOAD_FAILURES, dims, "Sum", now)
+    if evidence.errors:
+        return Verdict(
+            "delivery", WARN, "unknown", f"S3 could not be read: {evidence.errors[0]}", "see the endpoint check"
+        )
     in_s3 = evidence.last_step
     seen = int(max(s.value for s in steps)) if steps else None
     pending = int(backlog[-1].value) if backlog else 0
     failed = int(sum(s.value for s in failures))
+    # From the index, when the run has one: every chunk counted, the tail's records read.
+    counted = f" ({len(evidence.indexed)} chunks counted from the index)" if evidence.indexed else ""
     text = (
-        f"last record in S3: step {in_s3}; last step in CloudWatch: {seen}; spool backlog {pending}; "
-        f"upload failures {failed}"
+        f"{evidence.record_count} records in S3{counted}, last step {in_s3}; last step in CloudWatch: {seen}; "
+        f"spool backlog {pending}; upload failures {failed}"
     )
+    if in_s3 is None and seen is None:
+        return Verdict("delivery", INFO, "nothing yet", text, "see the job check: no step was logged yet")
+    if evidence.missing and evidence.final is not None:
+        return Verdict(
+            "delivery",
+            FAIL,
+            "lost",
+            f"{evidence.missing} of {evidence.numbered} numbered records are not in S3; {text}",
+            "their spool files are on the job's volume: `python -m beacon.sync` there uploads them",
+        )
     if failed and pending > contract.BACKLOG_THRESHOLD_RECORDS:
         return Verdict(
             "delivery",
@@ -262,14 +284,30 @@ def _delivery(inputs: DoctorInputs, evidence: RunEvidence, dims: dict[str, str],
             text,
             "uploads fail after retries: check the S3 endpoint, throttling and the bucket policy",
         )
-    if failed or (seen is not None and in_s3 is not None and seen - in_s3 > contract.BACKLOG_THRESHOLD_RECORDS):
+    behind = seen is not None and seen - (-1 if in_s3 is None else in_s3) > contract.BACKLOG_THRESHOLD_RECORDS
+    if failed or behind or evidence.missing:
         return Verdict("delivery", WARN, "lagging", text, "records wait in the spool; they are safe and will drain")
     return Verdict("delivery", OK, "delivered", text)
 
 
-def _write_probe(inputs: DoctorInputs) -> Verdict:
+def _write_probe(inputs: DoctorInputs, evidence: RunEvidence) -> Verdict:
     if inputs.probe_s3 is None:
-        return Verdict("permission", INFO, "not probed", "no writer identity given", "pass --probe as the job's role")
+        if evidence.preflight is not None:
+            return Verdict(
+                "permission",
+                OK,
+                "wrote at start",
+                f"the job's preflight wrote under the run prefix as the job's identity at "
+                f"{evidence.preflight.get('started_at')} (host {evidence.preflight.get('host')})",
+            )
+        return Verdict(
+            "permission",
+            INFO,
+            "not probed",
+            inputs.probe_unavailable or "no writer role to probe with",
+            "the writer role trusts only the job's services (EKS Pod Identity, SageMaker), so only a job can "
+            f"probe it: `beacon smoke --team {inputs.team}` runs one in the cluster and its preflight writes as it",
+        )
     key = contract.run_prefix(inputs.experiment, inputs.run) + f"doctor/{int(time.time())}-{uuid.uuid4().hex[:8]}"
     target = f"s3://{inputs.bucket}/{key}"
     try:
@@ -295,6 +333,23 @@ def _endpoint(inputs: DoctorInputs, evidence: RunEvidence) -> Verdict:
             Bucket=inputs.bucket, Prefix=contract.run_prefix(inputs.experiment, inputs.run), MaxKeys=1
         )
     except (ClientError, BotoCoreError) as error:
+        code = error.response.get("Error", {}).get("Code", "") if isinstance(error, ClientError) else ""
+        if code == "NoSuchBucket":
+            return Verdict(
+                "endpoint",
+                FAIL,
+                "no bucket",
+                f"s3://{inputs.bucket} does not exist in {inputs.region} ({inputs.s3.meta.endpoint_url})",
+                f"deploy the team's artifacts stack (make deploy TEAM={inputs.team}), or pass the bucket it created",
+            )
+        if code in ("AccessDenied", "AllAccessDisabled"):
+            return Verdict(
+                "endpoint",
+                FAIL,
+                "not readable",
+                f"s3:ListBucket s3://{inputs.bucket}: {code} for the doctor's identity",
+                "run the doctor as the team's reader role (--reader-role-arn, the artifacts stack's output)",
+            )
         return Verdict(
             "endpoint",
             FAIL,
@@ -337,7 +392,9 @@ def _rank_collision(evidence: RunEvidence) -> Verdict:
             f"preflight records from {sorted(map(str, hosts))}",
             "more than one job may be using this run id",
         )
-    return Verdict("ranks", OK, "rank 0 only", f"{len(evidence.records)} records, all from rank 0")
+    # From the tail alone on an indexed run: a second writer shows in its newest records.
+    read = f"the last {len(evidence.records)} records" if evidence.indexed else f"{len(evidence.records)} records"
+    return Verdict("ranks", OK, "rank 0 only", f"{read}, all from rank 0")
 
 
 def _stopped_rank(evidence: RunEvidence) -> tuple[Verdict, RankVerdict | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -27,6 +28,9 @@ class RunEvidence:
     rank_files: dict[str, bytes] = field(default_factory=dict)
     # Where they came from: `attempt-<k>` (the attempt's end) or `attempt-<k>/live-<n>` (a stall's snapshot).
     rank_files_from: str = ""
+    # Read from the tail (`read_run(tail_only=True)`): the indexed chunks' summaries, whose records were not
+    # read; `records` then holds the tail's alone. Empty when every chunk was read.
+    indexed: list[contract.ChunkSummary] = field(default_factory=list)
 
     def ranks(self) -> tuple[list[RankProgress], dict[int, str]]:
         """Every rank's last document, and each rank's stack dumps, from the rank files."""
@@ -50,7 +54,44 @@ class RunEvidence:
 
     @property
     def last_step(self) -> int | None:
-        return max(self.steps) if self.records else None
+        """The last step of the live history: the newest attempt's last step (its steps are all live)."""
+        if not self.indexed:
+            return max(self.steps) if self.records else None
+        newest = max(a for a in (*self.attempts_indexed, *(r.attempt for r in self.records)))
+        in_tail = [r.step for r in self.records if r.attempt == newest]
+        if in_tail:
+            return max(in_tail)
+        # read_run read every indexed chunk the newest attempt shares with an older one, so these are its own
+        return max(s.last_step for s in self.indexed if s.attempts == (newest,))
+
+    @property
+    def attempts_indexed(self) -> set[int]:
+        return {a for s in self.indexed for a in s.attempts}
+
+    @property
+    def record_count(self) -> int:
+        """Records in S3: the indexed chunks' counts and the records read."""
+        return sum(s.records for s in self.indexed) + len(self.records)
+
+    @property
+    def numbered(self) -> int:
+        """Sequence numbers the spool gave so far, as far as S3 shows (gapless from 0 when nothing is lost)."""
+        last = max((s.last_seq for s in self.indexed), default=-1)
+        return max(last, max((r.seq for r in self.records), default=-1)) + 1
+
+    @property
+    def missing(self) -> int:
+        """Sequence numbers below the highest in S3 that S3 does not hold; an indexed chunk holds a run of
+        consecutive numbers, so its summary's count is enough."""
+        ranges = sorted((s.first_seq, s.last_seq) for s in self.indexed)
+        firsts = [first for first, _ in ranges]
+
+        def indexed(seq: int) -> bool:
+            at = bisect.bisect_right(firsts, seq) - 1
+            return at >= 0 and seq <= ranges[at][1]
+
+        held = sum(s.records for s in self.indexed) + len({r.seq for r in self.records if not indexed(r.seq)})
+        return max(0, self.numbered - held)
 
     @property
     def duplicated(self) -> int:
@@ -125,20 +166,25 @@ def _read(s3: Any, bucket: str, key: str) -> bytes:
     return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
-def read_run(s3: Any, bucket: str, experiment: str, run: str) -> RunEvidence:
+def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool = False) -> RunEvidence:
+    """Everything the run left in S3. `tail_only` (the doctor, on a run of any length): the index's
+    summaries stand for the chunks they cover, and only the chunks after them (the tail) are read."""
     evidence = RunEvidence(experiment, run)
     prefix = contract.run_prefix(experiment, run)
     try:
         keys = _keys(s3, bucket, prefix)
     except (ClientError, BotoCoreError) as error:
-        evidence.errors.append(f"s3:ListBucket s3://{bucket}/{prefix}: {error}")
+        evidence.errors.append(f"s3:ListBucket s3://{bucket}/{prefix}: {describe_error(error)}")
         return evidence
+    if tail_only:
+        evidence.indexed = _indexed(s3, bucket, prefix, keys)
+    skipped = {contract.events_key(experiment, run, s.chunk) for s in evidence.indexed}
     for key in keys:
         kind = key.removeprefix(prefix).split("/", 1)[0]
         if kind == contract.EVENTS:
             evidence.chunk_keys.append(key)
-            body = _read(s3, bucket, key)
-            evidence.records.extend(contract.records_of(body))
+            if key not in skipped:
+                evidence.records.extend(contract.records_of(_read(s3, bucket, key)))
         elif kind == contract.PREFLIGHT:
             evidence.preflights.append(json.loads(_read(s3, bucket, key)))
         elif kind == contract.STATUS and key == contract.final_status_key(experiment, run):
@@ -151,6 +197,29 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str) -> RunEvidence:
     for key in chosen:
         evidence.rank_files[key.rsplit("/", 1)[1]] = _read(s3, bucket, key)
     return evidence
+
+
+def _indexed(s3: Any, bucket: str, prefix: str, keys: list[str]) -> list[contract.ChunkSummary]:
+    """The summaries of the index documents among `keys`, less the chunks a reader must still read: an
+    unreadable document's, and any the newest attempt shares with an older one (its last step is then
+    not in the summary). Chunks in S3 that no summary covers are the tail."""
+    summaries: list[contract.ChunkSummary] = []
+    for key in keys:
+        if key.removeprefix(prefix).split("/", 1)[0] == contract.INDEX:
+            try:
+                summaries.extend(contract.summaries_of(_read(s3, bucket, key)))
+            except (ClientError, BotoCoreError, ValueError, KeyError, TypeError):
+                continue  # its chunks are read instead
+    newest = max((a for s in summaries for a in s.attempts), default=0)
+    return [s for s in summaries if not (newest in s.attempts and len(s.attempts) > 1)]
+
+
+def describe_error(error: ClientError | BotoCoreError) -> str:
+    """An S3 error as its code and message (`NoSuchBucket: The specified bucket does not exist`)."""
+    if isinstance(error, ClientError):
+        detail = error.response.get("Error", {})
+        return f"{detail.get('Code', 'error')}: {detail.get('Message', '')}".rstrip(": ")
+    return str(error)
 
 
 def rank_keys(prefix: str, keys: list[str]) -> tuple[list[str], str]:

@@ -19,7 +19,7 @@ import boto3
 from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.aws_access import describe_stack
+from beacon_ops.aws_access import AccessError, deployed_stack_outputs
 from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import ALARM, AlarmSet
@@ -56,15 +56,9 @@ class TeamOutputs:
 
 def _stack_outputs(cloudformation: Any, stack: str, region: str, team: str) -> dict[str, str]:
     try:
-        status, outputs = describe_stack(cloudformation, stack)
-    except ClientError as error:
-        if "does not exist" in str(error):
-            hint = f"deploy it first (make deploy TEAM={team})"
-            raise JobError(f"stack {stack} not found in {region}: {hint}") from None
-        raise JobError(f"stack {stack}: cannot describe it: {error}") from None
-    if not status.endswith("_COMPLETE") or "ROLLBACK" in status or "DELETE" in status:
-        raise JobError(f"stack {stack} is {status}, not deployed cleanly: fix and redeploy it first")
-    return outputs
+        return deployed_stack_outputs(cloudformation, stack, region, team)
+    except AccessError as error:
+        raise JobError(str(error)) from None
 
 
 def read_outputs(cloudformation: Any, team: str, region: str) -> TeamOutputs:
