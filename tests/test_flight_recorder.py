@@ -138,3 +138,64 @@ def test_no_torch_distributed_no_dump_and_no_import(tmp_path: Path) -> None:
     )
     assert done.stdout.strip() == "ok", done.stderr
     assert not list(tmp_path.iterdir())
+
+
+# One rank's RankSignal, as `beacon.init` starts it, asked for dumps from the main thread as the SIGTERM
+# handler asks; which thread writes the flight recorder is recorded.
+SIGTERM_DUMPS = """
+import pickle, sys, threading, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from beacon import ranks
+from beacon.progress import ProgressClock
+
+writers = []
+dump = ranks.dump_flight_recorder
+ranks.dump_flight_recorder = lambda path: writers.append(threading.current_thread().name) or dump(path)
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 1), rank=0, world_size=1)
+directory = Path(sys.argv[1])
+progress = ProgressClock()
+progress.dispatched_step = 5
+signal = ranks.RankSignal(
+    directory, rank=0, local_rank=0, world_size=1, progress=progress, interval=0.2, stall_dump_after=600
+).start()
+
+def recorded(count):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if len(pickle.loads((directory / "flight-recorder-rank-0").read_bytes())["entries"]) == count:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+dist.all_reduce(torch.ones(1))
+signal.dump_stacks("received SIGTERM")
+assert recorded(1)
+dist.all_reduce(torch.ones(1))
+signal.dump_stacks("received SIGTERM")
+time.sleep(1)
+assert recorded(1), "still at step 5: the dump taken at that step stands"
+progress.dispatched_step = 6
+signal.dump_stacks("received SIGTERM")
+assert recorded(2), "a later step: a new dump"
+signal.stop()
+assert set(writers) == {"beacon-rank-signal"}, writers
+print("ok")
+"""
+
+
+def test_a_sigterm_dump_is_written_by_the_rank_signal_thread_and_keeps_the_dump_of_its_step(tmp_path: Path) -> None:
+    ranks = tmp_path / "ranks"
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_DUMPS, str(ranks), str(tmp_path / "store")],
+        env={**os.environ, "TORCH_FR_BUFFER_SIZE": "100"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.strip() == "ok", done.stdout + done.stderr
