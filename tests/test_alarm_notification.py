@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from beacon import contract
+from beacon.flight_recorder import flight_recorder_name
 from beacon.preflight import PreflightRecord
 from beacon.progress import ProgressClock
 from beacon.ranks import Placement, RankSignal, stacks_name, upload_rank_evidence
@@ -29,11 +30,14 @@ from smoke_job.config import parse_args
 
 from beacon_constructs.alarm_verdict import BUNDLE, HANDLER, metrics_lost_pattern, stage_bundle
 from beacon_ops.doctor import notify
+from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
+from beacon_ops.doctor.flight_recorder import NO_TORCH
 from config import names
 from tests.conftest import WriterSession
 from tests.support.moto_server import REGION, MotoServer
 from tests.support.policy_eval import ACCOUNT, Decision, Deployment, Request, merge
 from tests.support.synth import ROOT, Synthesized
+from tests.test_flight_recorder import hide_the_analyser
 
 TEAM, EXPERIMENT, RUN = "demo", "smoke", "hang-r3"
 STOPPED = Placement(pod="train-1-7xk2p", node="ip-10-0-2-7.ec2.internal", instance="g6.12xlarge")
@@ -245,6 +249,41 @@ def test_the_notification_names_the_rank_its_step_phase_place_and_hanging_frame_
     assert "in dump_stacks" in stack[0] and "in forward" in stack[1], stack  # faulthandler's own dump
     assert f"Then run: beacon doctor --team {TEAM} --experiment {EXPERIMENT} --run {RUN}" in text
     assert f"Alarm {composite_name} is in ALARM" in text
+
+
+def test_without_torch_the_verdict_says_where_the_flight_recorder_dumps_are_and_who_reads_them(
+    as_writer: WriterSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The function's bundle has no torch, so it cannot run PyTorch's analyser on the ranks' flight
+    recorders: the rank verdict names their keys instead (`test_flight_recorder` reads real ones)."""
+
+    def with_flight_recorders(s3: Any, bucket: str, ranks_dir: Path) -> None:
+        for rank in range(4):
+            (ranks_dir / flight_recorder_name(rank)).write_bytes(b"not read without torch")
+        upload_at_the_attempts_end(s3, bucket, ranks_dir)
+
+    seed_hung_run(as_writer.client("s3"), as_writer.bucket, as_writer.workdir, with_flight_recorders)
+    hide_the_analyser(monkeypatch)
+    as_writer.aws.reset_auth_only()
+    diagnosis = diagnose(
+        DoctorInputs(
+            team=TEAM,
+            experiment=EXPERIMENT,
+            run=RUN,
+            bucket=as_writer.bucket,
+            region=REGION,
+            s3=as_writer.aws.client("s3"),
+            cloudwatch=as_writer.aws.client("cloudwatch"),
+        )
+    )
+    assert diagnosis.diagnosis == "rank-hung"
+    assert diagnosis.flight_recorder is not None
+    keys = [contract.rank_evidence_key(EXPERIMENT, RUN, 0, flight_recorder_name(rank)) for rank in range(4)]
+    assert diagnosis.flight_recorder.keys == keys
+    (named,) = [v for v in diagnosis.verdicts if v.check == "rank"]
+    assert named.evidence.endswith("; 3 rank(s) wait in all_reduce (0, 1, 2)"), "nothing read, nothing claimed"
+    where = contract.rank_evidence_key(EXPERIMENT, RUN, 0, "flight-recorder-rank-<rank>")
+    assert named.fix.endswith(f"; flight-recorder dumps of rank(s) 0, 1, 2, 3 at {where}: {NO_TORCH}"), named.fix
 
 
 def test_the_function_reads_the_run_with_the_readers_rights_alone(as_writer: WriterSession) -> None:

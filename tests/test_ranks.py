@@ -4,6 +4,7 @@ cross-rank view. Clocks are scaled: the stall dump after 2-3 s here stands for 9
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -192,6 +193,36 @@ def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_wher
             return live is not None and (live.rank, live.how, live.step) == (3, "hung", 20)
 
         assert wait_for(live_snapshot_names_rank_3, timeout=20, interval=0.5), "rank 0 uploads a live snapshot"
+        inputs = DoctorInputs(
+            team="demo",
+            experiment="smoke",
+            run=run,
+            bucket=as_writer.bucket,
+            region="us-east-1",
+            s3=s3,
+            cloudwatch=as_writer.client("cloudwatch"),
+        )
+
+        def doctor_reads_every_ranks_flight_recorder() -> bool:
+            """The doctor on the live snapshot, once it holds each rank's flight recorder (dumped with its stacks)."""
+            recorder = diagnose(inputs).flight_recorder
+            return recorder is not None and len(recorder.keys) == 4
+
+        assert wait_for(doctor_reads_every_ranks_flight_recorder, timeout=20, interval=1)
+        diagnosis = diagnose(inputs)
+        recorder = diagnosis.flight_recorder
+        assert recorder is not None and recorder.mismatch is not None, recorder
+        # torch's analyser: ranks 0-2 issued step 21's first collective, rank 3 never did
+        assert (recorder.mismatch.missing, recorder.mismatch.joined) == ([3], [0, 1, 2]), recorder.mismatch
+        assert recorder.mismatch.operation == "gloo:all_reduce", recorder.mismatch
+        (named,) = [v for v in diagnosis.verdicts if v.check == "rank"]
+        assert named.evidence.startswith("rank 3 on pod train-1, node node-1 hung at step 20"), named.evidence
+        assert named.evidence.endswith(
+            f"; first mismatched collective: gloo:all_reduce #{recorder.mismatch.sequence_id} in process group "
+            f"{recorder.mismatch.group}, joined by rank(s) 0, 1, 2; rank(s) 3 did not join"
+        ), named.evidence
+        as_json = json.loads(json.dumps(diagnosis.as_dict(), default=str))  # what `beacon doctor --json` prints
+        assert as_json["flight_recorder"]["mismatch"]["missing"] == [3]
         # rank 0's heartbeats (1 s apart here) carry the cross-rank view meanwhile
         time.sleep(max(0.0, 3 - (time.monotonic() - started)))
         for node in nodes:

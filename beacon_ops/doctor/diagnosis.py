@@ -17,6 +17,7 @@ from beacon import contract
 from beacon.ranks import stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
+from beacon_ops.doctor.flight_recorder import FlightRecorderReading, read_flight_recorder
 from beacon_ops.doctor.orchestrator import CHECK as CHECK_ORCHESTRATOR
 from beacon_ops.doctor.orchestrator import OrchestratorState, orchestrator_verdict
 from beacon_ops.doctor.rank_verdict import RankVerdict, which_rank
@@ -40,6 +41,7 @@ class Diagnosis:
     lead: str = ""  # the check whose verdict is the cause
     stopped_rank: RankVerdict | None = None  # the rank that stopped a multi-rank run, with its stack
     orchestrator: OrchestratorState | None = None  # what the orchestrator said about the job, when asked
+    flight_recorder: FlightRecorderReading | None = None  # the ranks' flight-recorder dumps, read by torch
 
     @property
     def healthy(self) -> bool:
@@ -86,7 +88,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     heartbeat_age = (now - beats[-1].at).total_seconds() if beats else None
     progress_age = progress[-1].value + (now - progress[-1].at).total_seconds() if progress else None
 
-    rank_check, stopped = _stopped_rank(evidence)
+    recorder = read_flight_recorder(evidence.flight_recorder_dumps())
+    rank_check, stopped = _stopped_rank(evidence, recorder)
     verdicts = [
         *([orchestrator_verdict(inputs.orchestrator)] if inputs.orchestrator is not None else []),
         _job_state(evidence),
@@ -130,6 +133,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         lead,
         stopped,
         inputs.orchestrator,
+        recorder,
     )
 
 
@@ -397,23 +401,27 @@ def _rank_collision(evidence: RunEvidence) -> Verdict:
     return Verdict("ranks", OK, "rank 0 only", f"{read}, all from rank 0")
 
 
-def _stopped_rank(evidence: RunEvidence) -> tuple[Verdict, RankVerdict | None]:
-    """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps."""
+def _stopped_rank(evidence: RunEvidence, recorder: FlightRecorderReading | None) -> tuple[Verdict, RankVerdict | None]:
+    """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps; and the
+    first collective they did not all join, where their flight recorders say."""
     documents, stacks = evidence.ranks()
     if len(documents) < 2:
         return Verdict(
             "rank", INFO, "not applicable", "no per-rank evidence (a single rank, or none uploaded yet)"
         ), None
+    # What torch read goes with the evidence; where the dumps lie, when it could not, goes with the fix.
+    read = f"; {recorder.line()}" if recorder is not None and not recorder.unread else ""
+    unread = recorder.line() if recorder is not None and recorder.unread else ""
     stopped = which_rank(documents, stacks)
     if stopped is None:
         return Verdict(
-            "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others"
+            "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others{read}", unread
         ), None
     found = f"ranks/{evidence.rank_files_from or '…'}/{stacks_name(stopped.rank)}"
     if evidence.rank_files_from.count("/"):  # a live snapshot: the attempt has not ended yet
         found += " (live snapshot: rank 0 uploaded it while the run hung)"
     where = f"its stack: {found}" if stopped.stack else "no stack dump (killed outright)"
-    return Verdict("rank", FAIL, stopped.how, stopped.line(), where), stopped
+    return Verdict("rank", FAIL, stopped.how, stopped.line() + read, "; ".join(filter(None, (where, unread)))), stopped
 
 
 def _spool(evidence: RunEvidence) -> Verdict:

@@ -104,11 +104,12 @@ class RankVerdict:
         if self.ended:
             text += f", last word: {self.ended}"
         for collective, ranks in sorted(self.waiting.items()):
-            text += f"; {len(ranks)} rank(s) wait in {collective} ({_ranges(ranks)})"
+            text += f"; {len(ranks)} rank(s) wait in {collective} ({rank_list(ranks)})"
         return text
 
 
-def _ranges(ranks: list[int]) -> str:
+def rank_list(ranks: list[int]) -> str:
+    """Ranks for a verdict's line: all of them up to 8, else the first and last."""
     return ", ".join(str(r) for r in ranks) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]}"
 
 

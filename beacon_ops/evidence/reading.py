@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
+from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX
 from beacon.ranks import RankProgress
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -41,6 +42,11 @@ class RunEvidence:
             elif name.startswith("stacks-rank-") and name.endswith(".txt"):
                 stacks[int(name.removeprefix("stacks-rank-").removesuffix(".txt"))] = body.decode(errors="replace")
         return documents, stacks
+
+    def flight_recorder_dumps(self) -> dict[str, bytes]:
+        """Each rank's flight-recorder dump among the rank files, by its key in S3."""
+        ranks = f"{contract.run_prefix(self.experiment, self.run)}{contract.RANKS}/{self.rank_files_from}/"
+        return {ranks + name: body for name, body in self.rank_files.items() if name.startswith(FLIGHT_RECORDER_PREFIX)}
 
     @property
     def history(self) -> contract.History:

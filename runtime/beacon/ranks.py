@@ -12,6 +12,8 @@ Stacks are dumped with `faulthandler` into `stacks-rank-<r>.txt` beside it:
 - by faulthandler's own watchdog (a C thread, no GIL needed) when this thread itself could not run
   for that long: a C call holding the GIL is then the hang, and the dump shows where;
 - on SIGTERM, before the drain (`dump_stacks`), so an eviction keeps the evidence.
+Each dump also writes the rank's flight recorder (`flight-recorder-rank-<r>`, `beacon.flight_recorder`),
+from this thread: never the training thread, which only asks for it on SIGTERM.
 py-spy would add native frames but needs ptrace (SYS_PTRACE in the pod); the Python frames name the
 collective or the data loader a rank waits in, and the nccl flight recorder covers what nccl does.
 """
@@ -32,6 +34,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract
 from beacon.contract import Phase
+from beacon.flight_recorder import dump_flight_recorder, flight_recorder_name
 from beacon.progress import ProgressClock
 
 log = logging.getLogger("beacon.ranks")
@@ -148,7 +151,12 @@ class RankSignal:
         self.placement = placement or Placement.from_environment()
         self.document = directory / rank_document_name(rank)
         self.stacks = directory / stacks_name(rank)
+        self.flight_recorder = directory / flight_recorder_name(rank)
         self.dumps = 0
+        # The step a flight-recorder dump was asked at, and the step of the last one written.
+        self._recorder_asked: int | None = None
+        self._recorder_for: int | None = None
+        self._wake = threading.Event()  # a SIGTERM's dump is written now, not at the next pass
         self._dumped_for: int | None = None  # the step whose stop was dumped already
         self._stacks_file: IO[str] | None = None
         self._stop = threading.Event()
@@ -174,13 +182,32 @@ class RankSignal:
             )
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        next_pass = time.monotonic() + self.interval
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, next_pass - time.monotonic()))
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            if time.monotonic() < next_pass:  # woken for a flight-recorder dump only: passes keep their pace
+                self._keep_flight_recorder()
+                continue
+            next_pass = time.monotonic() + self.interval
             self._arm_watchdog()
             self.write()
             step, age = self.progress.dispatched_step, self.progress.progress_age()
             if age >= self.stall_dump_after and self._dumped_for != step and self.progress.current_phase() is None:
                 self._dumped_for = step
                 self.dump_stacks(f"no progress for {age:.0f} s after step {step}")
+            self._keep_flight_recorder()
+        self._keep_flight_recorder()  # one a SIGTERM asked for just before the stop
+
+    def _keep_flight_recorder(self) -> None:
+        asked, self._recorder_asked = self._recorder_asked, None
+        # A rank still at the step of its last dump keeps that one: taken while the ranks waited on each
+        # other, it shows who did not join; a SIGTERM may just have released them (and mixing dumps from
+        # before and after would show mismatches that never were).
+        if asked is not None and asked != self._recorder_for and dump_flight_recorder(self.flight_recorder):
+            self._recorder_for = asked
 
     def write(self, *, ended: str = "") -> None:
         now = time.time()
@@ -224,9 +251,12 @@ class RankSignal:
             self.dumps += 1
         except (OSError, ValueError) as error:
             log.warning("rank %d: cannot dump stacks to %s: %s", self.rank, self.stacks, error)
+        self._recorder_asked = self.progress.dispatched_step
+        self._wake.set()  # this thread writes it: a flight recorder's dump is no signal handler's work
 
     def stop(self, *, ended: str = "stopped") -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.ident is not None:
             self._thread.join(timeout=self.interval + 1)
         faulthandler.cancel_dump_traceback_later()

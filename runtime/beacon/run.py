@@ -41,6 +41,7 @@ from beacon.checkpoint import (
 )
 from beacon.contract import FinalState, Phase
 from beacon.distributed import World, world_from_environment
+from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX
 from beacon.lifeline import die_with_parent
 from beacon.liveness import Liveness
 from beacon.mirrors import MIRROR_SHARE, RunInfo, build
@@ -482,10 +483,10 @@ def _build(
 
 
 def keep_flight_recorder(settings: RunSettings) -> None:
-    """PyTorch's flight recorder for nccl (and gloo where this torch has it): the last collectives of
-    each rank, dumped under the run's ranks directory when a collective times out. The Job sets the
-    same variables; a value already set wins."""
-    prefix = str(settings.run_ranks_dir / "flight-recorder-rank-")
+    """PyTorch's flight recorder for nccl and gloo: the last collectives of each rank, dumped under the
+    run's ranks directory when an nccl collective times out, and by each rank's `RankSignal` on a stall
+    or SIGTERM (`beacon.flight_recorder`). The Job sets the same variables; a value already set wins."""
+    prefix = str(settings.run_ranks_dir / FLIGHT_RECORDER_PREFIX)
     for name, value in (
         ("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES)),
         ("TORCH_NCCL_TRACE_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES)),
