@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from beacon import contract
+from beacon.flight_recorder import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
 
 from config.model import TeamConfig
 
@@ -157,7 +158,7 @@ def _environment(
     volume: str = ARTIFACTS_MOUNT,
     heartbeat_file: str = HEARTBEAT_FILE,
 ) -> dict[str, str]:
-    flight_recorder = f"{volume}/spool/{spec.experiment}/{spec.name}/ranks/flight-recorder-rank-"
+    flight_recorder = f"{volume}/spool/{spec.experiment}/{spec.name}/{contract.RANKS}/{FLIGHT_RECORDER_PREFIX}"
     return {
         "BEACON_TEAM": spec.team,
         "BEACON_EXPERIMENT": spec.experiment,
@@ -170,8 +171,8 @@ def _environment(
         "BEACON_SHUTDOWN_BUDGET": str(spec.shutdown_budget),
         # PyTorch's flight recorder: each rank's last collectives, dumped beside its progress signal
         # when a collective times out (`beacon.ranks`).
-        "TORCH_FR_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_FR_DUMP_TEMP_FILE": flight_recorder,
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": flight_recorder,

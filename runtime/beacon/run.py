@@ -41,7 +41,7 @@ from beacon.checkpoint import (
 )
 from beacon.contract import FinalState, Phase
 from beacon.distributed import World, world_from_environment
-from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX
+from beacon.flight_recorder import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
 from beacon.lifeline import die_with_parent
 from beacon.liveness import Liveness
 from beacon.mirrors import MIRROR_SHARE, RunInfo, build
@@ -62,7 +62,6 @@ FINISH_MARGIN_S = 30.0
 # The least the tracker mirrors get once the uploads are over, to send the last records and the state.
 MIRROR_LAST_WORD_S = 1.0
 PHASE_NAME_LIMIT = 64
-FLIGHT_RECORDER_ENTRIES = 2000  # collectives kept per rank for a timeout's dump
 
 
 @dataclass
