@@ -485,7 +485,7 @@ def main() -> None:
             print("bench: the doctor on a 1,000,000-record run of 2,000 chunks (its index and tail)", flush=True)
             report.update(
                 bench_doctor(
-                    s3_writer=bench.aws.client("s3"),
+                    s3_writer=bench.aws.client("s3", **bench.writer),
                     s3_reader=bench.aws.client("s3", **bench.reader),
                     cloudwatch=bench.aws.client("cloudwatch", **bench.reader),
                     bucket=BUCKET,

@@ -28,7 +28,7 @@ RANKS = "ranks"  # every rank's progress signal and stack dumps, uploaded at the
 LIVE_SNAPSHOT = "live"
 LIVE_SNAPSHOT_COMPLETE = ".complete"
 INDEX = "index"  # what each group of event chunks holds, so a reader finds the tail without listing them all
-# Event chunks per index document: a 1,000,000-record run of 2,000 chunks has 32 of them.
+# Event chunks per index document: a 1,000,000-record run of 2,000 chunks has 31 of them, and a tail of 16.
 INDEX_GROUP = 64
 SAGEMAKER_VOLUME = "sagemaker-volume"  # SageMaker's checkpoint sync of the job's volume
 # History that must never be overwritten: create-only writes (If-None-Match: *).
