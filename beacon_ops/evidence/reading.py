@@ -252,6 +252,27 @@ def rank_keys(prefix: str, keys: list[str]) -> tuple[list[str], str]:
     return [ranks + "/".join(path) for path in chosen], f"{newest}/{snapshot}"
 
 
+class MetricsReadOnce:
+    """A CloudWatch client that asks each metric question once: in one command, verification and the
+    doctor read the same series (the heartbeat three times, progress age twice) from one answer. The
+    window's ends are not part of the question: the first answer serves the command."""
+
+    def __init__(self, cloudwatch: Any) -> None:
+        self._cloudwatch = cloudwatch
+        self._answers: dict[str, Any] = {}
+        self.asked = 0  # questions sent to CloudWatch
+
+    def get_metric_statistics(self, **question: Any) -> Any:
+        key = json.dumps({k: v for k, v in question.items() if k not in ("StartTime", "EndTime")}, sort_keys=True)
+        if key not in self._answers:
+            self._answers[key] = self._cloudwatch.get_metric_statistics(**question)
+            self.asked += 1
+        return self._answers[key]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cloudwatch, name)  # alarms and the rest: asked each time
+
+
 @dataclass(frozen=True)
 class Sample:
     at: datetime

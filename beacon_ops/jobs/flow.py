@@ -23,7 +23,7 @@ from beacon_ops.aws_access import AccessError, deployed_stack_outputs
 from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import ALARM, AlarmSet
-from beacon_ops.evidence.reading import Delivery, RunEvidence
+from beacon_ops.evidence.reading import Delivery, MetricsReadOnce, RunEvidence
 from beacon_ops.evidence.verify import Expected, Verification, read_and_verify
 from config import TeamConfig, names
 from stacks import outputs as outputs_of
@@ -219,9 +219,9 @@ class JobReport:
 
 def verify(report: JobReport, access: Access, outputs: TeamOutputs, *, expected: Expected, started: datetime) -> None:
     """The checks both targets share; on a failure, also the doctor's verdicts for the run. The run
-    is read from S3 once: verification and the doctor take the same reading."""
+    is read from S3 once, and each metric series once: verification and the doctor take the same reading."""
     report.stack_outputs = asdict(outputs)
-    s3, cloudwatch = access.as_reader("s3"), access.as_reader("cloudwatch")
+    s3, cloudwatch = access.as_reader("s3"), MetricsReadOnce(access.as_reader("cloudwatch"))
     evidence: RunEvidence | None = None
     try:
         alarms = alarm_set(access, outputs, report.experiment, report.run)

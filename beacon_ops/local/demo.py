@@ -24,7 +24,7 @@ from beacon.preflight import reported_seconds
 
 from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import AlarmSet, alarm_set_for_run
-from beacon_ops.evidence.reading import RunEvidence
+from beacon_ops.evidence.reading import MetricsReadOnce, RunEvidence
 from beacon_ops.evidence.verify import Expected, Verification, read_and_verify, recorded_samples
 from beacon_ops.local.moto import REGION
 from beacon_ops.local.plot import render_png
@@ -136,7 +136,12 @@ def demo_job_command(sandbox: Sandbox, run: str, *extra: str, ranks: int = 1) ->
 
 
 def doctor(
-    sandbox: Sandbox, run: str, probe: dict[str, str] | None = None, *, evidence: RunEvidence | None = None
+    sandbox: Sandbox,
+    run: str,
+    probe: dict[str, str] | None = None,
+    *,
+    evidence: RunEvidence | None = None,
+    cloudwatch: Any | None = None,
 ) -> Diagnosis:
     return diagnose(
         DoctorInputs(
@@ -146,7 +151,7 @@ def doctor(
             bucket=BUCKET,
             region=REGION,
             s3=sandbox.client("s3", sandbox.reader),
-            cloudwatch=sandbox.client("cloudwatch", sandbox.reader),
+            cloudwatch=cloudwatch or sandbox.client("cloudwatch", sandbox.reader),
             probe_s3=sandbox.client("s3", probe or sandbox.credentials),
         ),
         evidence=evidence,
@@ -312,9 +317,10 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
         finish_smoke(sandbox, job)
         log("verifying what reached S3 and CloudWatch, and evaluating the synthesized alarms")
         alarms: AlarmSet = alarm_set_for_run(monitoring, EXPERIMENT, run)
+        metrics = MetricsReadOnce(sandbox.client("cloudwatch", sandbox.reader))  # verification, doctor, plot
         evidence, verification = read_and_verify(
             s3=sandbox.client("s3", sandbox.reader),
-            cloudwatch=sandbox.client("cloudwatch", sandbox.reader),
+            cloudwatch=metrics,
             bucket=BUCKET,
             team=TEAM,
             experiment=EXPERIMENT,
@@ -322,8 +328,8 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
             expected=Expected.exactly(steps),
             alarms=alarms,
         )
-        diagnosis = doctor(sandbox, run, evidence=evidence)  # the reading verification took
-        samples = recorded_samples(sandbox.client("cloudwatch", sandbox.reader), TEAM, EXPERIMENT, run)
+        diagnosis = doctor(sandbox, run, evidence=evidence, cloudwatch=metrics)  # the readings verification took
+        samples = recorded_samples(metrics, TEAM, EXPERIMENT, run)
         picture = render_png(
             workdir / "report.png",
             evidence.records,
