@@ -68,7 +68,7 @@ def test_each_kind_is_recognised_in_a_container_insights_event_and_names_its_pod
     line = parse_event(container_insights(LINES[kind]), stream=STREAM, timestamp_ms=T0_MS + 3000)
     assert line.text == LINES[kind] and line.source == f"pod {POD}, container {CONTAINER}"
     [verdict] = log_verdicts([line], where="the application group")
-    assert verdict.check == CHECK and verdict.status == "fail" and verdict.verdict == f"{kind} at start"
+    assert verdict.check == CHECK and verdict.status == "fail" and verdict.verdict == f"{kind}-at-start"
     assert verdict.evidence.startswith(f'pod {POD}, container {CONTAINER}: "{quoted(LINES[kind])}" at ')
     assert verdict.fix
 
@@ -106,7 +106,7 @@ def test_a_failure_after_the_first_20_s_is_not_a_start_failure() -> None:
 def test_a_failure_in_the_last_lines_is_named_as_before_the_end() -> None:
     lines = [line(0, "starting"), *(line(1 + i, f"step {i}") for i in range(40)), line(60, LINES["cuda-oom"])]
     [verdict] = log_verdicts(lines, where="g")
-    assert verdict.verdict == "cuda-oom before the end" and "60 s after its container started" in verdict.evidence
+    assert verdict.verdict == "cuda-oom-before-end" and "60 s after its container started" in verdict.evidence
 
 
 def test_each_container_start_has_its_own_window_and_start_failures_come_first() -> None:
@@ -115,7 +115,7 @@ def test_each_container_start_has_its_own_window_and_start_failures_come_first()
     denied = LINES["access-denied"]
     second = [line(300, "up again", "b"), line(305, denied, "b"), line(306, denied, "b")]
     verdicts = log_verdicts([*first, *second], where="g")
-    assert [v.verdict for v in verdicts] == ["access-denied at start", "nccl before the end"]
+    assert [v.verdict for v in verdicts] == ["access-denied-at-start", "nccl-before-end"]
     assert "5 s after its container started; 1 more line(s) of this kind" in verdicts[0].evidence
 
 

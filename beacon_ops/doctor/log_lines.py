@@ -30,6 +30,8 @@ class LogLine:
     text: str
     stream: str  # the log stream: one container's run
     source: str = ""  # pod/container for Container Insights; the stream for SageMaker
+    pod: str = ""  # Container Insights only: the pod the line came from
+    job: str = ""  # Container Insights JSON only: its pod's Job, from the pod's labels
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,22 @@ def classify(text: str) -> LogClass | None:
     return next((c for c in CLASSES if c.pattern.search(text)), None)
 
 
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"  # on every pod of a Job; Fluent Bit ships a pod's labels
+# Fluent Bit's stream names in Container Insights:
+# <host>-application.var.log.containers.<pod>_<namespace>_<container>-<container id>.log
+CONTAINER_LOG_STREAM = re.compile(
+    r"containers\.(?P<pod>[a-z0-9.-]+)_(?P<namespace>[a-z0-9-]+)_(?P<container>[a-z0-9-]+)-[0-9a-f]+\.log$"
+)
+
+
 def parse_event(message: str, *, stream: str, timestamp_ms: int) -> LogLine:
     """One CloudWatch Logs event: Container Insights' JSON (the line in `log`, its pod and container in
     `kubernetes`), or a plain line as SageMaker and most agents write it."""
     at = datetime.fromtimestamp(timestamp_ms / 1000, UTC)
-    text, source = message, stream
+    text, source, pod, job = message, stream, "", ""
+    if named := CONTAINER_LOG_STREAM.search(stream):
+        pod = named["pod"]
+        source = f"pod {pod}, container {named['container']}"
     if message.startswith("{"):
         try:
             record = json.loads(message)
@@ -152,10 +165,14 @@ def parse_event(message: str, *, stream: str, timestamp_ms: int) -> LogLine:
             text = record["log"]
             kubernetes = record.get("kubernetes")
             kubernetes = kubernetes if isinstance(kubernetes, dict) else {}
-            pod, container = kubernetes.get("pod_name"), kubernetes.get("container_name")
+            pod = str(kubernetes.get("pod_name") or pod)
+            labels = kubernetes.get("labels")
+            labels = labels if isinstance(labels, dict) else {}
+            job = str(labels.get(JOB_NAME_LABEL) or labels.get("job-name") or "")
+            container = kubernetes.get("container_name")
             if pod:
                 source = f"pod {pod}" + (f", container {container}" if container else "")
-    return LogLine(at=at, text=text.rstrip("\r\n"), stream=stream, source=source)
+    return LogLine(at=at, text=text.rstrip("\r\n"), stream=stream, source=source, pod=pod, job=job)
 
 
 def quoted(text: str) -> str:
@@ -182,13 +199,13 @@ class Finding:
     at_start: bool  # within START_WINDOW_S of its container's start; else in its last lines
 
     def verdict(self, others: int) -> Verdict:
-        window = "at start" if self.at_start else "before the end"
+        window = "at-start" if self.at_start else "before-end"
         when = f"{self.line.at:%Y-%m-%d %H:%M:%S} UTC, {self.after_start_s:.0f} s after its container started"
         also = f"; {others} more line(s) of this kind" if others else ""
         return Verdict(
             CHECK,
             self.kind.status,
-            f"{self.kind.name} {window}",
+            f"{self.kind.name}-{window}",
             f'{self.line.source}: "{quoted(self.line.text)}" at {when}{also}',
             self.kind.fix,
         )
