@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from aws_cdk import Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from beacon import contract
 from constructs import Construct
 
-from beacon_constructs.nag import acknowledge
+from beacon_constructs.nag import acknowledge, nag_arn
 from beacon_constructs.tagging import tag_component
 
 WRITER_OBJECT_ACTIONS = ("s3:PutObject", "s3:GetObject")
@@ -22,6 +22,9 @@ READER_CLOUDWATCH_ACTIONS = (
     "cloudwatch:DescribeAlarms",
 )
 DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion")
+# The doctor's reading of a job's container logs (beacon_ops/doctor/log_reader.py): what each call needs.
+READER_CLUSTER_LOG_ACTIONS = ("logs:FilterLogEvents", "logs:GetLogEvents", "logs:DescribeLogStreams")
+READER_TRAINING_JOB_ACTIONS = ("sagemaker:DescribeTrainingJob",)
 
 
 class ArtifactStore(Construct):
@@ -43,6 +46,9 @@ class ArtifactStore(Construct):
         cluster_name: str,
         training_namespace: str,
         training_service_account: str,
+        cluster_log_group: str,
+        training_job_log_group: str,
+        training_job_prefix: str,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -181,6 +187,7 @@ class ArtifactStore(Construct):
                     actions=list(READER_CLOUDWATCH_ACTIONS),
                     resources=["*"],  # CloudWatch read APIs have no resource type (but DescribeAlarms)
                 ),
+                *self._job_log_statements(cluster_log_group, training_job_log_group, training_job_prefix),
             ],
         )
 
@@ -208,6 +215,54 @@ class ArtifactStore(Construct):
         )
 
         self._acknowledge_findings()
+        self._acknowledge_job_log_findings(cluster_log_group, training_job_log_group, training_job_prefix)
+
+    def _log_group_arn(self, group: str, suffix: str = "") -> str:
+        return Stack.of(self).format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=f"{group}{suffix}",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+
+    def _job_log_statements(
+        self, cluster_log_group: str, training_job_log_group: str, training_job_prefix: str
+    ) -> list[iam.PolicyStatement]:
+        """What `beacon doctor` reads of a job beside its evidence: the cluster's own container-log group, whole;
+        in the account's SageMaker group only the team's jobs' streams; the team's jobs' descriptions.
+
+        FilterLogEvents and DescribeLogStreams take a log group as their only resource; GetLogEvents a stream.
+        So in the shared SageMaker group the reader may list stream names (DescribeLogStreams: names and times,
+        no line of any log) to find its jobs' `<job>/algo-<n>-<t>`, and read lines only of streams under its
+        prefix; FilterLogEvents there would read every team's lines, and is not granted."""
+        sagemaker_group = self._log_group_arn(training_job_log_group)
+        return [
+            iam.PolicyStatement(
+                sid="ReadClusterContainerLogs",
+                actions=list(READER_CLUSTER_LOG_ACTIONS),
+                # The group's ARN as IAM matches it for group actions, with and without the ":*" AWS appends.
+                resources=[self._log_group_arn(cluster_log_group), self._log_group_arn(cluster_log_group, ":*")],
+            ),
+            iam.PolicyStatement(
+                sid="ListTrainingJobLogStreams",
+                actions=["logs:DescribeLogStreams"],
+                resources=[sagemaker_group, f"{sagemaker_group}:*"],
+            ),
+            iam.PolicyStatement(
+                sid="ReadOwnTrainingJobLogs",
+                actions=["logs:GetLogEvents"],
+                resources=[f"{sagemaker_group}:log-stream:{training_job_prefix}*"],
+            ),
+            iam.PolicyStatement(
+                sid="DescribeOwnTrainingJobs",
+                actions=list(READER_TRAINING_JOB_ACTIONS),
+                resources=[
+                    Stack.of(self).format_arn(
+                        service="sagemaker", resource="training-job", resource_name=f"{training_job_prefix}*"
+                    )
+                ],
+            ),
+        ]
 
     @property
     def experiments_arn(self) -> str:
@@ -249,6 +304,30 @@ class ArtifactStore(Construct):
             "IAM5[Resource::*]",
             "cloudwatch:PutMetricData has no resource type; the cloudwatch:namespace condition limits it to Beacon.",
         )
+
+    def _acknowledge_job_log_findings(
+        self, cluster_log_group: str, training_job_log_group: str, training_job_prefix: str
+    ) -> None:
+        stack = Stack.of(self)
+        reasons = {
+            nag_arn(stack, "logs", "log-group", f"{cluster_log_group}:*"): (
+                "The team's own cluster's container-log group, as IAM names a log group for FilterLogEvents and "
+                "DescribeLogStreams; its streams are created per container at run time."
+            ),
+            nag_arn(stack, "logs", "log-group", f"{training_job_log_group}:*"): (
+                "DescribeLogStreams only (stream names and times, no log line): the reader finds its team's "
+                "training-job streams in the account-wide SageMaker group by their name prefix."
+            ),
+            nag_arn(stack, "logs", "log-group", f"{training_job_log_group}:log-stream:{training_job_prefix}*"): (
+                "GetLogEvents on the streams of the team's own training jobs only: SageMaker names them after "
+                "the job, and every job of the team carries the team's prefix."
+            ),
+            nag_arn(stack, "sagemaker", "training-job", f"{training_job_prefix}*", separator="/"): (
+                "DescribeTrainingJob on the team's own training jobs only, named with the team's prefix at run time."
+            ),
+        }
+        for arn, reason in reasons.items():
+            acknowledge(self.reader_policy, f"IAM5[Resource::{arn}]", reason)
 
     def _deny_overwriting_history(self) -> None:
         # A list of exemptions, not of protected prefixes: IAM's * crosses '/', so a protected

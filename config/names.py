@@ -18,3 +18,28 @@ def karpenter_node_role_name(team: str) -> str:
     """The Karpenter node role, named as upstream's template names it. A fixed name lets the artifacts
     stack (deployed first) name the role in its image repository's policy without a reference."""
     return f"KarpenterNodeRole-{cluster_name(team)}"
+
+
+TRAINING_JOB_NAME_LIMIT = 63  # SageMaker's TrainingJobName
+SAGEMAKER_LOG_GROUP = "/aws/sagemaker/TrainingJobs"  # the account's, shared by every team: streams <job>/algo-<n>-<t>
+
+
+def container_log_group(cluster: str) -> str:
+    """Where a cluster's observability add-on (Container Insights) ships its containers' logs."""
+    return f"/aws/containerinsights/{cluster}/application"
+
+
+def training_job_prefix(team: str) -> str:
+    """Every SageMaker training job of this team starts with it, so the team's reader may describe its jobs and read
+    their streams in the account-wide `/aws/sagemaker/TrainingJobs` group, and no other team's. `-run-` as in run
+    alarm names: the team model refuses 'run' after a hyphen, so no team's prefix starts another's."""
+    return f"{team}-run-"
+
+
+def training_job_name(team: str, run: str) -> str:
+    """The SageMaker training job of a run; ValueError when the two do not fit SageMaker's 63 characters."""
+    name = f"{training_job_prefix(team)}{run}"
+    if len(name) > TRAINING_JOB_NAME_LIMIT:
+        room = TRAINING_JOB_NAME_LIMIT - len(training_job_prefix(team))
+        raise ValueError(f"run {run!r}: a SageMaker job of team {team!r} takes a run id of at most {room} characters")
+    return name

@@ -36,6 +36,9 @@ class ArtifactsStack(Stack):
             cluster_name=names.cluster_name(config.team),
             training_namespace=contract.TRAINING_NAMESPACE,
             training_service_account=manifests.TRAINING_SERVICE_ACCOUNT,
+            cluster_log_group=names.container_log_group(names.cluster_name(config.team)),
+            training_job_log_group=names.SAGEMAKER_LOG_GROUP,
+            training_job_prefix=names.training_job_prefix(config.team),
         )
         self.volume = ArtifactVolume(
             self,

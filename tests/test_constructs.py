@@ -58,6 +58,9 @@ def test_artifact_store_is_a_versioned_encrypted_retained_bucket_with_a_writer_a
         cluster_name=CLUSTER,
         training_namespace=contract.TRAINING_NAMESPACE,
         training_service_account=manifests.TRAINING_SERVICE_ACCOUNT,
+        cluster_log_group=names.container_log_group(CLUSTER),
+        training_job_log_group=names.SAGEMAKER_LOG_GROUP,
+        training_job_prefix=names.training_job_prefix("demo"),
     )
     template = Template.from_stack(stack)
     template.has_resource(

@@ -301,7 +301,7 @@ def test_a_foreign_job_that_failed_says_what_only_beacons_library_could_tell(
     )
     beacon = next(v for v in answer["verdicts"] if v["check"] == "beacon")
     assert beacon["status"] == "info" and "no heartbeat" in beacon["evidence"] and "import beacon" in beacon["fix"]
-    assert [v["check"] for v in answer["verdicts"]] == ["orchestrator", "beacon"]  # no S3, no CloudWatch read
+    assert [v["check"] for v in answer["verdicts"]] == ["orchestrator", "logs", "beacon"]  # no S3, no CloudWatch read
     state = answer["orchestrator"]["job"]
     assert state["conditions"][0]["reason"] == "BackoffLimitExceeded" and state["beacon"] == {}
     assert state["pods"][0]["containers"][0]["exit_code"] == 1

@@ -452,3 +452,76 @@ def test_item14_neither_the_writer_nor_the_node_role_may_push(aws: Deployment) -
     (images,) = aws.templates[stack(DEMO, "artifacts")].of_type("AWS::ECR::Repository").values()
     statements = images["Properties"]["RepositoryPolicyText"]["Statement"]
     assert [s["Effect"] for s in statements] == ["Deny"], "the demo team names no pusher: the fence alone"
+
+
+# --- issue 16: the doctor's reader reads its team's job logs and training jobs, and no other team's -------------
+def reader(aws: Deployment, team: str) -> str:
+    return arn_of(aws, team, "artifacts", "AWS::IAM::Role", "ArtifactStoreReaderRole")
+
+
+def log_group_arn(group: str) -> str:
+    return f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{group}"
+
+
+def log_stream_arn(group: str, stream: str) -> str:
+    return f"{log_group_arn(group)}:log-stream:{stream}"
+
+
+CLUSTER_LOG_ACTIONS = ("logs:FilterLogEvents", "logs:GetLogEvents", "logs:DescribeLogStreams")
+
+
+def test_issue16_the_reader_reads_its_own_clusters_container_logs_only(aws: Deployment) -> None:
+    role = reader(aws, DEMO)
+    own, other = (
+        names.container_log_group(names.cluster_name(DEMO)),
+        names.container_log_group(names.cluster_name(VISION)),
+    )
+    pod_stream = "ip-10-0-2-7.ec2.internal-application.var.log.containers.r1-0-abcde_training_train-0a1b.log"
+    for group in (log_group_arn(own), f"{log_group_arn(own)}:*"):
+        for action in ("logs:FilterLogEvents", "logs:DescribeLogStreams"):
+            assert_allowed(aws, Request(action, group, role))
+    assert_allowed(aws, Request("logs:GetLogEvents", log_stream_arn(own, pod_stream), role))
+    for group in (other, f"/aws/containerinsights/{names.cluster_name(DEMO)}/performance", "/aws/lambda/x"):
+        for action in CLUSTER_LOG_ACTIONS:
+            assert_refused(aws, Request(action, log_group_arn(group), role))
+        assert_refused(aws, Request("logs:GetLogEvents", log_stream_arn(group, pod_stream), role))
+    for action in ("logs:PutLogEvents", "logs:DeleteLogGroup", "logs:StartQuery"):
+        assert_refused(aws, Request(action, log_group_arn(own), role))
+
+
+def test_issue16_in_the_shared_sagemaker_group_the_reader_reads_only_its_teams_jobs_streams(aws: Deployment) -> None:
+    role, group = reader(aws, DEMO), names.SAGEMAKER_LOG_GROUP
+    own = f"{names.training_job_name(DEMO, 'r1')}/algo-1-1764583200"
+    theirs = f"{names.training_job_name(VISION, 'r1')}/algo-1-1764583200"
+    assert_allowed(aws, Request("logs:GetLogEvents", log_stream_arn(group, own), role))
+    for stream in (theirs, "demo/algo-1-1", "someone-elses-job/algo-1-1", "r1/algo-1-1"):
+        assert_refused(aws, Request("logs:GetLogEvents", log_stream_arn(group, stream), role))
+    # Listing stream names is a group action: granted, it reads no line. Filtering would read every team's lines.
+    assert_allowed(aws, Request("logs:DescribeLogStreams", log_group_arn(group), role))
+    assert_refused(aws, Request("logs:FilterLogEvents", log_group_arn(group), role))
+    assert_refused(aws, Request("logs:FilterLogEvents", f"{log_group_arn(group)}:*", role))
+    # The other team's reader, the same way round.
+    assert_allowed(aws, Request("logs:GetLogEvents", log_stream_arn(group, theirs), reader(aws, VISION)))
+    assert_refused(aws, Request("logs:GetLogEvents", log_stream_arn(group, own), reader(aws, VISION)))
+
+
+def test_issue16_the_reader_describes_only_its_teams_training_jobs(aws: Deployment) -> None:
+    role = reader(aws, DEMO)
+
+    def job(name: str) -> str:
+        return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/{name}"
+
+    assert_allowed(aws, Request("sagemaker:DescribeTrainingJob", job(names.training_job_name(DEMO, "r1")), role))
+    for name in (names.training_job_name(VISION, "r1"), "r1", "demo-r1"):
+        assert_refused(aws, Request("sagemaker:DescribeTrainingJob", job(name), role))
+    for action in ("sagemaker:StopTrainingJob", "sagemaker:CreateTrainingJob", "sagemaker:ListTrainingJobs"):
+        assert_refused(aws, Request(action, job(names.training_job_name(DEMO, "r1")), role))
+
+
+def test_issue16_no_teams_training_job_prefix_holds_another_teams() -> None:
+    """The run-alarm rule (no 'run' after a hyphen) keeps the prefixes apart: a team's reader never matches
+    another team's jobs."""
+    for team, other in (("demo", "demo-x"), ("a-b", "a"), ("ab", "a")):
+        assert not names.training_job_prefix(other).startswith(names.training_job_prefix(team))
+        assert not names.training_job_prefix(team).startswith(names.training_job_prefix(other))
+    assert contract.alarm_prefix_collision("demo-run") is not None  # the team that would hold demo's jobs

@@ -2,7 +2,10 @@
 
 A Beacon run (`--run`) is diagnosed from its evidence and, when the team's cluster answers, from what the
 orchestrator says about its Job (Beacon names the Job after the run). Any Kubernetes Job (`--job`) is
-diagnosed from the orchestrator alone, unless its container carries a Beacon run's settings.
+diagnosed from the orchestrator alone, unless its container carries a Beacon run's settings. With
+`--target sagemaker` the orchestrator is SageMaker: `--job` names any training job of the team (its name has
+the team's prefix), `--run` the run's job. Either way the job's container logs in CloudWatch Logs are read and
+classified, as the team's reader role (it may read exactly those logs).
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from rich.table import Table
 
 from beacon_ops.aws_access import AccessError, deployed_stack_outputs, describe_aws_error
 from beacon_ops.cli.common import REGION_HELP, console, fail, session_or_fail, team_or_fail
-from beacon_ops.cli.follow import KubernetesUrl
+from beacon_ops.cli.follow import KubernetesUrl, Where
 from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.doctor.diagnosis import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose, diagnose_job
 from beacon_ops.doctor.eks_state import read_job
+from beacon_ops.doctor.log_reader import eks_job_logs, read_log_verdicts, sagemaker_job_logs
 from beacon_ops.doctor.orchestrator import OrchestratorState
+from beacon_ops.doctor.sagemaker_state import TrainingJobReading, read_training_job
+from beacon_ops.doctor.verdict import Verdict
 from beacon_ops.jobs.eks import cluster_api
 from beacon_ops.jobs.flow import JobError
 from config import names
@@ -69,6 +75,36 @@ def read_orchestrator(
     return read_job(api, cluster=cluster, namespace=where, name=job)
 
 
+def reader_credentials(session: boto3.session.Session, team: str, reader_role_arn: str | None) -> dict[str, str]:
+    """The team's reader role, which may read the team's job logs and training jobs; without a stack that names
+    it, or a trust that admits the caller, the caller's own identity (the verdicts then say what it was refused)."""
+    try:
+        if reader_role_arn is None:
+            stack = names.stack_name(team, "artifacts")
+            outputs = deployed_stack_outputs(session.client("cloudformation"), stack, str(session.region_name), team)
+            reader_role_arn = outputs.get(outputs_of.READER_ROLE_ARN)
+        return (
+            assume_role_credentials(session.client("sts"), reader_role_arn, "beacon-doctor") if reader_role_arn else {}
+        )
+    except (ClientError, BotoCoreError, AccessError):
+        return {}
+
+
+def eks_logs(session: boto3.session.Session, reader: dict[str, str], state: OrchestratorState) -> tuple[Verdict, ...]:
+    since = state.job.created_at if state.job is not None else None
+    where = eks_job_logs(group=names.container_log_group(state.cluster), job_name=state.job_name, since=since)
+    return tuple(read_log_verdicts(session.client("logs", **reader), where))
+
+
+def read_sagemaker(
+    session: boto3.session.Session, reader: dict[str, str], name: str
+) -> tuple[TrainingJobReading, tuple[Verdict, ...]]:
+    """The training job as SageMaker describes it, and its logs' verdicts."""
+    reading = read_training_job(session.client("sagemaker", **reader), name)
+    where = sagemaker_job_logs(group=names.SAGEMAKER_LOG_GROUP, training_job_name=name)
+    return reading, tuple(read_log_verdicts(session.client("logs", **reader), where))
+
+
 def doctor(
     team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name")],
     run: Annotated[str | None, typer.Option(envvar="BEACON_RUN_ID", help="a Beacon run id")] = None,
@@ -84,6 +120,9 @@ def doctor(
     reader_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")] = None,
     writer_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_WRITER_ROLE_ARN")] = None,
     kubernetes_url: KubernetesUrl = None,
+    target: Annotated[
+        Where, typer.Option(help="the job's orchestrator: eks (a Kubernetes Job) or sagemaker (a training job)")
+    ] = Where.EKS,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Why are my metrics missing? Verdicts with evidence and fixes, most likely first."""
@@ -95,16 +134,32 @@ def doctor(
                 contract.validate_id(kind, value)
             except ValueError as error:
                 raise fail("doctor", str(error), as_json=as_json) from None
+    training_job_name = job
+    if target is Where.SAGEMAKER and run is not None:
+        try:
+            training_job_name = names.training_job_name(team, run)
+        except ValueError as error:
+            raise fail("doctor", f"--run: {error}", as_json=as_json) from None
     config = team_or_fail("doctor", team, as_json=as_json)
     session = session_or_fail("doctor", region=region, config=config, as_json=as_json)
     region = str(session.region_name)
-    state = read_orchestrator(session, team, job or str(run), namespace=namespace, kubernetes_url=kubernetes_url)
-    beacon_run = state.job.beacon if state.job is not None else {}
-    if job is not None:
-        if beacon_run.get("BEACON_RUN_ID") and beacon_run.get("BEACON_TEAM", team) == team:
-            run, experiment = beacon_run["BEACON_RUN_ID"], beacon_run.get("BEACON_EXPERIMENT", experiment)
-        else:
-            show(diagnose_job(team, state), as_json=as_json)
+    reader = reader_credentials(session, team, reader_role_arn)
+    state: OrchestratorState | None = None
+    training_job: TrainingJobReading | None = None
+    if target is Where.SAGEMAKER:
+        assert training_job_name is not None
+        training_job, logs = read_sagemaker(session, reader, training_job_name)
+        if job is not None:
+            show(diagnose_job(team, training_job, logs=logs), as_json=as_json)
+    else:
+        state = read_orchestrator(session, team, job or str(run), namespace=namespace, kubernetes_url=kubernetes_url)
+        logs = eks_logs(session, reader, state)
+        beacon_run = state.job.beacon if state.job is not None else {}
+        if job is not None:
+            if beacon_run.get("BEACON_RUN_ID") and beacon_run.get("BEACON_TEAM", team) == team:
+                run, experiment = beacon_run["BEACON_RUN_ID"], beacon_run.get("BEACON_EXPERIMENT", experiment)
+            else:
+                show(diagnose_job(team, state, logs=logs), as_json=as_json)
     assert run is not None
     try:
         if bucket is None or reader_role_arn is None:
@@ -114,7 +169,8 @@ def doctor(
             reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
             writer_role_arn = writer_role_arn or outputs.get(outputs_of.WRITER_ROLE_ARN)
         sts = session.client("sts")
-        reader = assume_role_credentials(sts, reader_role_arn, "beacon-doctor") if reader_role_arn else {}
+        if reader_role_arn and not reader:
+            reader = assume_role_credentials(sts, reader_role_arn, "beacon-doctor")  # fails the command: say why
         probe, probe_unavailable = None, ""
         if writer_role_arn:
             try:
@@ -134,6 +190,8 @@ def doctor(
                 probe_s3=probe,
                 probe_unavailable=probe_unavailable,
                 orchestrator=state,
+                training_job=training_job,
+                logs=logs,
             )
         )
     except (ClientError, BotoCoreError) as error:

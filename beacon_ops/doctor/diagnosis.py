@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -21,10 +21,13 @@ from beacon_ops.doctor.flight_recorder import FlightRecorderReading, read_flight
 from beacon_ops.doctor.orchestrator import CHECK as CHECK_ORCHESTRATOR
 from beacon_ops.doctor.orchestrator import OrchestratorState, orchestrator_verdict
 from beacon_ops.doctor.rank_verdict import RankVerdict, which_rank
+from beacon_ops.doctor.sagemaker_state import TrainingJobReading
 from beacon_ops.doctor.verdict import FAIL, INFO, OK, WARN, Verdict
 from beacon_ops.evidence.reading import RunEvidence, alarm_states, metric_samples, read_run
 
 __all__ = ["FAIL", "INFO", "OK", "WARN", "Diagnosis", "DoctorInputs", "Verdict", "diagnose", "diagnose_job"]
+# The orchestrator's verdicts that say a job failed but not why: a failure in its log, when there is one, says why.
+UNEXPLAINED = frozenset({"exit-code", "job-failed"})
 SILENT_BEATS = 3  # heartbeats missed before the doctor calls a run silent
 DEFAULT_HEARTBEAT_S = 15.0
 
@@ -42,6 +45,7 @@ class Diagnosis:
     stopped_rank: RankVerdict | None = None  # the rank that stopped a multi-rank run, with its stack
     orchestrator: OrchestratorState | None = None  # what the orchestrator said about the job, when asked
     flight_recorder: FlightRecorderReading | None = None  # the ranks' flight-recorder dumps, read by torch
+    training_job: TrainingJobReading | None = None  # a SageMaker job: what DescribeTrainingJob said
 
     @property
     def healthy(self) -> bool:
@@ -73,6 +77,22 @@ class DoctorInputs:
     # The job as its orchestrator sees it, read by the caller (`beacon doctor` reads the Kubernetes API; the
     # alarm's Lambda does not): its verdict leads the others when it fails.
     orchestrator: OrchestratorState | None = None
+    training_job: TrainingJobReading | None = None  # the SageMaker job, as its orchestrator sees it
+    logs: tuple[Verdict, ...] = ()  # the job's container logs, classified (log_reader.read_log_verdicts)
+
+    def orchestrator_verdict(self) -> Verdict | None:
+        if self.orchestrator is not None:
+            return orchestrator_verdict(self.orchestrator)
+        return self.training_job.verdict if self.training_job is not None else None
+
+
+def leading(orchestrator: Verdict | None, logs: Sequence[Verdict]) -> Verdict | None:
+    """The cause the orchestrator and the logs name, if they name one: the orchestrator's when it says why (the
+    kernel's OOM kill, a node taken, an image not pulled, SageMaker's FailureReason), else the log's first failure
+    (a container's start first), else the orchestrator's bare failure."""
+    failing_log = next((v for v in logs if v.status == FAIL), None)
+    explains = orchestrator is not None and (orchestrator.verdict not in UNEXPLAINED or failing_log is None)
+    return orchestrator if orchestrator is not None and orchestrator.status == FAIL and explains else failing_log
 
 
 def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Diagnosis:
@@ -90,8 +110,10 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
 
     recorder = read_flight_recorder(evidence.flight_recorder_dumps())
     rank_check, stopped = _stopped_rank(evidence, recorder)
+    platform = inputs.orchestrator_verdict()
     verdicts = [
-        *([orchestrator_verdict(inputs.orchestrator)] if inputs.orchestrator is not None else []),
+        *([platform] if platform is not None else []),
+        *inputs.logs,
         _job_state(evidence),
         _liveness(evidence, heartbeat_age, progress_age, interval, inputs.stall_after_s),
         _delivery(inputs, evidence, dims, now),
@@ -103,10 +125,12 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         _divergence(inputs, dims, now),
         _alarms(inputs),
     ]
-    by_check = {v.check: v for v in verdicts}
-    # In order: the first failing check that explains the others is the cause.
+    by_check: dict[str, Verdict] = {}
+    for verdict in verdicts:
+        by_check.setdefault(verdict.check, verdict)
+    # In order: the first failing check that explains the others is the cause. What killed or blocked the job
+    # (the orchestrator, its log) explains the silence it left.
     causes: list[tuple[str, Callable[[Verdict], str]]] = [
-        ("orchestrator", lambda v: v.verdict),  # what killed or blocked the job explains the silence it left
         ("permission", lambda v: "permission"),
         ("spool", lambda v: "spool-not-persistent"),
         ("ranks", lambda v: "rank-collision"),
@@ -117,8 +141,11 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     ]
     if by_check["endpoint"].verdict in ("no bucket", "not readable"):
         # Without the bucket every verdict from S3 is blind: that leads, after what the orchestrator saw.
-        causes.insert(1, ("endpoint", lambda v: v.verdict.replace(" ", "-")))
+        causes.insert(0, ("endpoint", lambda v: v.verdict.replace(" ", "-")))
     failing = [(check, name) for check, name in causes if check in by_check and by_check[check].status == FAIL]
+    first = leading(platform, inputs.logs)
+    if first is not None:
+        failing.insert(0, (first.check, lambda v: first.verdict))
     lead, cause = next(((check, name(by_check[check])) for check, name in failing), ("job", ""))
     if not cause:
         cause = "not-started" if by_check["job"].verdict == "not started" else evidence.final_state or "healthy"
@@ -134,13 +161,20 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         stopped,
         inputs.orchestrator,
         recorder,
+        inputs.training_job,
     )
 
 
-def diagnose_job(team: str, state: OrchestratorState) -> Diagnosis:
-    """A job without Beacon's library (or whose run is not known): what the orchestrator alone can tell,
-    and what it cannot."""
-    verdict = orchestrator_verdict(state)
+def diagnose_job(
+    team: str,
+    state: OrchestratorState | TrainingJobReading,
+    *,
+    logs: Sequence[Verdict] = (),
+) -> Diagnosis:
+    """A job without Beacon's library (or whose run is not known): what its orchestrator (a Kubernetes Job or a
+    SageMaker training job) and its container logs can tell, and what they cannot."""
+    verdict = state.verdict if isinstance(state, TrainingJobReading) else orchestrator_verdict(state)
+    name = state.name if isinstance(state, TrainingJobReading) else state.job_name
     blind = Verdict(
         "beacon",
         INFO,
@@ -151,15 +185,27 @@ def diagnose_job(team: str, state: OrchestratorState) -> Diagnosis:
         "`import beacon` in the training (beacon.init, run.log) and run it with Beacon's environment "
         "(workloads.manifests.training_job sets it), or `beacon run`",
     )
-    if verdict.status == FAIL or verdict.verdict == "unreadable":
-        cause = verdict.verdict if verdict.status == FAIL else "orchestrator-unreadable"
+    first = leading(verdict, logs)
+    if first is not None:
+        lead, cause = first.check, first.verdict
+    elif verdict.verdict == "unreadable":
+        lead, cause = CHECK_ORCHESTRATOR, "orchestrator-unreadable"
     elif verdict.verdict == "complete":
-        cause = "finished"
+        lead, cause = CHECK_ORCHESTRATOR, "finished"
     elif verdict.verdict == "running":
-        cause = "healthy"
+        lead, cause = CHECK_ORCHESTRATOR, "healthy"
     else:
-        cause = verdict.verdict.replace(" ", "-").replace(",", "")
-    return Diagnosis(team, "", state.job_name, cause, [verdict, blind], lead=CHECK_ORCHESTRATOR, orchestrator=state)
+        lead, cause = CHECK_ORCHESTRATOR, verdict.verdict.replace(" ", "-").replace(",", "")
+    return Diagnosis(
+        team,
+        "",
+        name,
+        cause,
+        [verdict, *logs, blind],
+        lead=lead,
+        orchestrator=state if isinstance(state, OrchestratorState) else None,
+        training_job=state if isinstance(state, TrainingJobReading) else None,
+    )
 
 
 def _samples(

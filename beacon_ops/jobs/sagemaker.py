@@ -16,10 +16,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.evidence.reading import Delivery
 from beacon_ops.jobs.flow import SHOW_EVERY_S, Access, JobError, JobReport, Show, TeamOutputs
-from config import TeamConfig
+from config import TeamConfig, names
 from workloads import manifests
 
-LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+LOG_GROUP = names.SAGEMAKER_LOG_GROUP
 LOG_TAIL_EVENTS = 200
 PROVISIONING_ALLOWANCE_S = 900  # instance start and image download come before the run time counts
 VOLUME_SIZE_GB = 30
@@ -55,8 +55,12 @@ def launch(
         raise JobError(f"{nodes_setting}{str(error).removeprefix('nodes')}") from None
     run_prefix = contract.run_prefix(spec.experiment, spec.name)
     try:
+        job_name = names.training_job_name(outputs.team, spec.name)
+    except ValueError as error:
+        raise JobError(f"--run: {error}") from None
+    try:
         return TrainingJob.create(
-            training_job_name=spec.name,
+            training_job_name=job_name,
             role_arn=outputs.writer_role_arn,
             algorithm_specification=AlgorithmSpecification(
                 training_image=spec.image,
@@ -88,7 +92,7 @@ def launch(
             region=outputs.region,
         )
     except (ClientError, BotoCoreError) as error:
-        raise JobError(f"SageMaker refused training job {spec.name}: {error}") from None
+        raise JobError(f"SageMaker refused training job {job_name}: {error}") from None
 
 
 def wait(job: Any, report: JobReport, delivery: Delivery, *, timeout_s: float, poll_s: float, show: Show) -> None:
@@ -110,14 +114,14 @@ def wait(job: Any, report: JobReport, delivery: Delivery, *, timeout_s: float, p
         time.sleep(poll_s)
 
 
-def collect_logs(access: Access, report: JobReport) -> None:
+def collect_logs(access: Access, report: JobReport, job_name: str) -> None:
     try:
         events = access.client("logs").filter_log_events(
-            logGroupName=LOG_GROUP, logStreamNamePrefix=f"{report.run}/", limit=LOG_TAIL_EVENTS
+            logGroupName=LOG_GROUP, logStreamNamePrefix=f"{job_name}/", limit=LOG_TAIL_EVENTS
         )["events"]
-        report.logs[f"{LOG_GROUP}/{report.run}"] = "\n".join(e["message"] for e in events)
+        report.logs[f"{LOG_GROUP}/{job_name}"] = "\n".join(e["message"] for e in events)
     except (ClientError, BotoCoreError) as error:
-        report.logs[f"{LOG_GROUP}/{report.run}"] = f"(no log: {error})"
+        report.logs[f"{LOG_GROUP}/{job_name}"] = f"(no log: {error})"
 
 
 @dataclass(kw_only=True)
@@ -138,7 +142,7 @@ class SageMakerTarget:
         show(f"creating SageMaker training job {spec.name} ({training.sagemaker_instance_type})")
         self._job = launch(self.access, self.outputs, self.config, spec, nodes_setting=self.nodes_setting)
         report.launched = {
-            "training_job": spec.name,
+            "training_job": names.training_job_name(self.outputs.team, spec.name),
             "instance_type": training.sagemaker_instance_type,
             "max_runtime_seconds": training.sagemaker_max_runtime_seconds,
             "image": spec.image,
@@ -150,12 +154,12 @@ class SageMakerTarget:
         wait(self._job, report, delivery, timeout_s=bound, poll_s=self.poll_interval_s, show=show)
 
     def collect_logs(self, report: JobReport) -> None:
-        collect_logs(self.access, report)
+        collect_logs(self.access, report, names.training_job_name(self.outputs.team, report.run))
 
     def cleanup(self, report: JobReport) -> None:
         if report.platform_state not in TERMINAL:  # timed out or interrupted: no instance left billing
             try:
                 self._job.stop()
             except (ClientError, BotoCoreError) as error:
-                report.problems.append(f"could not stop training job {report.run}: {error}")
+                report.problems.append(f"could not stop training job {self._job.training_job_name}: {error}")
         report.cleaned_up = True

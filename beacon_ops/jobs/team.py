@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from beacon import contract
 
 from beacon_ops.jobs.flow import JobError, TeamOutputs, fresh_suffix
-from config import TeamConfig
+from config import TeamConfig, names
 from workloads.manifests import JOB_NAME_LIMIT, TrainingJobSpec
 
 # The distribution reference grammar (what `docker pull` accepts), with the registry required: the
@@ -69,10 +69,17 @@ class TeamJobRequest:
     environment: tuple[tuple[str, str], ...] = ()
 
 
-def default_run(experiment: str) -> str:
+def default_run(experiment: str, *, limit: int = RUN_ID_LIMIT) -> str:
     """A fresh run id (and Job name): the experiment, cut to fit, and the time."""
     suffix = fresh_suffix()
-    return f"{experiment[: RUN_ID_LIMIT - len(suffix)].rstrip('-')}{suffix}"
+    return f"{experiment[: limit - len(suffix)].rstrip('-')}{suffix}"
+
+
+def run_id_limit(team: str, target: str) -> int:
+    """How long a run id may be: a Kubernetes Job's name, or what the team's prefix leaves of SageMaker's."""
+    if target != "sagemaker":
+        return RUN_ID_LIMIT
+    return min(RUN_ID_LIMIT, names.TRAINING_JOB_NAME_LIMIT - len(names.training_job_prefix(team)))
 
 
 def check_request(request: TeamJobRequest, config: TeamConfig) -> None:
@@ -108,6 +115,11 @@ def check_request(request: TeamJobRequest, config: TeamConfig) -> None:
             raise JobError(f"--{kind}: {value!r} must be 1-63 of a-z, 0-9 and '-', starting with a letter or digit")
     if request.run is not None and len(request.run) > RUN_ID_LIMIT:
         raise JobError(f"--run: {request.run!r} is {len(request.run)} characters; a Job name takes {RUN_ID_LIMIT}")
+    if request.run is not None and request.target == "sagemaker":
+        try:
+            names.training_job_name(config.team, request.run)
+        except ValueError as error:
+            raise JobError(f"--run: {error}") from None
 
 
 def team_job(request: TeamJobRequest, config: TeamConfig, outputs: TeamOutputs) -> TrainingJobSpec:
@@ -119,7 +131,7 @@ def team_job(request: TeamJobRequest, config: TeamConfig, outputs: TeamOutputs) 
         region=outputs.region,
         uid=config.training.uid,
         gid=config.training.gid,
-        name=request.run or default_run(request.experiment),
+        name=request.run or default_run(request.experiment, limit=run_id_limit(config.team, request.target)),
         command=request.command,
         experiment=request.experiment,
         nodes=request.nodes,

@@ -1,0 +1,138 @@
+"""Reads a job's container logs from CloudWatch Logs for the classifier (`log_lines.py`). Never raises.
+
+Per container run (one stream) it reads two pages at most: the head (the first HEAD_EVENTS events, which hold
+the first 20 s of any container that is not flooding its log) and the tail (the last TAIL_LINES), so a week-long
+job costs what a minute-long one does.
+
+- EKS: `/aws/containerinsights/<cluster>/application`. Streams are named after node, pod, namespace and container,
+  so they are found by DescribeLogStreams (the most recent first) and by FilterLogEvents on the Job's name from its
+  creation on (for a Job long gone), a few pages of each, and kept when their pod is one of the Job's.
+- SageMaker: `/aws/sagemaker/TrainingJobs`, streams `<training job>/algo-<n>-<epoch>`, found by DescribeLogStreams
+  with that prefix: that group is the account's, and the reader may read only its team's streams in it.
+
+A refusal or a missing group becomes an INFO verdict that says what could not be read and how to read it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from beacon_ops.doctor.log_lines import TAIL_LINES, LogLine, log_verdicts, parse_event, unreadable
+from beacon_ops.doctor.verdict import Verdict
+
+HEAD_EVENTS = 500
+MAX_STREAMS = 20  # the most recent container runs of one job
+DISCOVERY_PAGES = 5  # of FilterLogEvents, to find an EKS job's streams
+REFUSED = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "ExpiredTokenException")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobLogs:
+    """Where one job's container logs are, and how to tell its streams."""
+
+    platform: str  # eks or sagemaker
+    group: str
+    job_name: str
+    since: datetime | None = None  # EKS: the Job's creation; streams are searched from there
+
+    def holds(self, line: LogLine) -> bool:
+        """A line of one of the Job's pods: by the pod's job-name label when the event carries it; else by the
+        pod's name, `<job>-<random>` or `<job>-<index>-<random>` (an Indexed Job `a` and a Job `a-2` look alike)."""
+        if line.job:
+            return line.job == self.job_name
+        return re.fullmatch(rf"{re.escape(self.job_name)}-(?:\d+-)?[a-z0-9]{{5}}", line.pod) is not None
+
+    def by_hand(self) -> str:
+        """The command that reads the same lines, for the user to run as an identity that may."""
+        if self.platform == "sagemaker":
+            return f"aws logs tail {self.group} --log-stream-name-prefix {self.job_name}/ --since 1d"
+        return f"aws logs tail {self.group} --filter-pattern '\"{self.job_name}\"' --since 1d"
+
+
+def eks_job_logs(*, group: str, job_name: str, since: datetime | None) -> JobLogs:
+    """group: the cluster's Container Insights application group (config.names.container_log_group)."""
+    return JobLogs(platform="eks", group=group, job_name=job_name, since=since)
+
+
+def sagemaker_job_logs(*, group: str, training_job_name: str) -> JobLogs:
+    """group: the account's SageMaker training-job group (config.names.SAGEMAKER_LOG_GROUP)."""
+    return JobLogs(platform="sagemaker", group=group, job_name=training_job_name)
+
+
+def _refusal(where: JobLogs, error: ClientError | BotoCoreError) -> Verdict:
+    code = error.response.get("Error", {}).get("Code", "") if isinstance(error, ClientError) else ""
+    what = f"the container logs of {where.job_name} in {where.group}"
+    if code == "ResourceNotFoundException":
+        if where.platform == "eks":
+            fix = (
+                "the cluster ships no container logs to CloudWatch: the team's cluster stack installs the "
+                "amazon-cloudwatch-observability add-on; until its Fluent Bit runs, read the pod's log with "
+                f"kubectl -n <namespace> logs job/{where.job_name}"
+            )
+        else:
+            fix = "the training job wrote no log yet (still provisioning?), or it ran in another region (--region)"
+        return unreadable(what=what, why=f"{code}: the log group does not exist", fix=fix)
+    if code in REFUSED:
+        fix = (
+            "run the doctor with the team's reader role (the artifacts stack's ReaderRoleArn, deployed by this "
+            "version of Beacon: it may read exactly these logs), or read them as an identity that may: "
+            f"{where.by_hand()}"
+        )
+        return unreadable(what=what, why=f"{code}: {error}", fix=fix)
+    return unreadable(what=what, why=str(error), fix=f"check the region and endpoint, or run {where.by_hand()}")
+
+
+def _streams(logs: Any, where: JobLogs) -> list[str]:
+    if where.platform == "sagemaker":
+        found = logs.describe_log_streams(logGroupName=where.group, logStreamNamePrefix=f"{where.job_name}/")
+        streams = sorted(found.get("logStreams") or [], key=lambda s: s.get("creationTime", 0))
+        return [s["logStreamName"] for s in streams][-MAX_STREAMS:]
+    request: dict[str, Any] = {"logGroupName": where.group, "filterPattern": f'"{where.job_name}"'}
+    if where.since is not None:
+        request["startTime"] = int(where.since.timestamp() * 1000)
+    names: dict[str, None] = {}
+    listing: dict[str, Any] = {"logGroupName": where.group, "orderBy": "LastEventTime", "descending": True}
+    for _ in range(DISCOVERY_PAGES):
+        page = logs.describe_log_streams(**listing)
+        for stream in page.get("logStreams") or []:
+            if where.holds(parse_event("", stream=stream["logStreamName"], timestamp_ms=0)):
+                names[stream["logStreamName"]] = None
+        if not page.get("nextToken"):
+            break
+        listing["nextToken"] = page["nextToken"]
+    for _ in range(DISCOVERY_PAGES):
+        page = logs.filter_log_events(**request)
+        for event in page.get("events") or []:
+            stream = str(event.get("logStreamName", ""))
+            line = parse_event(str(event.get("message", "")), stream=stream, timestamp_ms=int(event["timestamp"]))
+            if where.holds(line):
+                names[stream] = None
+        if not page.get("nextToken"):
+            break
+        request["nextToken"] = page["nextToken"]
+    return list(names)[-MAX_STREAMS:]
+
+
+def _stream_lines(logs: Any, where: JobLogs, stream: str) -> list[LogLine]:
+    """The head and the tail of one stream, each event once."""
+    events: dict[tuple[int, str], None] = {}
+    for from_head, limit in ((True, HEAD_EVENTS), (False, TAIL_LINES)):
+        page = logs.get_log_events(logGroupName=where.group, logStreamName=stream, startFromHead=from_head, limit=limit)
+        for event in page.get("events") or []:
+            events[(int(event["timestamp"]), str(event.get("message", "")))] = None
+    return [parse_event(message, stream=stream, timestamp_ms=at) for at, message in events]
+
+
+def read_log_verdicts(logs: Any, where: JobLogs) -> list[Verdict]:
+    """The job's log verdicts, or one INFO verdict saying what could not be read and how to read it."""
+    try:
+        lines = [line for stream in _streams(logs, where) for line in _stream_lines(logs, where, stream)]
+        lines = [line for line in lines if not line.job or line.job == where.job_name]  # another Job's, by its label
+    except (ClientError, BotoCoreError) as error:
+        return [_refusal(where, error)]
+    return log_verdicts(lines, where=where.group)

@@ -1,0 +1,239 @@
+"""`beacon doctor` reads the job's container logs (issue 16): one test per verdict.
+
+The logs are put into moto's CloudWatch Logs as the observability add-on (Container Insights: Fluent Bit's JSON,
+streams named after node, pod, namespace and container) and SageMaker (plain lines, streams
+`<training job>/algo-<n>-<epoch>`) write them, with their own timestamps. EKS jobs' state comes from the fake
+Kubernetes API, seeded as in tests/test_doctor_orchestrator.py. The doctor reads as the team's reader role, whose
+policy the moto provisioning takes from the synthesized template (actions only: tests/test_policies_as_aws_evaluates.py
+proves the resources as AWS would evaluate them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from botocore.stub import Stubber
+
+from beacon_ops.doctor.diagnosis import diagnose_job
+from beacon_ops.doctor.log_reader import read_log_verdicts, sagemaker_job_logs
+from beacon_ops.doctor.sagemaker_state import read_training_job
+from config import names
+from tests.support.deployed_team import TEAM, DeployedTeam
+from tests.support.fake_kubernetes import FakeKubernetes
+from tests.test_doctor_orchestrator import NS, answered, beacon_job, doctor, first_line, foreign_job, pod
+
+NODE = "ip-10-0-2-7.ec2.internal"
+FAILED = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-12-01T10:00:00Z"}}
+REFUSED = "ConnectionRefusedError: [Errno 111] Connection refused"
+DENIED = (
+    "botocore.exceptions.ClientError: An error occurred (AccessDenied) when calling the PutObject operation: "
+    "User: arn:aws:sts::123456789012:assumed-role/node/i-0abc is not authorized to perform: s3:PutObject"
+)
+
+
+def stream_of(pod_name: str, container: str = "train") -> str:
+    return f"{NODE}-application.var.log.containers.{pod_name}_{NS}_{container}-0123456789abcdef.log"
+
+
+def fluent_bit(text: str, pod_name: str, job: str = "") -> str:
+    kubernetes: dict[str, Any] = {"pod_name": pod_name, "namespace_name": NS, "container_name": "train", "host": NODE}
+    if job:
+        kubernetes["labels"] = {"batch.kubernetes.io/job-name": job, "app": job}
+    return json.dumps({"log": f"{text}\n", "stream": "stderr", "kubernetes": kubernetes})
+
+
+def put_lines(deployed: DeployedTeam, group: str, stream: str, lines: list[tuple[float, str]]) -> int:
+    """`lines` as (seconds after the container started, message); returns the start, in ms."""
+    logs = deployed.client("logs")
+    if not logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"]:
+        logs.create_log_group(logGroupName=group)
+    logs.create_log_stream(logGroupName=group, logStreamName=stream)
+    started_ms = int(time.time() * 1000) - 600_000
+    events = [{"timestamp": started_ms + int(at * 1000), "message": message} for at, message in lines]
+    logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=events)
+    return started_ms
+
+
+def at_utc(ms: int) -> str:
+    return f"{datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+CLUSTER_LOGS = names.container_log_group(names.cluster_name(TEAM))
+
+
+def failed_foreign_job(kubernetes: FakeKubernetes, name: str, suffix: str) -> str:
+    """A team's own Job whose one pod exited 1; the pod's name."""
+    job = foreign_job(name, active=0, failed=1)
+    kubernetes.seed(job=job, pods=[pod(job, suffix, phase="Failed", state=FAILED)])
+    return f"{name}-{suffix}"
+
+
+def test_a_foreign_job_refused_a_connection_at_start_and_the_first_line_quotes_it(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """The Job says only "Error, exit code 1"; its log's first seconds say why, and lead."""
+    pod_name = failed_foreign_job(kubernetes, "fetch-train", "q1w2e")
+    # Other jobs' pods in the same group, with failures of their own: not this job's. The first's name would pass
+    # for this Indexed Job's pod 2; its labels say otherwise.
+    other = "fetch-train-2-a1s2d"
+    put_lines(deployed, CLUSTER_LOGS, stream_of(other), [(1, fluent_bit(DENIED, other, job="fetch-train-2"))])
+    put_lines(deployed, CLUSTER_LOGS, stream_of("fetch-trainer-z0x9c"), [(1, f"{DENIED} (fetch-train)")])
+    started = put_lines(
+        deployed,
+        CLUSTER_LOGS,
+        stream_of(pod_name),
+        [(0, fluent_bit("loading data from http://10.0.3.4:9000", pod_name)), (3, fluent_bit(REFUSED, pod_name))],
+    )
+    done = doctor(deployed, kubernetes, "--job", "fetch-train")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert first_line(done) == (
+        f'connection-refused-at-start: pod {pod_name}, container train: "{REFUSED}" at {at_utc(started + 3000)}, '
+        "3 s after its container started"
+    )
+    answer = answered(deployed, kubernetes, "--job", "fetch-train")
+    logs = [v for v in answer["verdicts"] if v["check"] == "logs"]
+    assert [v["verdict"] for v in logs] == ["connection-refused-at-start"]  # the other job's AccessDenied is not
+    assert "MASTER_ADDR" in logs[0]["fix"] and answer["verdicts"][0]["verdict"] == "exit-code"
+
+
+def test_a_beacon_run_denied_access_at_start_leads_with_the_denied_call(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """A Beacon run's Job whose container's first seconds were refused by S3, in plain (non-JSON) lines: the
+    pod comes from the stream's name. The run's own evidence says only that it never started."""
+    job = beacon_job("denied-run", active=0, failed=1)
+    pod_name = "denied-run-0-z9x8c"
+    kubernetes.seed(job=job, pods=[pod(job, "0-z9x8c", phase="Failed", state=FAILED)])
+    started = put_lines(
+        deployed, CLUSTER_LOGS, stream_of(pod_name), [(0, "beacon: preflight"), (2, DENIED), (40, "exiting")]
+    )
+    answer = answered(deployed, kubernetes, "--run", "denied-run")
+    assert answer["diagnosis"] == "access-denied-at-start" and answer["lead"] == "logs"
+    assert answer["headline"].startswith(
+        f'access-denied-at-start: pod {pod_name}, container train: "botocore.exceptions.ClientError: An error '
+        f"occurred (AccessDenied) when calling the PutObject operation"
+    )
+    assert f"at {at_utc(started + 2000)}, 2 s after its container started" in answer["headline"]
+    checks = [v["check"] for v in answer["verdicts"]]
+    assert checks[:3] == ["orchestrator", "logs", "job"] and "delivery" in checks
+    assert "Pod Identity" in answer["verdicts"][1]["fix"]
+
+
+def test_a_refused_connection_after_the_first_20_s_is_not_called_a_start_failure(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """25 s in, then 30 lines of training: the Job's exit code leads, the log finds nothing it knows."""
+    pod_name = failed_foreign_job(kubernetes, "late-job", "p0o9i")
+    lines = [(0.0, "start"), (25.0, REFUSED), *((26.0 + i, f"step {i} loss 0.5") for i in range(30))]
+    put_lines(deployed, CLUSTER_LOGS, stream_of(pod_name), [(at, fluent_bit(text, pod_name)) for at, text in lines])
+    answer = answered(deployed, kubernetes, "--job", "late-job")
+    assert answer["diagnosis"] == "exit-code" and answer["lead"] == "orchestrator"
+    [logs] = [v for v in answer["verdicts"] if v["check"] == "logs"]
+    assert logs["status"] == "ok" and logs["verdict"] == "nothing known" and "32 line(s)" in logs["evidence"]
+
+
+def test_a_reader_without_log_access_gets_an_info_verdict_saying_how_to_read_them(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """No log group at all (the add-on never shipped a line): INFO, the job's own verdict still leads."""
+    failed_foreign_job(kubernetes, "quiet-job", "a1b2c")
+    answer = answered(deployed, kubernetes, "--job", "quiet-job")
+    [logs] = [v for v in answer["verdicts"] if v["check"] == "logs"]
+    assert logs["status"] == "info" and logs["verdict"] == "unreadable"
+    assert "ResourceNotFoundException" in logs["evidence"] and "amazon-cloudwatch-observability" in logs["fix"]
+    assert answer["lead"] == "orchestrator"
+
+
+def put_training_job_lines(deployed: DeployedTeam, name: str, lines: list[tuple[float, str]]) -> int:
+    """As SageMaker writes a job's first instance: a stream `<job>/algo-1-<epoch>` in the account's group."""
+    return put_lines(deployed, names.SAGEMAKER_LOG_GROUP, f"{name}/algo-1-1764583200", lines)
+
+
+def describe_failed(name: str) -> dict[str, Any]:
+    t = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+    return {
+        "TrainingJobName": name,
+        "TrainingJobArn": f"arn:aws:sagemaker:us-east-1:123456789012:training-job/{name}",
+        "TrainingJobStatus": "Failed",
+        "SecondaryStatus": "Failed",
+        "FailureReason": 'AlgorithmError: ExecuteUserScriptError: Command "python train.py" exit status 1',
+        "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
+        "SecondaryStatusTransitions": [
+            {"Status": "Starting", "StartTime": t, "StatusMessage": "Preparing the instances for training"},
+            {
+                "Status": "Training",
+                "StartTime": t.replace(minute=4),
+                "StatusMessage": "Training image download completed.",
+            },
+            {"Status": "Failed", "StartTime": t.replace(minute=5), "StatusMessage": "Training job failed"},
+        ],
+        "AlgorithmSpecification": {"TrainingInputMode": "File"},
+        "RoleArn": "arn:aws:iam::123456789012:role/writer",
+        "ModelArtifacts": {"S3ModelArtifacts": ""},
+        "ResourceConfig": {"InstanceType": "ml.m5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 30},
+        "CreationTime": t,
+        "TrainingEndTime": t.replace(minute=5),
+    }
+
+
+def test_a_failed_sagemaker_job_quotes_its_failure_reason_first_and_its_logs_follow(deployed: DeployedTeam) -> None:
+    """moto's SageMaker keeps no FailureReason of its own (a created job never fails), so DescribeTrainingJob is
+    stubbed with botocore's Stubber, answering as SageMaker does; the logs are moto's, read as put there."""
+    name = names.training_job_name(TEAM, "sm-run")
+    started = put_training_job_lines(
+        deployed,
+        name,
+        [
+            (0, "Invoking script with the following command: python train.py"),
+            (4, "curl: (6) Could not resolve host: mlflow"),
+        ],
+    )
+    sagemaker = deployed.client("sagemaker")
+    with Stubber(sagemaker) as stub:
+        stub.add_response("describe_training_job", describe_failed(name), {"TrainingJobName": name})
+        reading = read_training_job(sagemaker, name)
+    logs = read_log_verdicts(
+        deployed.client("logs"), sagemaker_job_logs(group=names.SAGEMAKER_LOG_GROUP, training_job_name=name)
+    )
+    result = diagnose_job(TEAM, reading, logs=logs)
+    assert result.headline() == (
+        'training-job-failed: "AlgorithmError: ExecuteUserScriptError: Command "python train.py" exit status 1": '
+        f"SageMaker training job {name} Failed at 2026-12-01 10:05:00 UTC; Starting at 2026-12-01 10:00:00 UTC "
+        '"Preparing the instances for training" -> Training at 2026-12-01 10:04:00 UTC "Training image download '
+        'completed." -> Failed at 2026-12-01 10:05:00 UTC "Training job failed"'
+    )
+    [dns] = [v for v in result.verdicts if v.check == "logs"]
+    assert dns.verdict == "dns-at-start" and dns.evidence == (
+        f'{name}/algo-1-1764583200: "curl: (6) Could not resolve host: mlflow" at {at_utc(started + 4000)}, '
+        "4 s after its container started"
+    )
+    assert result.as_dict()["training_job"]["description"]["FailureReason"].startswith("AlgorithmError")
+
+
+def test_doctor_target_sagemaker_reads_the_teams_training_job_logs_as_the_reader(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """The CLI end to end on moto: the job is not known to moto's SageMaker (a WARN), its log is; another team's
+    job with a like name is not read."""
+    name = names.training_job_name(TEAM, "oom-sm")
+    started = put_training_job_lines(
+        deployed,
+        name,
+        [
+            (0, "start"),
+            *((1.0 + i, f"step {i}") for i in range(30)),
+            (50, "torch.OutOfMemoryError: CUDA out of memory."),
+        ],
+    )
+    put_lines(deployed, names.SAGEMAKER_LOG_GROUP, f"{name}x/algo-1-1764583200", [(1, "NCCL error: unhandled")])
+    answer = answered(deployed, kubernetes, "--job", name, "--target", "sagemaker")
+    assert answer["headline"] == (
+        f'cuda-oom-before-end: {name}/algo-1-1764583200: "torch.OutOfMemoryError: CUDA out of memory." at '
+        f"{at_utc(started + 50_000)}, 50 s after its container started"
+    )
+    orchestrator = answer["verdicts"][0]
+    assert orchestrator["verdict"] == "no job" and name in orchestrator["evidence"]
+    assert [v["verdict"] for v in answer["verdicts"] if v["check"] == "logs"] == ["cuda-oom-before-end"]
