@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
@@ -342,3 +343,55 @@ def test_a_forbidden_event_list_is_a_note_and_the_job_is_still_diagnosed(
     answer = answered(deployed, kubernetes, "--job", "quiet-job", code=0)
     assert answer["diagnosis"] == "healthy"
     assert any("refused listing the events of namespace" in n for n in answer["orchestrator"]["notes"])
+
+
+def test_the_timeline_lines_up_the_metrics_gap_with_the_oom_kill_and_the_spot_interruption(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """Heartbeats every 15 s until 10:04:10, the container OOMKilled at 10:04:12, Karpenter's spot warning at
+    10:04:00: the timeline places each from the gap (the last heartbeat), oldest first, after the cause."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    gap = now - timedelta(minutes=5)
+
+    def stamp(offset_s: int) -> str:
+        return f"{gap + timedelta(seconds=offset_s):%Y-%m-%dT%H:%M:%SZ}"
+
+    job = beacon_job("oom-timeline", active=0, failed=1)
+    job["metadata"]["creationTimestamp"] = stamp(-300)
+    oom = {"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": stamp(-290), "finishedAt": stamp(2)}}
+    killed = pod(job, "0-x7k2p", phase="Failed", state=oom, memory="16Gi")
+    killed["metadata"]["creationTimestamp"] = stamp(-295)
+    warning = event("Node", GPU_NODE, "SpotInterrupted", SPOT_MESSAGE, stamp(-10), source="karpenter")
+    kubernetes.seed(job=job, pods=[killed], events=[warning], nodes=[spot_node(GPU_NODE)])
+    dims = contract.run_dimensions(TEAM, "smoke", "oom-timeline")
+    deployed.client("cloudwatch").put_metric_data(
+        Namespace=contract.metric_namespace(TEAM),
+        MetricData=[
+            {
+                "MetricName": contract.HEARTBEAT.name,
+                "Dimensions": [{"Name": k, "Value": v} for k, v in dims.items()],
+                "Timestamp": gap + timedelta(seconds=offset),
+                "Value": 1.0,
+                "StorageResolution": 1,
+            }
+            for offset in range(-270, 1, 15)
+        ],
+    )
+    answer = answered(deployed, kubernetes, "--run", "oom-timeline")
+    assert answer["diagnosis"] == "oom-killed"
+    moments = [(m["source"], m["what"], m["from_gap_s"]) for m in answer["timeline"]]
+    assert [m for m in moments if m[0] != "orchestrator" or "OOMKilled" in m[1] or "Spot" in m[1]] == [
+        ("metrics", "first heartbeat", -270.0),
+        ("orchestrator", f"Warning SpotInterrupted on Node {GPU_NODE}: {SPOT_MESSAGE}", -10.0),
+        ("metrics", "last heartbeat", 0.0),
+        ("orchestrator", "container train of pod oom-timeline-0-x7k2p ended OOMKilled (exit code 137)", 2.0),
+    ], moments
+    assert moments[0] == ("orchestrator", "Job oom-timeline created", -300.0)
+    shown = doctor(deployed, kubernetes, "--run", "oom-timeline").stdout.splitlines()
+    assert shown[1] == "timeline (t = the run's last heartbeat, else its newest record):", shown[:3]
+    assert any(
+        line.endswith(
+            "t+2 s  orchestrator: container train of pod oom-timeline-0-x7k2p ended OOMKilled (exit code 137)"
+        )
+        for line in shown
+    ), shown

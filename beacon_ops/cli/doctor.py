@@ -40,6 +40,11 @@ STYLE = {OK: "green", WARN: "yellow", FAIL: "red"}
 
 def print_diagnosis(result: Diagnosis) -> None:
     print(result.headline())  # the first line: the cause and its evidence, never wrapped
+    if result.timeline:
+        gap = "t = the run's last heartbeat, else its newest record" if result.experiment else "UTC"
+        print(f"timeline ({gap}):")
+        for line in result.timeline_lines():
+            print(f"  {line}")
     subject = f"{result.experiment}/{result.run}" if result.experiment else f"job {result.run}"
     table = Table(title=f"beacon doctor: {subject} -> {result.diagnosis}")
     for column in ("check", "verdict", "evidence", "fix"):

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
@@ -22,6 +22,14 @@ from beacon_ops.doctor.orchestrator import CHECK as CHECK_ORCHESTRATOR
 from beacon_ops.doctor.orchestrator import OrchestratorState, orchestrator_verdict
 from beacon_ops.doctor.rank_verdict import RankVerdict, which_rank
 from beacon_ops.doctor.sagemaker_state import TrainingJobReading
+from beacon_ops.doctor.timeline import (
+    Moment,
+    evidence_moments,
+    orchestrator_moments,
+    timeline,
+    training_job_moments,
+    verdict_moments,
+)
 from beacon_ops.doctor.verdict import FAIL, INFO, OK, WARN, Verdict
 from beacon_ops.evidence.reading import RunEvidence, alarm_states, metric_samples, read_run
 
@@ -46,6 +54,8 @@ class Diagnosis:
     orchestrator: OrchestratorState | None = None  # what the orchestrator said about the job, when asked
     flight_recorder: FlightRecorderReading | None = None  # the ranks' flight-recorder dumps, read by torch
     training_job: TrainingJobReading | None = None  # a SageMaker job: what DescribeTrainingJob said
+    # Everything around the gap, oldest first, placed from it (the last heartbeat, else the newest record)
+    timeline: list[Moment] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -56,6 +66,9 @@ class Diagnosis:
         pod train-1, node node-1 hung at step 50 in training (train.py:12 in forward); 3 rank(s) wait in ...`."""
         lead = next((v for v in self.verdicts if v.check == self.lead), None)
         return f"{self.diagnosis}: {lead.evidence}" if lead is not None else self.diagnosis
+
+    def timeline_lines(self) -> list[str]:
+        return [moment.line() for moment in self.timeline]
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "healthy": self.healthy, "headline": self.headline()}
@@ -162,7 +175,31 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         inputs.orchestrator,
         recorder,
         inputs.training_job,
+        _run_timeline(inputs, evidence, beats, progress, stopped),
     )
+
+
+def _run_timeline(
+    inputs: DoctorInputs, evidence: RunEvidence, beats: list[Any], progress: list[Any], stopped: RankVerdict | None
+) -> list[Moment]:
+    moments = [
+        *orchestrator_moments(inputs.orchestrator),
+        *training_job_moments(inputs.training_job.description if inputs.training_job else None),
+        *verdict_moments(inputs.logs),
+        *evidence_moments(evidence, stopped),
+    ]
+    if beats:
+        moments += [
+            Moment(beats[0].at, "metrics", "first heartbeat"),
+            Moment(beats[-1].at, "metrics", "last heartbeat"),
+        ]
+    if progress:
+        last_step_at = progress[-1].at - timedelta(seconds=progress[-1].value)
+        age = f"{progress[-1].value:.0f} s before the last progress report"
+        moments.append(Moment(last_step_at, "metrics", f"the last step dispatched, {age}"))
+    records = [m.at for m in moments if m.source == "s3" and m.what.startswith("the newest record")]
+    gap = beats[-1].at if beats else (records[0] if records else None)
+    return timeline(moments, gap=gap)
 
 
 def diagnose_job(
@@ -205,6 +242,14 @@ def diagnose_job(
         lead=lead,
         orchestrator=state if isinstance(state, OrchestratorState) else None,
         training_job=state if isinstance(state, TrainingJobReading) else None,
+        timeline=timeline(
+            [
+                *orchestrator_moments(state if isinstance(state, OrchestratorState) else None),
+                *training_job_moments(state.description if isinstance(state, TrainingJobReading) else None),
+                *verdict_moments(logs),
+            ],
+            gap=None,  # no metrics: nothing to line up with
+        ),
     )
 
 

@@ -208,6 +208,7 @@ class Finding:
             f"{self.kind.name}-{window}",
             f'{self.line.source}: "{quoted(self.line.text)}" at {when}{also}',
             self.kind.fix,
+            at=self.line.at,
         )
 
 

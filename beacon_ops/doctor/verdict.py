@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 
@@ -14,3 +15,4 @@ class Verdict:
     verdict: str
     evidence: str
     fix: str = ""
+    at: datetime | None = None  # when its evidence happened, where one moment is the evidence (a log line)
