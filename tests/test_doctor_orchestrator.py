@@ -281,6 +281,26 @@ def test_a_foreign_job_whose_image_cannot_be_pulled_names_the_image_and_the_reas
     assert "AmazonEC2ContainerRegistryPullOnly" in answer["verdicts"][0]["fix"]
 
 
+def test_a_beacon_job_whose_artifact_volume_cannot_be_mounted_quotes_the_kubelets_event(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """The third step of the usual search, after the Job and the log: the volume mount."""
+    job = beacon_job("mount-run", active=1)
+    stuck = pod(job, "0-q8w2e", phase="Pending", state={"waiting": {"reason": "ContainerCreating"}})
+    message = (
+        'MountVolume.SetUp failed for volume "beacon-artifacts" : rpc error: code = Internal desc = '
+        'Could not mount "fs-0abc:/" at "/var/lib/kubelet/pods/x/volumes/kubernetes.io~csi/pv/mount": '
+        "mount failed: exit status 32: Connection timed out"
+    )
+    mount = event("Pod", "mount-run-0-q8w2e", "FailedMount", message, "2026-12-01T10:01:00Z", source="kubelet")
+    kubernetes.seed(job=job, pods=[stuck], events=[mount])
+    answer = answered(deployed, kubernetes, "--run", "mount-run")
+    assert answer["headline"] == (
+        f'volume-mount: pod mount-run-0-q8w2e: FailedMount "{message}" at 2026-12-01 10:01:00 UTC'
+    )
+    assert "TCP 2049" in answer["verdicts"][0]["fix"]
+
+
 def test_a_foreign_job_that_failed_says_what_only_beacons_library_could_tell(
     deployed: DeployedTeam, kubernetes: FakeKubernetes
 ) -> None:

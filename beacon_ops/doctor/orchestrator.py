@@ -24,6 +24,9 @@ BEACON_ENVIRONMENT = ("BEACON_TEAM", "BEACON_EXPERIMENT", "BEACON_RUN_ID")
 # Waiting reasons of a container whose image never arrives (kubelet's images.ErrImagePullBackOff & co.).
 IMAGE_PULL_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull"})
 CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+# The kubelet's and the attach/detach controller's events when a pod's volume cannot be attached or mounted
+# (kubernetes pkg/kubelet/events/event.go: FailedMountVolume = "FailedMount"; FailedAttachVolume).
+VOLUME_REASONS = frozenset({"FailedMount", "FailedAttachVolume"})
 
 # Karpenter's event reasons, as published (statement level):
 # - aws/karpenter-provider-aws pkg/controllers/interruption/events/events.go (1d92708, 2026-08): on the Node and
@@ -372,6 +375,23 @@ def _never_started(job: JobState) -> Verdict | None:
     return None
 
 
+def _volume(job: JobState) -> Verdict | None:
+    """A pod that cannot start because its volume does not attach or mount (the artifact volume on EFS, say)."""
+    waiting = {p.name for p in job.pods if p.phase == "Pending" and p.node and not _running(job)}
+    event = next((e for e in reversed(job.events) if e.kind == "Pod" and e.reason in VOLUME_REASONS), None)
+    if event is None or (job.pods and event.name not in waiting):
+        return None
+    return Verdict(
+        CHECK,
+        FAIL,
+        "volume-mount",
+        f"{event.quoted()}{_at(event.at)}" + (f" (x{event.count})" if event.count > 1 else ""),
+        f"the pod's volume cannot be mounted on its node: for Beacon's artifact volume (PVC beacon-artifacts in "
+        f"{job.namespace}, EFS) check the EFS CSI driver add-on, the mount targets' security group (NFS, TCP 2049, "
+        "from the nodes) and the access point; `kubectl describe pod` shows the mount's own error",
+    )
+
+
 def _oom(job: JobState) -> Verdict | None:
     for pod in reversed(job.pods):
         for c in pod.containers:
@@ -536,7 +556,7 @@ def orchestrator_verdict(state: OrchestratorState) -> Verdict:
             f"Job {job.namespace}/{job.name} Complete{_at(complete.at)}: {job.succeeded} pod(s) succeeded, "
             f"{job.failed} failed",
         )
-    for check in (_never_started, _oom, _interruption, _exit_code, _unschedulable, _job_failed):
+    for check in (_never_started, _volume, _oom, _interruption, _exit_code, _unschedulable, _job_failed):
         verdict = check(job)
         if verdict is not None:
             return verdict
