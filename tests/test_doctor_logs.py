@@ -237,3 +237,26 @@ def test_doctor_target_sagemaker_reads_the_teams_training_job_logs_as_the_reader
     orchestrator = answer["verdicts"][0]
     assert orchestrator["verdict"] == "no job" and name in orchestrator["evidence"]
     assert [v["verdict"] for v in answer["verdicts"] if v["check"] == "logs"] == ["cuda-oom-before-end"]
+
+
+def test_a_sagemaker_job_carrying_a_beacon_runs_settings_is_known_by_them_and_only_they_are_kept(
+    deployed: DeployedTeam,
+) -> None:
+    """`--job NAME --target sagemaker` on a Beacon job gets its run's whole diagnosis: the run comes from the job's
+    environment. Nothing else of that environment is kept: a team's own variables may be secrets."""
+    name = names.training_job_name(TEAM, "env-run")
+    described = {
+        **describe_failed(name),
+        "Environment": {
+            "BEACON_TEAM": TEAM,
+            "BEACON_EXPERIMENT": "resnet",
+            "BEACON_RUN_ID": "env-run",
+            "HF_TOKEN": "x",
+        },
+    }
+    sagemaker = deployed.client("sagemaker")
+    with Stubber(sagemaker) as stub:
+        stub.add_response("describe_training_job", described, {"TrainingJobName": name})
+        reading = read_training_job(sagemaker, name)
+    assert reading.beacon == {"BEACON_TEAM": TEAM, "BEACON_EXPERIMENT": "resnet", "BEACON_RUN_ID": "env-run"}
+    assert "HF_TOKEN" not in json.dumps(diagnose_job(TEAM, reading).as_dict(), default=str)

@@ -151,20 +151,21 @@ def doctor(
     reader = reader_credentials(session, team, reader_role_arn)
     state: OrchestratorState | None = None
     training_job: TrainingJobReading | None = None
+    platform: OrchestratorState | TrainingJobReading
     if target is Where.SAGEMAKER:
         assert training_job_name is not None
         training_job, logs = read_sagemaker(session, reader, training_job_name)
-        if job is not None:
-            show(diagnose_job(team, training_job, logs=logs), as_json=as_json)
+        beacon_run, platform = training_job.beacon, training_job
     else:
         state = read_orchestrator(session, team, job or str(run), namespace=namespace, kubernetes_url=kubernetes_url)
         logs = eks_logs(session, reader, state)
-        beacon_run = state.job.beacon if state.job is not None else {}
-        if job is not None:
-            if beacon_run.get("BEACON_RUN_ID") and beacon_run.get("BEACON_TEAM", team) == team:
-                run, experiment = beacon_run["BEACON_RUN_ID"], beacon_run.get("BEACON_EXPERIMENT", experiment)
-            else:
-                show(diagnose_job(team, state, logs=logs), as_json=as_json)
+        beacon_run, platform = (state.job.beacon if state.job is not None else {}), state
+    if job is not None:
+        # A job that carries a Beacon run's settings gets the whole diagnosis of that run
+        if beacon_run.get("BEACON_RUN_ID") and beacon_run.get("BEACON_TEAM", team) == team:
+            run, experiment = beacon_run["BEACON_RUN_ID"], beacon_run.get("BEACON_EXPERIMENT", experiment)
+        else:
+            show(diagnose_job(team, platform, logs=logs), as_json=as_json)
     assert run is not None
     try:
         if bucket is None or reader_role_arn is None:

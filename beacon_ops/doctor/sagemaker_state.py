@@ -16,6 +16,8 @@ from beacon_ops.doctor.orchestrator import CHECK
 from beacon_ops.doctor.verdict import FAIL, INFO, OK, WARN, Verdict
 
 # What the doctor keeps of DescribeTrainingJob (and carries in --json).
+BEACON_ENVIRONMENT = "BeaconEnvironment"  # the doctor's own key beside DescribeTrainingJob's
+BEACON_RUN_SETTINGS = ("BEACON_TEAM", "BEACON_EXPERIMENT", "BEACON_RUN_ID")
 KEPT = (
     "TrainingJobName",
     "TrainingJobArn",
@@ -38,6 +40,12 @@ class TrainingJobReading:
     name: str
     description: dict[str, Any] | None
     verdict: Verdict
+
+    @property
+    def beacon(self) -> dict[str, str]:
+        """The Beacon run's settings in its environment (BEACON_TEAM, _EXPERIMENT, _RUN_ID); empty for a job
+        without Beacon. Only these are kept of its environment: the rest may hold a team's secrets."""
+        return dict((self.description or {}).get(BEACON_ENVIRONMENT, {}))
 
 
 def read_training_job(sagemaker: Any, name: str) -> TrainingJobReading:
@@ -72,7 +80,10 @@ def _describe(sagemaker: Any, name: str) -> dict[str, Any] | Verdict:
         )
     except BotoCoreError as error:
         return Verdict(CHECK, INFO, "unreadable", f"sagemaker:DescribeTrainingJob {name}: {error}", "check --region")
-    return {key: answer[key] for key in KEPT if key in answer}
+    kept = {key: answer[key] for key in KEPT if key in answer}
+    environment = answer.get("Environment") or {}
+    kept[BEACON_ENVIRONMENT] = {k: str(v) for k, v in environment.items() if k in BEACON_RUN_SETTINGS}
+    return kept
 
 
 def _at(when: Any) -> str:
