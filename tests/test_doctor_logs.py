@@ -17,11 +17,11 @@ from typing import Any
 
 from botocore.stub import Stubber
 
-from beacon_ops.doctor.diagnosis import diagnose_job
+from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose, diagnose_job
 from beacon_ops.doctor.log_reader import read_log_verdicts, sagemaker_job_logs
 from beacon_ops.doctor.sagemaker_state import read_training_job
 from config import names
-from tests.support.deployed_team import TEAM, DeployedTeam
+from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.test_doctor_orchestrator import NS, answered, beacon_job, doctor, first_line, foreign_job, pod
 
@@ -260,3 +260,28 @@ def test_a_sagemaker_job_carrying_a_beacon_runs_settings_is_known_by_them_and_on
         reading = read_training_job(sagemaker, name)
     assert reading.beacon == {"BEACON_TEAM": TEAM, "BEACON_EXPERIMENT": "resnet", "BEACON_RUN_ID": "env-run"}
     assert "HF_TOKEN" not in json.dumps(diagnose_job(TEAM, reading).as_dict(), default=str)
+
+
+def test_a_beacon_run_whose_sagemaker_job_failed_leads_with_the_failure_reason(deployed: DeployedTeam) -> None:
+    """`--run R --target sagemaker`: the run's own evidence is read too, and SageMaker's reason still leads."""
+    name = names.training_job_name(TEAM, "sm-beacon")
+    sagemaker = deployed.client("sagemaker")
+    with Stubber(sagemaker) as stub:
+        stub.add_response("describe_training_job", describe_failed(name), {"TrainingJobName": name})
+        reading = read_training_job(sagemaker, name)
+    result = diagnose(
+        DoctorInputs(
+            team=TEAM,
+            experiment="smoke",
+            run="sm-beacon",
+            bucket=BUCKET,
+            region="us-east-1",
+            s3=deployed.client("s3"),
+            cloudwatch=deployed.client("cloudwatch"),
+            training_job=reading,
+        )
+    )
+    assert result.headline().startswith('training-job-failed: "AlgorithmError: ExecuteUserScriptError'), (
+        result.headline()
+    )
+    assert "delivery" in [v.check for v in result.verdicts]
