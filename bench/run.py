@@ -26,9 +26,9 @@ from smoke_job.model import SmallConvNet
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import alarm_set_for_run
 from beacon_ops.evidence.verify import recorded_samples
-from beacon_ops.local.moto import ACCOUNT, REGION, EmbeddedAws
+from beacon_ops.local.moto import REGION, EmbeddedAws
 from beacon_ops.local.processes import end_process_tree
-from beacon_ops.local.provision import provision_team
+from beacon_ops.local.sandbox import Sandbox, open_sandbox
 from beacon_ops.templates import load_templates
 from bench.cost import bench_idle_cost
 from bench.doctor import bench_doctor
@@ -101,23 +101,30 @@ def bench_synth(rounds: int = 3) -> dict[str, Any]:
 # --- the job against a moto in its own process ------------------------------------------------
 @dataclass
 class Bench:
-    aws: EmbeddedAws
-    writer: dict[str, str]
-    reader: dict[str, str]
+    """The one sandbox (`beacon_ops.local.sandbox`: moto in its own process, the demo team provisioned, IAM
+    enforced), and what the bench adds: the monitoring template's alarms, and the smoke job as it runs it."""
+
+    sandbox: Sandbox
     monitoring: Any
-    workdir: Path
+
+    @property
+    def aws(self) -> EmbeddedAws:
+        return self.sandbox.aws
+
+    @property
+    def writer(self) -> dict[str, str]:
+        return self.sandbox.credentials
+
+    @property
+    def reader(self) -> dict[str, str]:
+        return self.sandbox.reader
+
+    @property
+    def workdir(self) -> Path:
+        return self.sandbox.workdir
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in ENV.items() if not k.startswith(("AWS_", "BEACON_"))}
-        env.update(
-            AWS_ENDPOINT_URL=self.aws.url,
-            AWS_REGION=REGION,
-            PYTHONUNBUFFERED="1",
-            AWS_ACCESS_KEY_ID=self.writer["aws_access_key_id"],
-            AWS_SECRET_ACCESS_KEY=self.writer["aws_secret_access_key"],
-            AWS_SESSION_TOKEN=self.writer["aws_session_token"],
-        )
-        return env
+        return self.sandbox.job_env(self.sandbox.credentials)
 
     def command(self, run: str, *extra: str) -> list[str]:
         return [
@@ -162,17 +169,8 @@ class Bench:
 
 def open_bench(workdir: Path) -> Bench:
     templates = load_templates(ROOT / "cdk.out")
-    aws = EmbeddedAws.start_process()
-    provisioned = provision_team(templates, "demo", clients=aws.client, account=ACCOUNT, region=REGION, bucket=BUCKET)
-    aws.enforce_iam()
-    sts = aws.client("sts", **provisioned.operator_keys)
-    return Bench(
-        aws,
-        provisioned.writer_credentials(sts),
-        provisioned.role_credentials(sts, provisioned.store.reader_role_arn, "bench-doctor"),
-        templates["beacon-demo-monitoring"],
-        workdir,
-    )
+    sandbox = open_sandbox(templates, "demo", bucket=BUCKET, workdir=workdir)
+    return Bench(sandbox, templates["beacon-demo-monitoring"])
 
 
 def bench_telemetry(bench: Bench, rounds: int = 9, steps: int = 300) -> dict[str, Any]:
