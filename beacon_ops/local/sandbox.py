@@ -1,6 +1,5 @@
 """The one sandbox: an embedded AWS (moto) with a team provisioned from its templates, IAM enforced,
-and how a training job is started against it. `beacon local`, the tests and (after its merge) the
-bench use this one."""
+and how a training job is started against it. `beacon local`, the tests and `make bench` use this one."""
 
 from __future__ import annotations
 
