@@ -72,6 +72,12 @@ class TrainingNamespace(Construct):
             )
             for index, arn in enumerate(operator_role_arns)
         ]
+        # The doctor's reads outside the namespace (nodes, their events), by RBAC bound to this group.
+        for entry in self.operator_access:
+            cast(eks.CfnAccessEntry, entry.node.default_child).add_property_override(
+                "KubernetesGroups", [manifests.DOCTOR_READERS_GROUP]
+            )
+        self.doctor_read_access = cluster.add_manifest("DoctorReadAccess", *manifests.doctor_read_access())
 
     def _volume_mount_role(
         self, cluster: eks.Cluster, file_system: efs.IFileSystem, access_point: efs.IAccessPoint

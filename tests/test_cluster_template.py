@@ -18,6 +18,7 @@ from beacon import contract
 
 from beacon_constructs.cluster import TrainingCluster
 from beacon_constructs.karpenter import INTERRUPTION_RULES, NODE_MANAGED_POLICIES
+from beacon_ops.doctor.eks_state import NODE_EVENTS_NAMESPACE
 from beacon_ops.templates import Template as SynthesizedTemplate
 from beacon_ops.templates import kubernetes_objects, shape_resolver
 from config import TeamConfig
@@ -569,3 +570,57 @@ def test_the_image_is_built_from_the_runtime_and_its_smoke_job_as_a_cdk_asset(de
     for needed in ("Dockerfile", "requirements.txt", "pyproject.toml", "beacon/telemetry.py", "smoke_job/train.py"):
         assert (staged / needed).is_file(), needed
     assert not list(staged.rglob("__pycache__")) and not list(staged.glob("*.egg-info"))
+
+
+def test_the_operators_may_read_what_the_doctor_reads_beyond_the_namespace_and_nothing_more(
+    demo_config: TeamConfig, tmp_path: Path
+) -> None:
+    """The doctor reads each node its pods ran on and the node's events in `default`: EKS's namespace-scoped
+    edit policy allows neither, so the access entry carries a group that RBAC binds to exactly those reads.
+    Evaluated as the API server's RBAC authorizer would: a rule allows (verb, group, resource, namespace)."""
+    operator = "arn:aws:iam::123456789012:role/ml-vision-operators"
+    config = demo_config.model_copy(
+        update={"cluster": demo_config.cluster.model_copy(update={"operator_role_arns": (operator,)})}
+    )
+    cluster = synthesize(config, tmp_path).template("cluster")
+    (entry,) = [
+        e["Properties"]
+        for e in cluster.of_type("AWS::EKS::AccessEntry").values()
+        if e["Properties"]["PrincipalArn"] == operator
+    ]
+    groups = set(entry["KubernetesGroups"])
+    found = all_objects(kubernetes_objects(cluster))
+    roles = {
+        (o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")): o
+        for o in found
+        if o["kind"] in ("Role", "ClusterRole")
+    }
+    bound: list[tuple[dict[str, Any], str | None]] = []  # (role, the namespace it applies in; None: all)
+    for binding in [o for o in found if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]:
+        if {s["name"] for s in binding["subjects"] if s["kind"] == "Group"} & groups:
+            where = binding["metadata"].get("namespace")
+            bound.append(
+                (
+                    roles[
+                        (
+                            binding["roleRef"]["kind"],
+                            binding["roleRef"]["name"],
+                            where if binding["roleRef"]["kind"] == "Role" else None,
+                        )
+                    ],
+                    where,
+                )
+            )
+
+    def allowed(verb: str, resource: str, namespace: str | None) -> bool:
+        return any(
+            verb in rule["verbs"] and resource in rule["resources"] and "" in rule["apiGroups"]
+            for role, where in bound
+            if where is None or where == namespace
+            for rule in role["rules"]
+        )
+
+    assert allowed("get", "nodes", None) and allowed("list", "events", NODE_EVENTS_NAMESPACE)
+    assert not allowed("list", "events", "kube-system"), "node events only, where Kubernetes records them"
+    for verb, resource, namespace in (("list", "secrets", None), ("patch", "nodes", None), ("delete", "nodes", None)):
+        assert not allowed(verb, resource, namespace), (verb, resource)

@@ -285,3 +285,44 @@ def test_a_beacon_run_whose_sagemaker_job_failed_leads_with_the_failure_reason(d
         result.headline()
     )
     assert "delivery" in [v.check for v in result.verdicts]
+
+
+def test_a_finished_job_whose_log_retried_past_timeouts_and_refusals_is_still_finished(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """Startup and shutdown noise of a healthy run: the TCPStore's refused connections while the workers wait for
+    rank 0, a retried read timeout, nccl's "not destroyed" warning at exit. The Job completed: the log's lines are
+    warnings beside it, never the cause."""
+    job = foreign_job("noisy-job", active=0, succeeded=1)
+    job["status"]["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": "2026-12-01T11:00:00Z"}]
+    finished = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": "2026-12-01T10:00:00Z"}}
+    kubernetes.seed(job=job, pods=[pod(job, "n0i5y", phase="Succeeded", state=finished)])
+    lines = [
+        (0, "[c10d] The client socket has failed to connect to [train-0]:29500 (errno: 111 - Connection refused)."),
+        (3, "urllib3: Retrying after connection broken by 'ReadTimeoutError(...): Read timed out.'"),
+        *((4.0 + i, f"step {i} loss 0.5") for i in range(30)),
+        (40, "ProcessGroupNCCL.cpp: WARNING: process group has NOT been destroyed before we destruct ProcessGroupNCCL"),
+    ]
+    name = "noisy-job-n0i5y"
+    put_lines(deployed, CLUSTER_LOGS, stream_of(name), [(at, fluent_bit(text, name)) for at, text in lines])
+    done = doctor(deployed, kubernetes, "--job", "noisy-job")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert first_line(done).startswith("finished: Job training/noisy-job Complete"), first_line(done)
+    answer = answered(deployed, kubernetes, "--job", "noisy-job", code=0)
+    logs = [v for v in answer["verdicts"] if v["check"] == "logs"]
+    assert logs and {v["status"] for v in logs} == {"warn"}, logs
+
+
+def test_without_pod_labels_in_the_log_another_jobs_look_alike_pod_is_not_read(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """The observability add-on's Fluent Bit leaves pod labels out by default. Job `look-2`'s pod `look-2-q1w2e`
+    has the name an Indexed Job `look` would give its pod 2: the doctor reads only the pods the orchestrator
+    named for `look`, so the other Job's refused connection is not this run's."""
+    job = beacon_job("look", active=0, failed=1)
+    kubernetes.seed(job=job, pods=[pod(job, "0-k1j2h", phase="Failed", state=FAILED)])
+    put_lines(deployed, CLUSTER_LOGS, stream_of("look-0-k1j2h"), [(0, fluent_bit("starting", "look-0-k1j2h"))])
+    put_lines(deployed, CLUSTER_LOGS, stream_of("look-2-q1w2e"), [(2, fluent_bit(REFUSED, "look-2-q1w2e"))])
+    answer = answered(deployed, kubernetes, "--run", "look")
+    [logs] = [v for v in answer["verdicts"] if v["check"] == "logs"]
+    assert logs["verdict"] == "nothing known" and answer["diagnosis"] == "exit-code", answer["headline"]

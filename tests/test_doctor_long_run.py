@@ -79,16 +79,29 @@ def test_a_long_run_is_diagnosed_from_its_index_and_tail_without_reading_every_c
     assert result.diagnosis == "finished"
 
 
-def test_the_tail_reading_gives_the_full_readings_last_step_and_count_across_resumes(s3: Any) -> None:
-    """Attempt 1 resumes at step 1,000 after attempt 0 reached 1,499, inside an indexed group: the chunk
-    the two attempts share is read, so the live history's last step is attempt 1's, as a full read says."""
-    attempts = [Attempt(0, 1500), Attempt(1000, 900), Attempt(1700, 50)]
-    write_long_run(s3, bucket=BUCKET, experiment="smoke", run="resumed", attempts=attempts, chunk_records=7)
+@pytest.mark.parametrize(
+    ("attempts", "chunk_records"),
+    [
+        # attempt 1 resumes at step 1,000 after attempt 0 reached 1,499, inside an indexed group; a third attempt
+        ([Attempt(0, 1500), Attempt(1000, 900), Attempt(1700, 50)], 7),
+        # exactly one whole group: the tail is empty, and the newest attempt's steps are in indexed chunks
+        ([Attempt(0, 305), Attempt(250, 335)], 10),
+    ],
+    ids=["resumed-inside-a-group", "empty-tail"],
+)
+def test_the_tail_reading_gives_the_full_readings_last_step_and_count_across_resumes(
+    s3: Any, attempts: list[Attempt], chunk_records: int
+) -> None:
+    """The chunk two attempts share is read, so the live history's last step is the newest attempt's, as a full
+    read says, whether its later records are in the tail or in indexed chunks."""
+    write_long_run(s3, bucket=BUCKET, experiment="smoke", run="resumed", attempts=attempts, chunk_records=chunk_records)
     full = read_run(s3, BUCKET, "smoke", "resumed")
     tail = read_run(s3, BUCKET, "smoke", "resumed", tail_only=True)
     assert tail.indexed and len(tail.records) < len(full.records) / 10, "the index stood in for most chunks"
     assert (tail.last_step, tail.record_count, tail.missing) == (full.last_step, len(full.records), 0)
-    assert full.last_step == 1749
+    assert full.last_step == attempts[-1].first_step + attempts[-1].steps - 1
+    newest = max(full.records, key=lambda r: r.wall_time)
+    assert tail.newest_record_at == (newest.wall_time, newest.step)
 
 
 def test_a_chunk_missing_from_a_finished_runs_tail_is_lost_and_counted(moto_server: MotoServer, s3: Any) -> None:

@@ -82,6 +82,50 @@ def persistent_volume(file_system_id: str, access_point_id: str) -> dict[str, An
     }
 
 
+# `beacon doctor` reads beyond the training namespace, read-only: the nodes its pods ran on (capacity type,
+# NodePool) and the events on them, which Kubernetes records in `default` (Karpenter's interruption and
+# disruption events among them). EKS access policies cannot be narrowed to that, so RBAC of its own, bound to
+# a group the operators' access entries carry.
+DOCTOR_READERS_GROUP = "beacon:doctor-readers"
+DOCTOR_NODE_READER = "beacon-doctor-node-reader"
+NODE_EVENTS_NAMESPACE = "default"
+
+
+def doctor_read_access() -> list[dict[str, Any]]:
+    """Get and list of nodes (cluster-wide) and of the events in `default`: nothing else, nothing written."""
+    subjects = [{"kind": "Group", "name": DOCTOR_READERS_GROUP, "apiGroup": "rbac.authorization.k8s.io"}]
+    read = ["get", "list"]
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "name": DOCTOR_NODE_READER}
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": DOCTOR_NODE_READER},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": read}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": DOCTOR_NODE_READER},
+            "roleRef": {**role_ref, "kind": "ClusterRole"},
+            "subjects": subjects,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": DOCTOR_NODE_READER, "namespace": NODE_EVENTS_NAMESPACE},
+            "rules": [{"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": read}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": DOCTOR_NODE_READER, "namespace": NODE_EVENTS_NAMESPACE},
+            "roleRef": {**role_ref, "kind": "Role"},
+            "subjects": subjects,
+        },
+    ]
+
+
 def persistent_volume_claim(ns: str = contract.TRAINING_NAMESPACE) -> dict[str, Any]:
     return {
         "apiVersion": "v1",

@@ -96,8 +96,12 @@ def reader_credentials(session: boto3.session.Session, team: str, reader_role_ar
 
 
 def eks_logs(session: boto3.session.Session, reader: dict[str, str], state: OrchestratorState) -> tuple[Verdict, ...]:
-    since = state.job.created_at if state.job is not None else None
-    where = eks_job_logs(group=names.container_log_group(state.cluster), job_name=state.job_name, since=since)
+    job = state.job
+    since = job.created_at if job is not None else None
+    # Its pods, and gone ones its events name: another Job's pods may look alike (an Indexed `a` and a Job `a-2`)
+    pods = frozenset([p.name for p in job.pods] + [e.name for e in job.events if e.kind == "Pod"] if job else [])
+    group = names.container_log_group(state.cluster)
+    where = eks_job_logs(group=group, job_name=state.job_name, since=since, pods=pods)
     return tuple(read_log_verdicts(session.client("logs", **reader), where))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -104,8 +104,20 @@ def leading(orchestrator: Verdict | None, logs: Sequence[Verdict]) -> Verdict | 
     kernel's OOM kill, a node taken, an image not pulled, SageMaker's FailureReason), else the log's first failure
     (a container's start first), else the orchestrator's bare failure."""
     failing_log = next((v for v in logs if v.status == FAIL), None)
+    if orchestrator is not None and orchestrator.status != FAIL:
+        # Running or finished: its log's timeouts and refused connections were retried past (the TCPStore's
+        # "Connection refused" while the workers wait for rank 0, say): evidence, not the cause. A job the
+        # orchestrator cannot show (gone, unreadable, restarting) has its log as the best evidence.
+        return None if orchestrator.status == OK else failing_log
     explains = orchestrator is not None and (orchestrator.verdict not in UNEXPLAINED or failing_log is None)
-    return orchestrator if orchestrator is not None and orchestrator.status == FAIL and explains else failing_log
+    return orchestrator if explains else failing_log
+
+
+def settled(orchestrator: Verdict | None, logs: Sequence[Verdict]) -> tuple[Verdict, ...]:
+    """The log's verdicts, each failure a warning when the orchestrator says the job runs or ran fine (OK)."""
+    if orchestrator is None or orchestrator.status != OK:
+        return tuple(logs)
+    return tuple(replace(v, status=WARN) if v.status == FAIL else v for v in logs)
 
 
 def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Diagnosis:
@@ -124,9 +136,10 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     recorder = read_flight_recorder(evidence.flight_recorder_dumps())
     rank_check, stopped = _stopped_rank(evidence, recorder)
     platform = inputs.orchestrator_verdict()
+    logs = settled(platform, inputs.logs)
     verdicts = [
         *([platform] if platform is not None else []),
-        *inputs.logs,
+        *logs,
         _job_state(evidence),
         _liveness(evidence, heartbeat_age, progress_age, interval, inputs.stall_after_s),
         _delivery(inputs, evidence, dims, now),
@@ -156,7 +169,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         # Without the bucket every verdict from S3 is blind: that leads, after what the orchestrator saw.
         causes.insert(0, ("endpoint", lambda v: v.verdict.replace(" ", "-")))
     failing = [(check, name) for check, name in causes if check in by_check and by_check[check].status == FAIL]
-    first = leading(platform, inputs.logs)
+    first = leading(platform, logs)
     if first is not None:
         failing.insert(0, (first.check, lambda v: first.verdict))
     lead, cause = next(((check, name(by_check[check])) for check, name in failing), ("job", ""))
@@ -222,6 +235,7 @@ def diagnose_job(
         "`import beacon` in the training (beacon.init, run.log) and run it with Beacon's environment "
         "(workloads.manifests.training_job sets it), or `beacon run`",
     )
+    logs = settled(verdict, logs)
     first = leading(verdict, logs)
     if first is not None:
         lead, cause = first.check, first.verdict
@@ -270,7 +284,8 @@ def _job_state(evidence: RunEvidence) -> Verdict:
             FAIL,
             "not started",
             "no preflight record under the run prefix: the job never passed its first seconds",
-            "read the container log's first 20 s (kubectl -n training logs job/<name>): preflight prints one line",
+            f"the logs check above reads the container's first 20 s; by hand: kubectl -n {contract.TRAINING_NAMESPACE} "
+            f"logs job/{evidence.run} (preflight prints one line, or why it stopped)",
         )
     restarted = f", restarted {attempts - 1} time(s)" if attempts > 1 else ""
     if evidence.final is not None:

@@ -36,8 +36,9 @@ def refused(error: ApiException, what: str, cluster: str) -> tuple[str, str]:
     if error.status in (401, 403):
         return (
             f"the Kubernetes API of {cluster} refused {what} ({error.status} {error.reason})",
-            "list your role in cluster.operator_role_arns of the team file (an access entry on the cluster) and "
-            "redeploy; it needs get/list on jobs, pods, events and nodes",
+            "list your role in cluster.operator_role_arns of the team file and redeploy: its access entry may edit "
+            "the training namespace and, by the group beacon:doctor-readers, read nodes and their events; a Job in "
+            "another namespace needs a view role there",
         )
     return f"{what} on cluster {cluster}: {error.status} {error.reason}", ""
 

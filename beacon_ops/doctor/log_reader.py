@@ -39,12 +39,17 @@ class JobLogs:
     group: str
     job_name: str
     since: datetime | None = None  # EKS: the Job's creation; streams are searched from there
+    # EKS: the Job's pods as the orchestrator named them (its pods, and gone ones its events name)
+    pods: frozenset[str] = frozenset()
 
     def holds(self, line: LogLine) -> bool:
-        """A line of one of the Job's pods: by the pod's job-name label when the event carries it; else by the
-        pod's name, `<job>-<random>` or `<job>-<index>-<random>` (an Indexed Job `a` and a Job `a-2` look alike)."""
+        """A line of one of the Job's pods: by the pod's job-name label when the event carries it (the add-on's
+        default Fluent Bit setting leaves labels out); else by the pods the orchestrator named; else by the pod's
+        name, `<job>-<random>` or `<job>-<index>-<random>` (an Indexed Job `a` and a Job `a-2` look alike)."""
         if line.job:
             return line.job == self.job_name
+        if self.pods:
+            return line.pod in self.pods
         return re.fullmatch(rf"{re.escape(self.job_name)}-(?:\d+-)?[a-z0-9]{{5}}", line.pod) is not None
 
     def by_hand(self) -> str:
@@ -54,9 +59,9 @@ class JobLogs:
         return f"aws logs tail {self.group} --filter-pattern '\"{self.job_name}\"' --since 1d"
 
 
-def eks_job_logs(*, group: str, job_name: str, since: datetime | None) -> JobLogs:
+def eks_job_logs(*, group: str, job_name: str, since: datetime | None, pods: frozenset[str] = frozenset()) -> JobLogs:
     """group: the cluster's Container Insights application group (config.names.container_log_group)."""
-    return JobLogs(platform="eks", group=group, job_name=job_name, since=since)
+    return JobLogs(platform="eks", group=group, job_name=job_name, since=since, pods=pods)
 
 
 def sagemaker_job_logs(*, group: str, training_job_name: str) -> JobLogs:
@@ -115,7 +120,7 @@ def _streams(logs: Any, where: JobLogs) -> list[str]:
         if not page.get("nextToken"):
             break
         request["nextToken"] = page["nextToken"]
-    return list(names)[-MAX_STREAMS:]
+    return list(names)[:MAX_STREAMS]  # the listing's newest streams first
 
 
 def _stream_lines(logs: Any, where: JobLogs, stream: str) -> list[LogLine]:

@@ -124,8 +124,8 @@ def training_job_verdict(job: dict[str, Any]) -> Verdict:
             "max-runtime-exceeded",
             f"{subject} Stopped: MaxRuntimeExceeded (StoppingCondition.MaxRuntimeInSeconds {max_runtime})"
             f"{history_text}",
-            "raise training.sagemaker_max_runtime_seconds in the team file, or checkpoint and resume: a rerun with "
-            "the same run id resumes from the last checkpoint",
+            "raise training.sagemaker_max_runtime_seconds in the team file and redeploy; SageMaker job names are "
+            "unique, so a rerun is a new run id (`beacon run --target sagemaker`), which starts from step 0",
         )
     if status == "Completed":
         return Verdict(CHECK, OK, "complete", f"{subject} Completed{_at(job.get('TrainingEndTime'))}{history_text}")

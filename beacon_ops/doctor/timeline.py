@@ -111,9 +111,9 @@ def evidence_moments(evidence: RunEvidence, stopped: RankVerdict | None) -> list
         at = _parsed(preflight.get("started_at"))
         if at is not None:
             found.append(Moment(at, "s3", f"attempt {attempt} passed its preflight on {preflight.get('host', '?')}"))
-    if evidence.records:
-        last = max(evidence.records, key=lambda r: r.wall_time)
-        found.append(Moment(_wall(last.wall_time), "s3", f"the newest record in S3 was logged: step {last.step}"))
+    newest = evidence.newest_record_at
+    if newest is not None:
+        found.append(Moment(_wall(newest[0]), "s3", f"the newest record in S3 was logged: step {newest[1]}"))
     if evidence.final is not None and isinstance(evidence.final.get("ended_at"), int | float):
         state = evidence.final.get("state", "finished")
         found.append(Moment(_wall(evidence.final["ended_at"]), "s3", f"final state written: {state}"))

@@ -64,11 +64,17 @@ class RunEvidence:
         if not self.indexed:
             return max(self.steps) if self.records else None
         newest = max(a for a in (*self.attempts_indexed, *(r.attempt for r in self.records)))
-        in_tail = [r.step for r in self.records if r.attempt == newest]
-        if in_tail:
-            return max(in_tail)
-        # read_run read every indexed chunk the newest attempt shares with an older one, so these are its own
-        return max(s.last_step for s in self.indexed if s.attempts == (newest,))
+        # read_run read every indexed chunk the newest attempt shares with an older one: the summaries left
+        # hold its steps alone, or none of its steps
+        read = [r.step for r in self.records if r.attempt == newest]
+        return max([*read, *(s.last_step for s in self.indexed if s.attempts == (newest,))])
+
+    @property
+    def newest_record_at(self) -> tuple[float, int] | None:
+        """When the newest record in S3 was logged, and its step (from the index when the tail is empty)."""
+        candidates = [(r.wall_time, r.step) for r in self.records]
+        candidates += [(s.last_wall_time, s.last_step) for s in self.indexed]
+        return max(candidates) if candidates else None
 
     @property
     def attempts_indexed(self) -> set[int]:
