@@ -520,6 +520,12 @@ def test_the_function_may_read_the_runs_evidence_and_publish_to_its_topic(aws: D
         ("s3:GetObject", evidence, {}),
         # a live snapshot, uploaded while the run hangs: under the run's prefix like the rest
         ("s3:GetObject", f"{bucket}/{contract.live_rank_evidence_key(EXPERIMENT, RUN, 0, 2, stacks_name(3))}", {}),
+        # a node leader's (rank 0 stopped, or node-local ranks directories)
+        (
+            "s3:GetObject",
+            f"{bucket}/{contract.node_rank_evidence_key(EXPERIMENT, RUN, 0, 1, stacks_name(3), snapshot=0)}",
+            {},
+        ),
         ("s3:GetObject", f"{bucket}/{contract.events_key(EXPERIMENT, RUN, 0)}", {}),
         ("s3:ListBucket", bucket, {"s3:prefix": contract.run_prefix(EXPERIMENT, RUN)}),
         ("kms:Decrypt", bucket_key, s3),

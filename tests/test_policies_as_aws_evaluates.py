@@ -254,13 +254,17 @@ def test_item7_history_stays_create_only(aws: Deployment, experiment: str, run: 
 
 def test_item7_the_ranks_evidence_live_snapshots_too_is_create_only_for_the_writer(aws: Deployment) -> None:
     """Issue 17: rank 0 uploads the ranks' evidence at an attempt's end and, while a rank stalls, as live
-    snapshots. No grant of their own: the writer's PutObject covers every key under `experiments/`, and
-    `ranks/` is not an overwritable kind, so the bucket policy lets a create-only write through and nothing else."""
+    snapshots; the other nodes' leaders (the same writer role) what rank 0 cannot. No grant of their own:
+    the writer's PutObject covers every key under `experiments/`, and `ranks/` is not an overwritable kind,
+    so the bucket policy lets a create-only write through and nothing else."""
     assert contract.RANKS not in contract.OVERWRITABLE_KINDS
     for key in (
         contract.rank_evidence_key("exp1", "run1", 0, "stacks-rank-00003.txt"),
         contract.live_rank_evidence_key("exp1", "run1", 0, 0, "stacks-rank-00003.txt"),
         contract.live_rank_evidence_key("exp1", "run1", 3, 12, contract.LIVE_SNAPSHOT_COMPLETE),
+        # a node leader's, when rank 0 stopped or the ranks directory is node-local (`beacon.node_leader`)
+        contract.node_rank_evidence_key("exp1", "run1", 0, 1, "stacks-rank-00003.txt"),
+        contract.node_rank_evidence_key("exp1", "run1", 0, 1, contract.LIVE_SNAPSHOT_COMPLETE, snapshot=0),
     ):
         assert_allowed(aws, put(aws, DEMO, key, **{"s3:if-none-match": "*"}))
         assert decide(aws, put(aws, DEMO, key)) is Decision.EXPLICIT_DENY, key

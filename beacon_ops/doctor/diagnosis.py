@@ -6,6 +6,7 @@ diagnosis names the root cause: a refused write explains silence, not the other 
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -523,10 +524,16 @@ def _stopped_rank(evidence: RunEvidence, recorder: FlightRecorderReading | None)
         return Verdict(
             "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others{read}", unread
         ), None
-    found = f"ranks/{evidence.rank_files_from or '…'}/{stacks_name(stopped.rank)}"
-    if evidence.rank_files_from.count("/"):  # a live snapshot: the attempt has not ended yet
-        found += " (live snapshot: rank 0 uploaded it while the run hung)"
-    where = f"its stack: {found}" if stopped.stack else "no stack dump (killed outright)"
+    stacks_file = stacks_name(stopped.rank)
+    key = evidence.rank_file_keys.get(stacks_file, "")
+    found = f"{contract.RANKS}/" + (
+        key.split(f"/{contract.RANKS}/", 1)[1] if key else f"{evidence.rank_files_from or '…'}/{stacks_file}"
+    )
+    if f"/{contract.LIVE_SNAPSHOT}-" in found:  # a live snapshot: the attempt has not ended yet
+        node = re.search(rf"/{contract.NODE}-(\d+)/", found)
+        uploader = f"node {int(node[1])}'s leader" if node else "rank 0"
+        found += f" (live snapshot: {uploader} uploaded it while the run hung)"
+    where = f"its stack: {found}" if stopped.stack else "no stack dump (killed outright, or frozen)"
     return Verdict("rank", FAIL, stopped.how, stopped.line() + read, "; ".join(filter(None, (where, unread)))), stopped
 
 

@@ -35,6 +35,7 @@ COLLECTIVES = (
 )
 FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 SECTION = re.compile(r"^--- rank (?P<rank>\d+) .*?: (?P<reason>.*)$")
+DUMPED_AT = re.compile(r"^--- rank \d+ pid \d+ at (?P<at>[0-9.]+),", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,12 @@ def main_thread_of(dump: str) -> list[Frame]:
     return []
 
 
+def dumped_at(dump: str) -> float:
+    """When the last dump of a stacks file was written (wall time); 0 when it says nothing."""
+    times = [float(match["at"]) for match in DUMPED_AT.finditer(dump)]
+    return times[-1] if times else 0.0
+
+
 def collective_of(frames: list[Frame]) -> str | None:
     """The collective the main thread waits in, if its innermost torch.distributed frame is one."""
     for frame in frames:
@@ -83,7 +90,9 @@ def user_frame(frames: list[Frame]) -> Frame | None:
 @dataclass(frozen=True)
 class RankVerdict:
     rank: int
-    how: str  # "hung" (alive, not in a collective), "died" (no last word), "failed" (its last word says so)
+    # "hung" (alive, not in a collective), "died" (no last word), "failed" (its last word says so), "silent"
+    # (no word since the others began to wait: frozen, killed or lost; or no document at all, `missing`)
+    how: str
     step: int
     phase: str
     pod: str
@@ -93,12 +102,19 @@ class RankVerdict:
     stack: list[str] = field(default_factory=list)  # its main thread, innermost first
     waiting: dict[str, list[int]] = field(default_factory=dict)  # collective -> ranks waiting in it
     ended: str = ""
+    missing: list[int] = field(default_factory=list)  # ranks with no document in the evidence
 
     def line(self) -> str:
         place = ", ".join(
             f"{k} {v}" for k, v in (("pod", self.pod), ("node", self.node), ("instance", self.instance)) if v
         )
-        text = f"rank {self.rank}{f' on {place}' if place else ''} {self.how} at step {self.step} in {self.phase}"
+        how = "went silent" if self.how == "silent" else self.how
+        text = f"rank {self.rank}{f' on {place}' if place else ''} {how} at step {self.step} in {self.phase}"
+        if self.missing:  # node-local ranks directories (SageMaker): their node's leader uploaded nothing
+            text = (
+                f"rank(s) {rank_list(self.missing)} sent nothing while the others waited (no document: their "
+                "node stopped or was lost, or is in a phase no other node sees)"
+            )
         if self.where:
             text += f" ({self.where})"
         if self.ended:
@@ -115,7 +131,7 @@ def rank_list(ranks: list[int]) -> str:
 
 def which_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict | None:
     """The rank that stopped the run, or None when no rank stands out (every one progressing)."""
-    if len(ranks) < 2:
+    if len(ranks) < 2 and max((r.world_size for r in ranks), default=1) < 2:
         return None
     newest = max(r.wall_time for r in ranks)
     main = {r.rank: main_thread_of(stacks.get(r.rank, "")) for r in ranks}
@@ -134,12 +150,34 @@ def which_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict
         for r in ranks
         if r.rank not in in_collective and r.rank in stacks and main[r.rank] and r.phase == Phase.TRAINING
     ]
+    # What each rank that dumped its stacks waits in: its collective, else its innermost frame (DDP's
+    # gradient all-reduce runs in C++ inside backward: no collective frame shows).
+    dumped = {r.rank for r in ranks if main[r.rank]}
+    blocked: dict[str, list[int]] = defaultdict(list)
+    for number in sorted(dumped):
+        blocked[collective_of(main[number]) or main[number][0].function].append(number)
+    # No dump and no last word, its document written before any other rank dumped (an alive rank rewrites
+    # it each pass, and dumps at the same stall): its own threads stopped (SIGSTOP, a lost node, killed)
+    # while every other rank stalled and dumped. Older than STALE_AFTER_S, that reads "died".
+    first_dump = min((dumped_at(stacks[number]) for number in dumped), default=0.0)
+    silent = [r for r in ranks if not r.ended and r.rank not in dumped and r.wall_time < first_dump]
+    world = max((r.world_size for r in ranks), default=0)
+    missing = sorted(set(range(world)) - {r.rank for r in ranks})
     if dead:
         stopped, how = min(dead, key=lambda r: r.wall_time), "died"
+    elif silent and len(dumped) + len(silent) == len(ranks):
+        stopped, how = min(silent, key=lambda r: (r.wall_time, r.rank)), "silent"
+        waiting = blocked
     elif hung and in_collective:
         stopped, how = min(hung, key=lambda r: (r.step, r.rank)), "hung"
     elif failed and len(failed) < len(ranks):
         stopped, how = min(failed, key=lambda r: r.wall_time), "failed"
+    elif missing and dumped == {r.rank for r in ranks}:
+        # Node-local directories: every rank whose evidence arrived stalled and waits; the missing ones sent none.
+        return RankVerdict(
+            rank=missing[0], how="silent", step=-1, phase="", pod="", node="", instance="", where="",
+            waiting={k: sorted(v) for k, v in blocked.items()}, missing=missing,
+        )  # fmt: skip
     else:
         return None
     frames = main[stopped.rank]

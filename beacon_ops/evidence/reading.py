@@ -10,7 +10,7 @@ from typing import Any
 
 from beacon import contract
 from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX
-from beacon.ranks import RankProgress
+from beacon.ranks import RankProgress, rank_of_file
 from botocore.exceptions import BotoCoreError, ClientError
 
 
@@ -25,10 +25,13 @@ class RunEvidence:
     checkpoints: list[str] = field(default_factory=list)
     tensorboard_files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    # The newest attempt's ranks' evidence (`beacon.ranks`, uploaded by rank 0): file name -> bytes.
+    # The newest attempt's ranks' evidence (`beacon.ranks`; uploaded by rank 0 and, where it could not, by
+    # the node leaders, `beacon.node_leader`), merged (`merge_rank_files`): file name -> bytes.
     rank_files: dict[str, bytes] = field(default_factory=dict)
-    # Where they came from: `attempt-<k>` (the attempt's end) or `attempt-<k>/live-<n>` (a stall's snapshot).
+    # Where they came from, comma-separated: `attempt-<k>` (the attempt's end), `attempt-<k>/live-<n>` (a
+    # stall's snapshot), `attempt-<k>/node-<g>[/live-<n>]` (a node leader's).
     rank_files_from: str = ""
+    rank_file_keys: dict[str, str] = field(default_factory=dict)  # file name -> the S3 key it was read from
     # Read from the tail (`read_run(tail_only=True)`): the indexed chunks' summaries, whose records were not
     # read; `records` then holds the tail's alone. Empty when every chunk was read.
     indexed: list[contract.ChunkSummary] = field(default_factory=list)
@@ -46,7 +49,11 @@ class RunEvidence:
     def flight_recorder_dumps(self) -> dict[str, bytes]:
         """Each rank's flight-recorder dump among the rank files, by its key in S3."""
         ranks = f"{contract.run_prefix(self.experiment, self.run)}{contract.RANKS}/{self.rank_files_from}/"
-        return {ranks + name: body for name, body in self.rank_files.items() if name.startswith(FLIGHT_RECORDER_PREFIX)}
+        return {
+            self.rank_file_keys.get(name, ranks + name): body
+            for name, body in self.rank_files.items()
+            if name.startswith(FLIGHT_RECORDER_PREFIX)
+        }
 
     @property
     def history(self) -> contract.History:
@@ -205,9 +212,11 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
             evidence.checkpoints.append(key)
         elif kind == contract.TENSORBOARD:
             evidence.tensorboard_files.append(key)
-    chosen, evidence.rank_files_from = rank_keys(prefix, keys)
-    for key in chosen:
-        evidence.rank_files[key.rsplit("/", 1)[1]] = _read(s3, bucket, key)
+    sources = rank_sources(prefix, keys)
+    merged = merge_rank_files([{key.rsplit("/", 1)[1]: (key, _read(s3, bucket, key)) for key in k} for k, _ in sources])
+    evidence.rank_files = {name: body for name, (_, body) in merged.items()}
+    evidence.rank_file_keys = {name: key for name, (key, _) in merged.items()}
+    evidence.rank_files_from = ", ".join(where for _, where in sources if where)
     return evidence
 
 
@@ -235,27 +244,73 @@ def describe_error(error: ClientError | BotoCoreError) -> str:
 
 
 def rank_keys(prefix: str, keys: list[str]) -> tuple[list[str], str]:
-    """The ranks' evidence to read, chosen from the run's one listing, and where it is (`attempt-<k>` or
-    `attempt-<k>/live-<n>`): the newest attempt's end-of-attempt files when it has them; else that
-    attempt's newest live snapshot (rank 0 uploads one while a rank stalls), the newest complete one
-    when there is one (a snapshot still uploading lacks files)."""
+    """Rank 0's upload of the ranks' evidence to read, chosen from the run's one listing, and where it is
+    (`attempt-<k>` or `attempt-<k>/live-<n>`): the newest attempt's end-of-attempt files when it has them;
+    else that attempt's newest live snapshot (rank 0 uploads one while a rank stalls), the newest complete
+    one when there is one (a snapshot still uploading lacks files). The node leaders' uploads beside it
+    (`attempt-<k>/node-<g>/`, the same layout inside) are `rank_sources`'."""
     ranks = f"{prefix}{contract.RANKS}/"
     paths = [key.removeprefix(ranks).split("/") for key in keys if key.startswith(ranks)]
     if not paths:
         return [], ""
     newest = max(path[0] for path in paths)  # attempt-<k>, zero-padded
-    final = [path for path in paths if path[0] == newest and len(path) == 2]
-    live = [
-        path
-        for path in paths
-        if path[0] == newest and len(path) == 3 and path[1].startswith(f"{contract.LIVE_SNAPSHOT}-")
-    ]
+    return _uploaders_choice(ranks, newest, [path[1:] for path in paths if path[0] == newest])
+
+
+def rank_sources(prefix: str, keys: list[str]) -> list[tuple[list[str], str]]:
+    """Each uploader's choice (as `rank_keys`) in the newest attempt: rank 0's, then each node leader's,
+    those that uploaded anything. A node leader uploads when rank 0 could not: it stopped, or the ranks
+    directory is node-local (`beacon.node_leader`)."""
+    ranks = f"{prefix}{contract.RANKS}/"
+    paths = [key.removeprefix(ranks).split("/") for key in keys if key.startswith(ranks)]
+    if not paths:
+        return []
+    newest = max(path[0] for path in paths)
+    ours = [path[1:] for path in paths if path[0] == newest]
+    nodes = sorted({path[0] for path in ours if len(path) > 1 and path[0].startswith(f"{contract.NODE}-")})
+    chosen = [_uploaders_choice(ranks, newest, ours)]
+    for node in nodes:
+        chosen.append(_uploaders_choice(ranks, f"{newest}/{node}", [path[1:] for path in ours if path[0] == node]))
+    return [(k, where) for k, where in chosen if k]
+
+
+def _uploaders_choice(ranks: str, base: str, paths: list[list[str]]) -> tuple[list[str], str]:
+    """One uploader's files under `base` (paths relative to it): its end-of-attempt files, else its newest
+    complete live snapshot, else its newest one."""
+    final = [path for path in paths if len(path) == 1]
+    live = [path for path in paths if len(path) == 2 and path[0].startswith(f"{contract.LIVE_SNAPSHOT}-")]
     if final or not live:
-        return [ranks + "/".join(path) for path in final], newest if final else ""
-    complete = {path[1] for path in live if path[2] == contract.LIVE_SNAPSHOT_COMPLETE}
-    snapshot = max(complete or {path[1] for path in live})  # live-<n>, zero-padded
-    chosen = [path for path in live if path[1] == snapshot and path[2] != contract.LIVE_SNAPSHOT_COMPLETE]
-    return [ranks + "/".join(path) for path in chosen], f"{newest}/{snapshot}"
+        return [f"{ranks}{base}/{path[0]}" for path in final], base if final else ""
+    complete = {path[0] for path in live if path[1] == contract.LIVE_SNAPSHOT_COMPLETE}
+    snapshot = max(complete or {path[0] for path in live})  # live-<n>, zero-padded
+    chosen = [path for path in live if path[0] == snapshot and path[1] != contract.LIVE_SNAPSHOT_COMPLETE]
+    return [f"{ranks}{base}/{'/'.join(path)}" for path in chosen], f"{base}/{snapshot}"
+
+
+def merge_rank_files(sources: list[dict[str, tuple[str, bytes]]]) -> dict[str, tuple[str, bytes]]:
+    """The uploads of one attempt (rank 0's first; file name -> (key, body)) as one set: each rank's files
+    from the upload that holds its newest document (by the time it was written; rank 0's on a tie), so a
+    rank's document and stacks come from one moment; a file of a rank no document names, from the first."""
+    newest: dict[int, tuple[float, int]] = {}  # rank -> (its document's wall time, the upload's index)
+    for index, files in enumerate(sources):
+        for name, (_, body) in files.items():
+            rank = rank_of_file(name)
+            if rank is None or not name.startswith("rank-"):
+                continue
+            try:
+                written = RankProgress.from_document(body).wall_time
+            except (ValueError, TypeError):
+                continue
+            if rank not in newest or written > newest[rank][0]:
+                newest[rank] = (written, index)
+    merged: dict[str, tuple[str, bytes]] = {}
+    for index, files in enumerate(sources):
+        for name, item in files.items():
+            rank = rank_of_file(name)
+            owner = newest[rank][1] if rank in newest else None
+            if owner == index or (owner is None and name not in merged):
+                merged[name] = item
+    return merged
 
 
 class MetricsReadOnce:

@@ -27,6 +27,9 @@ RANKS = "ranks"  # every rank's progress signal and stack dumps, uploaded at the
 # all in S3 ends with this marker, written last, so a reader never takes a half-uploaded one for whole.
 LIVE_SNAPSHOT = "live"
 LIVE_SNAPSHOT_COMPLETE = ".complete"
+# A node leader's uploads (`beacon.node_leader`), beside rank 0's: what rank 0 cannot upload because it
+# stopped, or because the ranks directory is node-local (multi-node SageMaker). Same layout inside.
+NODE = "node"
 INDEX = "index"  # what each group of event chunks holds, so a reader finds the tail without listing them all
 # Event chunks per index document: a 1,000,000-record run of 2,000 chunks has 31 of them, and a tail of 16.
 INDEX_GROUP = 64
@@ -71,6 +74,16 @@ def live_rank_evidence_key(experiment: str, run: str, attempt: int, snapshot: in
     the attempt (0, 1, ...), create-only, beside the attempt's end-of-attempt files. Readers prefer
     those; the newest complete snapshot stands in while the attempt still hangs."""
     return rank_evidence_key(experiment, run, attempt, f"{LIVE_SNAPSHOT}-{snapshot:05d}/{file_name}")
+
+
+def node_rank_evidence_key(
+    experiment: str, run: str, attempt: int, node: int, file_name: str, *, snapshot: int | None = None
+) -> str:
+    """A file of the ranks directory as node `node`'s leader (torchrun's GROUP_RANK, LOCAL_RANK 0)
+    uploaded it: at the attempt's end, or as its live snapshot `snapshot` while a rank stalled. Create-only,
+    under a prefix of its own, so no node's upload can meet another's or rank 0's."""
+    live = "" if snapshot is None else f"{LIVE_SNAPSHOT}-{snapshot:05d}/"
+    return rank_evidence_key(experiment, run, attempt, f"{NODE}-{node:05d}/{live}{file_name}")
 
 
 def tensorboard_key(experiment: str, run: str, file_name: str) -> str:

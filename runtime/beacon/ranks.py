@@ -34,12 +34,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract
 from beacon.contract import Phase
-from beacon.flight_recorder import dump_flight_recorder, flight_recorder_name
+from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX, dump_flight_recorder, flight_recorder_name
 from beacon.progress import ProgressClock
 
 log = logging.getLogger("beacon.ranks")
 
 RANK_SIGNAL_INTERVAL_S = 5.0  # how often each rank rewrites its progress document, at most
+PHASE_FRESH_S = 60.0  # a document older than this no longer says which phase its rank is in
 
 
 def rank_signal_interval(heartbeat_interval: float) -> float:
@@ -93,6 +94,7 @@ class RankProgress:
     # How this rank ended (`finished`, `failed: RuntimeError`, `preempted`), written by its last word;
     # empty while it runs, and forever if it was killed outright: its silence is then the sign.
     ended: str = ""
+    node_rank: int = -1  # torchrun's GROUP_RANK: which node's leader uploads this rank's files (-1: unknown)
 
     @classmethod
     def from_document(cls, body: bytes) -> RankProgress:
@@ -142,9 +144,11 @@ class RankSignal:
         interval: float,
         stall_dump_after: float,
         placement: Placement | None = None,
+        node_rank: int = -1,
     ) -> None:
         self.directory = directory
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self.node_rank = node_rank
         self.progress = progress
         self.interval = interval
         self.stall_dump_after = stall_dump_after
@@ -225,6 +229,7 @@ class RankSignal:
             pid=os.getpid(),
             stacks_dumped=self.dumps,
             ended=ended,
+            node_rank=self.node_rank,
             **asdict(self.placement),
         )
         temporary = self.document.with_name(f".{self.document.name}.tmp")
@@ -272,7 +277,7 @@ class PhaseFollower:
     would cross the stall threshold on a healthy job. Each other rank's named phase, as its document
     shows it, is entered on rank 0's clock (as `rank 3 checkpoint`) until the document says it ended."""
 
-    def __init__(self, progress: ProgressClock, *, own_rank: int = 0, fresh_for: float = 60.0) -> None:
+    def __init__(self, progress: ProgressClock, *, own_rank: int = 0, fresh_for: float = PHASE_FRESH_S) -> None:
         self.progress = progress
         self.own_rank = own_rank
         self.fresh_for = fresh_for  # a document older than this no longer says what its rank does
@@ -297,21 +302,43 @@ class PhaseFollower:
                 self.followed[rank] = name
 
 
+def rank_of_file(name: str) -> int | None:
+    """The rank a file of the ranks directory belongs to (its document, stacks or flight recorder)."""
+    for prefix, suffix in (("rank-", ".json"), ("stacks-rank-", ".txt"), (FLIGHT_RECORDER_PREFIX, "")):
+        number = name.removeprefix(prefix).removesuffix(suffix) if name.startswith(prefix) else ""
+        if number.isdigit() and name.endswith(suffix):
+            return int(number)
+    return None
+
+
 def upload_rank_evidence(
-    s3: Any, *, bucket: str, experiment: str, run: str, attempt: int, directory: Path, live: int | None = None
+    s3: Any,
+    *,
+    bucket: str,
+    experiment: str,
+    run: str,
+    attempt: int,
+    directory: Path,
+    live: int | None = None,
+    node: int | None = None,
+    ranks: frozenset[int] | None = None,
 ) -> int:
     """Every file of a run's ranks directory (progress documents, stack and flight-recorder dumps) to
     S3, create-only under the attempt; the number uploaded. A file already there stays as it is.
 
     With `live`, the files go to live snapshot `live` of the attempt instead (`contract.live_rank_evidence_key`),
-    followed by its completion marker once every file is in S3: what rank 0 uploads while a rank stalls."""
+    followed by its completion marker once every file is in S3: what rank 0 uploads while a rank stalls.
+    With `node`, under that node leader's prefix (`contract.node_rank_evidence_key`); with `ranks`, only
+    those ranks' files."""
     uploaded, missing = 0, 0
     for path in sorted(directory.glob("*")) if directory.is_dir() else []:
         key = None
         try:
             if not path.is_file() or path.name.startswith(".") or path.stat().st_size == 0:
                 continue
-            key = _evidence_key(experiment, run, attempt, live, path.name)
+            if ranks is not None and rank_of_file(path.name) not in ranks:
+                continue
+            key = _evidence_key(experiment, run, attempt, live, path.name, node)
             s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
             uploaded += 1
         except ClientError as error:
@@ -323,7 +350,7 @@ def upload_rank_evidence(
                 log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
                 missing += 1
     if live is not None and not missing:
-        key = _evidence_key(experiment, run, attempt, live, contract.LIVE_SNAPSHOT_COMPLETE)
+        key = _evidence_key(experiment, run, attempt, live, contract.LIVE_SNAPSHOT_COMPLETE, node)
         try:
             s3.put_object(Bucket=bucket, Key=key, Body=b"", IfNoneMatch="*")
         except ClientError as error:
@@ -334,7 +361,11 @@ def upload_rank_evidence(
     return uploaded
 
 
-def _evidence_key(experiment: str, run: str, attempt: int, live: int | None, file_name: str) -> str:
+def _evidence_key(
+    experiment: str, run: str, attempt: int, live: int | None, file_name: str, node: int | None = None
+) -> str:
+    if node is not None:
+        return contract.node_rank_evidence_key(experiment, run, attempt, node, file_name, snapshot=live)
     if live is None:
         return contract.rank_evidence_key(experiment, run, attempt, file_name)
     return contract.live_rank_evidence_key(experiment, run, attempt, live, file_name)

@@ -11,7 +11,8 @@ Frameworks that save their own checkpoints hand them over with `run.commit_check
 integrations (`beacon.integrations`) also use `run.mark_step` and `run.log_hyperparams`.
 
 Only rank 0 writes (records, TensorBoard, CloudWatch, the final state); every rank touches its own
-liveness file and loads the resume checkpoint.
+liveness file and loads the resume checkpoint. Each other node's local rank 0 uploads its node's rank
+evidence when rank 0 cannot (`beacon.node_leader`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from beacon.lifeline import die_with_parent
 from beacon.liveness import Liveness
 from beacon.mirrors import MIRROR_SHARE, RunInfo, build
 from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, Mirrors, MirrorWorker, s3_chunks
+from beacon.node_leader import NodeLeader
 from beacon.preflight import PreflightError, run_preflight
 from beacon.progress import ProgressClock
 from beacon.ranks import RankSignal, rank_signal_interval
@@ -127,6 +129,7 @@ class Run:
         self._owned_world: Any = None  # the context that made the process group, if init made it
         self.finished: FinishReport | None = None
         self.rank_signal: RankSignal | None = None  # this rank's progress signal and stack dumps
+        self.node_leader: NodeLeader | None = None  # a node's local rank 0 (not rank 0): its node's evidence
 
     # --- identity ---------------------------------------------------------------------------------
     @property
@@ -268,6 +271,8 @@ class Run:
             self.world.finish_together(self.settings.shutdown_budget + FINISH_MARGIN_S)
             if self.rank_signal is not None:
                 self.telemetry.publish_rank_evidence(self.settings.run_ranks_dir, self.attempt)
+            if self.node_leader is not None:  # what rank 0 will not upload (`beacon.node_leader`)
+                self.node_leader.finish()
         finally:
             self.liveness.stop()
             if self._signals is not None:
@@ -378,6 +383,7 @@ def init(
     signals = StopSignals(stop) if handle_signals else None  # from the start: a SIGTERM during preflight drains too
     liveness = Liveness(settings.heartbeat_file, local_rank=world.local_rank, interval=settings.heartbeat_interval)
     rank_signal: RankSignal | None = None
+    node_rank = int(os.environ.get("GROUP_RANK", "-1"))  # torchrun's number of this node
     try:
         if handle_signals and "TORCHELASTIC_RUN_ID" in os.environ:
             die_with_parent(signal.SIGTERM)  # a killed launcher: drain, rather than run on as an orphan
@@ -394,11 +400,18 @@ def init(
                 progress=progress,
                 interval=rank_signal_interval(settings.heartbeat_interval),
                 stall_dump_after=settings.stall_dump_after,
+                node_rank=node_rank,
             ).start()
             if signals is not None:
                 signals.on_signal = rank_signal.dump_stacks  # an eviction keeps each rank's stacks
         run = _build(settings, world, liveness, stop, resume, progress)
         run.rank_signal = rank_signal
+        if rank_signal is not None and world.local_rank == 0 and not world.is_writer and node_rank >= 0:
+            # The least AWS machinery: one S3 client, no preflight (rank 0's checked the bucket), no CloudWatch.
+            run.node_leader = NodeLeader(
+                aws.client("s3", settings.region), settings=settings, rank=world.rank, node_rank=node_rank,
+                progress=progress,
+            ).start(run.attempt)  # fmt: skip
     except BaseException:
         if rank_signal is not None:
             rank_signal.stop()

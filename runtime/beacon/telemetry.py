@@ -612,8 +612,8 @@ class Telemetry(NullTelemetry):
 
     def publish_rank_evidence(self, directory: Path, attempt: int) -> None:
         """Every rank's last word, stack dumps and flight-recorder dumps, from the run's ranks directory
-        to S3, create-only under the attempt. Only rank 0 calls AWS; when rank 0 is the rank that
-        stopped, the files stay on the volume for the alarm's function and `beacon.sync`."""
+        to S3, create-only under the attempt. When rank 0 is the rank that stopped, or the directory is
+        node-local (SageMaker), the other nodes' leaders upload theirs (`beacon.node_leader`)."""
         upload_rank_evidence(
             self.s3, bucket=self.config.bucket, experiment=self.config.experiment, run=self.config.run,
             attempt=attempt, directory=directory,

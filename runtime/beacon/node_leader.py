@@ -1,0 +1,153 @@
+"""Each node's evidence when rank 0 cannot upload it: rank 0 stopped, or the ranks directory is node-local.
+
+Rank 0 uploads the ranks directory (`beacon.ranks`) at an attempt's end and, while a rank stalls, as live
+snapshots from its heartbeat. Frozen (SIGSTOP, a C call holding the GIL), killed, or on a lost node, it
+uploads nothing; and on multi-node SageMaker, which has no shared volume, rank 0's directory holds its own
+node's files alone. So each other node's leader (LOCAL_RANK 0, torchrun's GROUP_RANK numbers the node)
+uploads, create-only under `ranks/attempt-<k>/node-<g>/` (`contract.node_rank_evidence_key`), what rank 0
+does not (`node_share`):
+- the directory holds no document of rank 0 (node-local: SageMaker): every file in it, its node's;
+- rank 0's document is there and fresh (shared volume, rank 0 alive): nothing, rank 0 covers it;
+- rank 0's document went stale, or rank 0's last word is written while the others stall: the first node
+  leader still writing stands in for rank 0 (every file); the others upload their node's ranks' files.
+At an attempt's end, rank 0 covers the directory when its last word is written (it uploads right after
+the ranks finish together). A leader's stall test is rank 0's: some rank's progress older than
+`stall_dump_after` plus one rank-signal pass, no rank in a named phase; `LiveSnapshots` bounds it alike.
+It calls S3 only (no CloudWatch, no preflight: rank 0's preflight checked the bucket).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from beacon import contract
+from beacon.contract import Phase
+from beacon.progress import ProgressClock
+from beacon.ranks import (
+    PHASE_FRESH_S,
+    CrossRankView,
+    LiveSnapshots,
+    RankProgress,
+    evidence_state,
+    rank_signal_interval,
+    read_ranks,
+    upload_rank_evidence,
+)
+from beacon.settings import RunSettings
+
+log = logging.getLogger("beacon.node_leader")
+
+
+@dataclass(frozen=True)
+class Share:
+    """What a node leader uploads: `ranks` None is every file of the directory; empty is nothing."""
+
+    ranks: frozenset[int] | None
+    reason: str
+
+
+def node_share(
+    ranks: list[RankProgress], *, me: int, node_rank: int, now: float, fresh_for: float, at_end: bool
+) -> Share:
+    """What node `node_rank`'s leader (rank `me`) uploads, given the documents it sees."""
+    zero = next((r for r in ranks if r.rank == 0), None)
+    if zero is None:
+        return Share(None, "node-local ranks directory: every file in it is this node's")
+    covered = bool(zero.ended) if at_end else not zero.ended and now - zero.wall_time < fresh_for
+    if covered:
+        return Share(frozenset(), "rank 0 uploads the shared ranks directory")
+    alive = [r.rank for r in ranks if r.local_rank == 0 and r.rank != 0 and (r.ended or now - r.wall_time < fresh_for)]
+    if min([*alive, me]) == me:
+        return Share(None, "rank 0 went silent: the first node leader stands in for it")
+    return Share(frozenset(r.rank for r in ranks if r.node_rank == node_rank), "rank 0 went silent: this node's ranks")
+
+
+class NodeLeader:
+    def __init__(self, s3: Any, *, settings: RunSettings, rank: int, node_rank: int, progress: ProgressClock) -> None:
+        self.s3 = s3
+        self.settings = settings
+        self.rank, self.node_rank = rank, node_rank
+        self.progress = progress  # this rank's own clock: its own phases are work too
+        self.directory = settings.run_ranks_dir
+        # Rank 0's stall test: the ranks dump their stacks at stall_dump_after, each within one pass.
+        self.stalled_after = settings.stall_dump_after + rank_signal_interval(settings.heartbeat_interval)
+        self.attempt = 0
+        self.live_snapshots = LiveSnapshots()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="beacon-node-evidence", daemon=True)
+
+    def start(self, attempt: int) -> NodeLeader:
+        self.attempt = attempt
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_interval):
+            try:
+                self.look()
+            except Exception:  # evidence helps; it never stops training
+                log.exception("node %d: live snapshot of the ranks' evidence failed", self.node_rank)
+
+    def _share(self, ranks: list[RankProgress], now: float, *, at_end: bool) -> Share:
+        return node_share(
+            ranks, me=self.rank, node_rank=self.node_rank, now=now, fresh_for=self.settings.stall_dump_after,
+            at_end=at_end,
+        )  # fmt: skip
+
+    def stalled(self, ranks: list[RankProgress], now: float) -> bool:
+        view = CrossRankView.of(ranks, now)
+        working = any(
+            r.phase != Phase.TRAINING and not r.ended and now - r.wall_time < PHASE_FRESH_S for r in ranks
+        )  # a 150 s checkpoint on a rank it sees is work, as rank 0's clock counts it
+        return (
+            view is not None
+            and not working
+            and self.progress.current_phase() is None
+            and view.slowest_progress_age >= self.stalled_after
+        )
+
+    def look(self, now: float | None = None) -> int | None:
+        """One pass: the number of the live snapshot uploaded, or None."""
+        now = time.time() if now is None else now
+        ranks = read_ranks(self.directory)
+        share = self._share(ranks, now, at_end=False)
+        stalled = share.ranks != frozenset() and self.stalled(ranks, now)
+        state = (evidence_state(self.directory, ranks), share.ranks) if stalled else None
+        snapshot = self.live_snapshots.due(stalled=stalled, state=state)
+        if snapshot is None:
+            return None
+        log.warning(
+            "node %d: a rank stalled (%s); live snapshot %d of the ranks' evidence to s3://%s/%s",
+            self.node_rank,
+            share.reason,
+            snapshot,
+            self.settings.bucket,
+            self._key(snapshot),
+        )
+        self._upload(share, snapshot)
+        return snapshot
+
+    def finish(self) -> None:
+        """At the attempt's end, once the ranks finished together (or gave up waiting): what rank 0 will not upload."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=self.settings.heartbeat_interval + 30)
+        share = self._share(read_ranks(self.directory), time.time(), at_end=True)
+        if share.ranks != frozenset():
+            log.info("node %d: the ranks' evidence to s3://%s/%s (%s)", self.node_rank, self.settings.bucket,
+                     self._key(None), share.reason)  # fmt: skip
+            self._upload(share, None)
+
+    def _key(self, snapshot: int | None) -> str:
+        s = self.settings
+        return contract.node_rank_evidence_key(s.experiment, s.run, self.attempt, self.node_rank, "", snapshot=snapshot)
+
+    def _upload(self, share: Share, snapshot: int | None) -> None:
+        upload_rank_evidence(
+            self.s3, bucket=self.settings.bucket, experiment=self.settings.experiment, run=self.settings.run,
+            attempt=self.attempt, directory=self.directory, live=snapshot, node=self.node_rank, ranks=share.ranks,
+        )  # fmt: skip

@@ -1,0 +1,286 @@
+"""A hung or dead rank 0 does not take the evidence with it (issue 17): each other node's leader uploads
+what rank 0 cannot (`beacon.node_leader`), and the doctor's reader merges the uploads per rank.
+
+Clocks are scaled in the torchrun tests: stall_dump_after 3 s and a 1 s heartbeat stand for 90 s and
+15 s (1:30 and 1:15); a node leader snapshots after 4 s where it would after 95 s. The in-process tests
+write the documents with the ages they mean, so nothing sleeps there."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from beacon import contract
+from beacon.node_leader import NodeLeader, node_share
+from beacon.progress import ProgressClock
+from beacon.ranks import RankProgress, rank_document_name, read_ranks, stacks_name, upload_rank_evidence
+from smoke_job.config import parse_args
+
+from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
+from beacon_ops.doctor.rank_verdict import which_rank
+from beacon_ops.evidence.reading import merge_rank_files, rank_sources, read_run
+from tests.conftest import WriterSession
+from tests.support.job_harness import JobHarness, keys_under, signal_group, wait_for
+from tests.support.moto_server import MotoServer
+from tests.test_live_ranks import ALL_REDUCE, FORWARD, stack_dump
+from tests.test_ranks import free_port, start_node
+
+BUCKET, EXPERIMENT, RUN = "beacon-demo-nodes", "smoke", "r1"
+STALL = 90.0
+NOW = 10_000.0
+
+
+def doc(rank: int, *, age: float = 100.0, written: float = NOW, ended: str = "") -> RankProgress:
+    """Rank `rank` of 4 on 2 nodes (ranks 0-1 on node 0, 2-3 on node 1), as its document says."""
+    node = rank // 2
+    return RankProgress(rank, rank % 2, 4, 50, "training", age, written, written - age, 100 + rank, f"train-{node}",
+                        f"node-{node}", "g6.12xlarge", 1, ended, node_rank=node)  # fmt: skip
+
+
+# --- who uploads what ---------------------------------------------------------------------------------
+def share(ranks: list[RankProgress], me: int = 2, *, at_end: bool = False) -> frozenset[int] | None:
+    return node_share(ranks, me=me, node_rank=me // 2, now=NOW, fresh_for=STALL, at_end=at_end).ranks
+
+
+def test_a_node_leader_uploads_what_rank_0_cannot() -> None:
+    everyone = [doc(r) for r in range(4)]
+    assert share(everyone) == frozenset(), "shared volume, rank 0 alive: rank 0 uploads every rank's files"
+    assert share(everyone[2:]) is None, "no rank 0 document: a node-local directory (SageMaker), all of it is ours"
+    frozen = [doc(0, written=NOW - 120), *everyone[1:]]
+    assert share(frozen) is None, "rank 0 went silent: the first node leader still writing stands in for it"
+    assert share([*frozen, doc(4)], me=4) == frozenset({4}), "a later leader uploads its own node's ranks"
+    assert share([doc(0, written=NOW - 120), doc(1), doc(2, written=NOW - 120), doc(3), doc(4)], me=4) is None
+    ended = [doc(0, ended="preempted"), *everyone[1:]]
+    assert share(ended) is None, "rank 0 ended while the others still stall: its heartbeat is over"
+    assert share(ended, at_end=True) == frozenset(), "at the attempt's end, rank 0's last word: it uploads next"
+    assert share(everyone, at_end=True) is None, "no last word from rank 0 at the end: killed, frozen or lost"
+
+
+# --- reading: one set from rank 0's upload and the node leaders' -----------------------------------------
+def keys_of(*paths: str) -> list[str]:
+    return [f"p/{contract.RANKS}/{path}" for path in paths]
+
+
+def test_the_reader_takes_each_uploaders_choice_in_the_newest_attempt() -> None:
+    older = keys_of("attempt-00000/rank-00000.json")
+    root = keys_of("attempt-00001/live-00000/rank-00000.json", "attempt-00001/live-00000/.complete")
+    node = keys_of(
+        "attempt-00001/node-00001/live-00000/rank-00002.json", "attempt-00001/node-00001/live-00000/.complete",
+        "attempt-00001/node-00001/live-00001/rank-00002.json",  # still uploading: the complete one wins
+    )  # fmt: skip
+    node_end = keys_of("attempt-00001/node-00003/rank-00006.json")
+    assert rank_sources("p/", older + root + node + node_end) == [
+        (root[:1], "attempt-00001/live-00000"),
+        (node[:1], "attempt-00001/node-00001/live-00000"),
+        (node_end, "attempt-00001/node-00003"),
+    ]
+    assert rank_sources("p/", older + node) == [(node[:1], "attempt-00001/node-00001/live-00000")], "no rank 0"
+    assert rank_sources("p/", []) == []
+
+
+def test_the_merge_takes_each_ranks_newest_document_and_that_uploads_stacks() -> None:
+    def files(where: str, *documents: RankProgress, stacks: str = "") -> dict[str, tuple[str, bytes]]:
+        found = {rank_document_name(d.rank): (f"{where}/doc", json.dumps(asdict(d)).encode()) for d in documents}
+        return found | {stacks_name(d.rank): (f"{where}/stacks", stacks.encode()) for d in documents if stacks}
+
+    rank_0s = files("root", doc(0, written=NOW - 50), doc(1, written=NOW - 50), doc(3, written=NOW - 50), stacks="old")
+    node_1s = files("node-1", doc(0, written=NOW - 50), doc(1, written=NOW - 10), doc(3, written=NOW), stacks="new")
+    merged = merge_rank_files([rank_0s, node_1s])
+    assert merged[stacks_name(3)] == ("node-1/stacks", b"new"), "rank 3's document and stacks from one upload"
+    assert merged[rank_document_name(1)][0] == "node-1/doc"
+    assert merged[rank_document_name(0)][0] == "root/doc", "a tie stays with rank 0's upload"
+    assert merge_rank_files([{}, node_1s]) == node_1s, "rank 0's upload missing altogether"
+
+
+# --- the verdict when rank 0 is the one that stopped ------------------------------------------------------
+def test_a_frozen_rank_with_no_dump_while_the_others_dumped_and_wait_went_silent() -> None:
+    documents = [doc(0, written=NOW - 8), *(doc(r) for r in (1, 2, 3))]
+    stacks = {r: stack_dump(r, ALL_REDUCE).replace(" at 1.0,", f" at {NOW - 5},") for r in (1, 2, 3)}
+    verdict = which_rank(documents, stacks)
+    assert verdict is not None and (verdict.rank, verdict.how, verdict.step) == (0, "silent", 50)
+    assert verdict.line() == (
+        "rank 0 on pod train-0, node node-0, instance g6.12xlarge went silent at step 50 in training; "
+        "3 rank(s) wait in all_reduce (1, 2, 3)"
+    )
+    rewritten = [doc(0, written=NOW - 1), *documents[1:]]
+    assert which_rank(rewritten, stacks) is None, "rewritten since the others dumped: alive, its dump still due"
+
+
+def test_ranks_with_no_document_while_every_other_waits_sent_nothing() -> None:
+    """Node-local directories: rank 0's node uploaded nothing, node 1's leader uploaded ranks 2-3."""
+    stacks = {r: stack_dump(r, ALL_REDUCE) for r in (2, 3)}
+    verdict = which_rank([doc(2), doc(3)], stacks)
+    assert verdict is not None and (verdict.rank, verdict.how, verdict.missing) == (0, "silent", [0, 1])
+    assert verdict.line().startswith("rank(s) 0, 1 sent nothing while the others waited (no document")
+    assert verdict.line().endswith("; 2 rank(s) wait in all_reduce (2, 3)")
+    named = which_rank([doc(2), doc(3)], {2: stacks[2], 3: stack_dump(3, FORWARD)})
+    assert named is not None and (named.rank, named.how) == (3, "hung"), "a rank it has that stands out comes first"
+
+
+# --- a node leader in-process, against the embedded AWS ---------------------------------------------------
+@pytest.fixture
+def aws(moto_server: MotoServer) -> MotoServer:
+    moto_server.client("s3").create_bucket(Bucket=BUCKET)
+    return moto_server
+
+
+def leader_of_node_1(aws: MotoServer, tmp_path: Path) -> NodeLeader:
+    flags = {"--bucket": BUCKET, "--experiment": EXPERIMENT, "--run-id": RUN, "--stall-dump-after": str(STALL),
+             "--spool-dir": str(tmp_path / "spool")}  # fmt: skip
+    settings = parse_args([part for pair in flags.items() for part in pair]).settings
+    return NodeLeader(aws.client("s3"), settings=settings, rank=2, node_rank=1, progress=ProgressClock())
+
+
+def write(directory: Path, documents: list[RankProgress], hung: int = 3) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for d in documents:
+        (directory / rank_document_name(d.rank)).write_text(json.dumps(asdict(d)))
+        (directory / stacks_name(d.rank)).write_text(stack_dump(d.rank, FORWARD if d.rank == hung else ALL_REDUCE))
+
+
+def node_keys(aws: MotoServer) -> list[str]:
+    ranks = f"{contract.run_prefix(EXPERIMENT, RUN)}{contract.RANKS}/"
+    return sorted(k.removeprefix(ranks) for k in keys_under(aws.client("s3"), BUCKET, ranks))
+
+
+def test_on_node_local_directories_node_1s_leader_uploads_its_ranks_and_the_doctor_names_rank_3(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    leader = leader_of_node_1(aws, tmp_path)
+    now = time.time()
+    write(leader.directory, [doc(2, written=now), doc(3, written=now)])
+    assert leader.look(now) == 0
+    assert leader.look(now) is None, "one snapshot per stall while the evidence stays as it is"
+    live = "attempt-00000/node-00001/live-00000/"
+    assert node_keys(aws) == sorted(live + n for n in (".complete", "rank-00002.json", "rank-00003.json",
+                                                       "stacks-rank-00002.txt", "stacks-rank-00003.txt"))  # fmt: skip
+    s3: Any = aws.client("s3")
+    node_0 = tmp_path / "node-0"  # rank 0's own node-local directory: ranks 0-1 wait, its heartbeat uploaded them
+    write(node_0, [doc(0, written=now), doc(1, written=now)])
+    upload_rank_evidence(s3, bucket=BUCKET, experiment=EXPERIMENT, run=RUN, attempt=0, directory=node_0, live=0)
+    evidence = read_run(s3, BUCKET, EXPERIMENT, RUN)
+    assert evidence.rank_files_from == "attempt-00000/live-00000, attempt-00000/node-00001/live-00000"
+    verdict = which_rank(*evidence.ranks())
+    assert verdict is not None and (verdict.rank, verdict.how, verdict.waiting) == (
+        3,
+        "hung",
+        {"all_reduce": [0, 1, 2]},
+    )
+    inputs = DoctorInputs(team="demo", experiment=EXPERIMENT, run=RUN, bucket=BUCKET, region="us-east-1", s3=s3,
+                          cloudwatch=aws.client("cloudwatch"))  # fmt: skip
+    (named,) = [v for v in diagnose(inputs).verdicts if v.check == "rank"]
+    assert named.evidence.startswith("rank 3 on pod train-1, node node-1, instance g6.12xlarge hung at step 50")
+    assert named.fix.startswith(f"its stack: ranks/{live}stacks-rank-00003.txt (live snapshot: node 1's leader")
+
+
+def test_on_a_shared_volume_with_rank_0_alive_a_node_leader_uploads_nothing_until_its_last_word_is_missing(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    leader = leader_of_node_1(aws, tmp_path)
+    now = time.time()
+    write(leader.directory, [doc(r, written=now) for r in range(4)])
+    assert leader.look(now) is None and node_keys(aws) == [], "rank 0's heartbeat covers the shared directory"
+    write(leader.directory, [replace(doc(r, written=now), ended="" if r == 0 else "failed: RuntimeError")
+                             for r in range(4)])  # fmt: skip
+    leader.finish()  # the attempt's end: rank 0 wrote no last word (killed), so node 1's leader stands in
+    assert node_keys(aws) == sorted(f"attempt-00000/node-00001/{f(r)}" for r in range(4)
+                                    for f in (rank_document_name, stacks_name))  # fmt: skip
+    documents, _ = read_run(aws.client("s3"), BUCKET, EXPERIMENT, RUN).ranks()
+    assert [d.rank for d in documents] == [0, 1, 2, 3]
+
+
+# --- real processes: 4 gloo ranks as 2 torchrun "nodes" against moto ----------------------------------------
+JOB = ("--steps", "100000", "--step-sleep", "0.05", "--alarms", "false", "--stall-dump-after", "3")
+
+
+def rank_verdict(inputs: DoctorInputs) -> str:
+    evidence = read_run(inputs.s3, inputs.bucket, inputs.experiment, inputs.run)
+    verdict = which_rank(*evidence.ranks())
+    return "" if verdict is None else verdict.line()
+
+
+def test_rank_0_frozen_by_sigstop_node_1s_leader_uploads_and_the_doctor_says_rank_0_went_silent(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """SIGSTOP freezes every thread of rank 0: its heartbeat, its signal thread, faulthandler's watchdog.
+    Ranks 1-3 block in the next all_reduce and dump their stacks; node 1's leader (rank 2) sees rank 0's
+    document go stale on the shared volume and uploads every rank's files in rank 0's stead."""
+    harness = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, as_writer.credentials)
+    run = "nodes-frozen"
+    port = free_port()
+    nodes = [start_node(harness, node, port, "--run-id", run, *JOB) for node in (0, 1)]
+    ranks_dir = tmp_path / "spool" / "smoke" / run / "ranks"
+    s3 = as_writer.client("s3")
+    inputs = DoctorInputs(team="demo", experiment="smoke", run=run, bucket=as_writer.bucket, region="us-east-1",
+                          s3=s3, cloudwatch=as_writer.client("cloudwatch"))  # fmt: skip
+    try:
+        stepping = lambda: len(r := read_ranks(ranks_dir)) == 4 and min(d.step for d in r) >= 10  # noqa: E731
+        assert wait_for(stepping, timeout=120), [p.poll() for p in nodes]
+        (zero,) = [r for r in read_ranks(ranks_dir) if r.rank == 0]
+        os.kill(zero.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        silent = wait_for(lambda: "went silent" in rank_verdict(inputs), timeout=30, interval=0.5)
+        prefix = contract.run_prefix("smoke", run)
+        assert silent, (rank_verdict(inputs), keys_under(s3, as_writer.bucket, f"{prefix}{contract.RANKS}/"))
+        took = time.monotonic() - frozen
+        print(f"named {took:.1f} s after the freeze")
+        prefix = contract.run_prefix("smoke", run) + contract.RANKS + "/"
+        uploaded = [k.removeprefix(prefix) for k in keys_under(s3, as_writer.bucket, prefix)]
+        assert uploaded and all(k.startswith("attempt-00000/node-00001/live-") for k in uploaded), uploaded
+        assert {k.rsplit("/", 1)[1] for k in uploaded} >= {rank_document_name(r) for r in range(4)}
+        (named,) = [v for v in diagnose(inputs).verdicts if v.check == "rank"]
+        assert named.verdict == "silent", named
+        assert named.evidence.startswith("rank 0 on pod train-0, node node-0 went silent at step "), named.evidence
+        # in all_reduce, or in backward when the freeze caught rank 0 before DDP's gradient all-reduce (in C++)
+        assert re.search(r"; 3 rank\(s\) wait in (all_reduce|_engine_run_backward) \(1, 2, 3\)", named.evidence), named
+        assert named.fix.startswith("no stack dump"), named.fix
+        assert took < 20, f"named {took:.1f} s after the freeze (a 4 s stall threshold here, 95 s deployed)"
+    finally:
+        for node in nodes:
+            signal_group(node, signal.SIGKILL)
+            node.communicate(timeout=60)
+
+
+def test_node_local_directories_node_1s_leader_uploads_ranks_2_and_3_and_the_doctor_names_rank_3(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """SageMaker-like: each node's spool (and ranks directory) is its own. Rank 3 hangs after step 20:
+    rank 0 sees and uploads ranks 0-1 alone; node 1's leader uploads ranks 2-3, rank 3's stack among them."""
+    harness = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, as_writer.credentials)
+    run = "nodes-local"
+    port = free_port()
+    hang = ("--hang-after-step", "20", "--hang-rank", "3")
+    nodes = [
+        start_node(harness, node, port, "--run-id", run, *JOB, *hang, "--spool-dir", str(tmp_path / f"node-{node}"))
+        for node in (0, 1)
+    ]
+    s3 = as_writer.client("s3")
+    inputs = DoctorInputs(team="demo", experiment="smoke", run=run, bucket=as_writer.bucket, region="us-east-1",
+                          s3=s3, cloudwatch=as_writer.client("cloudwatch"))  # fmt: skip
+    try:
+
+        def named_3() -> bool:  # with rank 0's own snapshot of ranks 0-1 merged in: they wait too
+            line = rank_verdict(inputs)
+            return line.startswith("rank 3 on pod train-1, node node-1 hung at step 20") and "(0, 1, 2)" in line
+
+        assert wait_for(named_3, timeout=150, interval=0.5), (rank_verdict(inputs), [p.poll() for p in nodes])
+        for number in (0, 1):
+            local = {d.rank for d in read_ranks(tmp_path / f"node-{number}" / "smoke" / run / "ranks")}
+            assert local == {2 * number, 2 * number + 1}, "each node's directory holds its own ranks alone"
+        evidence = read_run(s3, as_writer.bucket, "smoke", run)
+        assert evidence.rank_file_keys[stacks_name(3)].split("/ranks/")[1].startswith("attempt-00000/node-00001/live-")
+        assert evidence.rank_file_keys[stacks_name(0)].split("/ranks/")[1].startswith("attempt-00000/live-")
+        (named,) = [v for v in diagnose(inputs).verdicts if v.check == "rank"]
+        assert "; 3 rank(s) wait in all_reduce (0, 1, 2)" in named.evidence, named.evidence
+        assert "smoke_job/job.py" in named.evidence and "(live snapshot: node 1's leader" in named.fix, named
+    finally:
+        for node in nodes:
+            signal_group(node, signal.SIGKILL)
+            node.communicate(timeout=60)
