@@ -134,7 +134,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     heartbeat_age = (now - beats[-1].at).total_seconds() if beats else None
     progress_age = progress[-1].value + (now - progress[-1].at).total_seconds() if progress else None
 
-    recorder = read_flight_recorder(evidence.flight_recorder_dumps())
+    world_size = max((r.world_size for r in evidence.ranks()[0]), default=0)
+    recorder = read_flight_recorder(evidence.flight_recorder_dumps(), world_size=world_size)
     rank_check, stopped = _stopped_rank(evidence, recorder)
     platform = inputs.orchestrator_verdict()
     logs = settled(platform, inputs.logs)

@@ -52,11 +52,16 @@ class FlightRecorderReading:
     keys: list[str]  # where the dumps are, in rank order
     mismatch: Mismatch | None = None
     unread: str = ""  # why they were not analysed, when they were not
+    world_size: int = 0  # the ranks there are (0: not known), so a rank without a dump is named
 
     def line(self) -> str:
         ranks = rank_list(ranks_of(self.keys))
         if self.unread:
             return f"flight-recorder dumps of rank(s) {ranks} at {_where(self.keys)}: {self.unread}"
+        absent = sorted(set(range(self.world_size)) - set(ranks_of(self.keys)))
+        if self.mismatch is None and absent:
+            # A frozen or dead rank writes no dump: the others agree among themselves, which says nothing of it
+            return f"flight recorder: no dump from rank(s) {rank_list(absent)}; rank(s) {ranks} agree among themselves"
         if self.mismatch is None:
             return f"flight recorder of rank(s) {ranks}: no mismatched collective"
         return self.mismatch.line()
@@ -71,7 +76,7 @@ def _where(keys: list[str]) -> str:
     return keys[0] if len(keys) == 1 else f"{folder}{FLIGHT_RECORDER_PREFIX}<rank>"
 
 
-def read_flight_recorder(dumps: dict[str, bytes]) -> FlightRecorderReading | None:
+def read_flight_recorder(dumps: dict[str, bytes], *, world_size: int = 0) -> FlightRecorderReading | None:
     """The first mismatched collective in `dumps` (key -> a rank's dump, its file name
     `flight-recorder-rank-<r>` last); None without dumps. Never raises: what it cannot read, it says."""
     if not dumps:
@@ -80,12 +85,12 @@ def read_flight_recorder(dumps: dict[str, bytes]) -> FlightRecorderReading | Non
     try:
         analyser = _analyser()
     except ImportError:
-        return FlightRecorderReading(keys, unread=NO_TORCH)
+        return FlightRecorderReading(keys, unread=NO_TORCH, world_size=world_size)
     try:
-        return FlightRecorderReading(keys, mismatch=_first_mismatch(analyser, dumps))
+        return FlightRecorderReading(keys, mismatch=_first_mismatch(analyser, dumps), world_size=world_size)
     except (Exception, SystemExit) as error:  # the analyser asserts, and exits on what it cannot parse
         why = f"{type(error).__name__}: {error}"
-        return FlightRecorderReading(keys, unread=f"PyTorch's analyser cannot read them: {why}")
+        return FlightRecorderReading(keys, unread=f"PyTorch's analyser cannot read them: {why}", world_size=world_size)
 
 
 def _analyser() -> Any:
