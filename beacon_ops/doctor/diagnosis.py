@@ -37,6 +37,10 @@ from beacon_ops.evidence.reading import RunEvidence, alarm_states, metric_sample
 __all__ = ["FAIL", "INFO", "OK", "WARN", "Diagnosis", "DoctorInputs", "Verdict", "diagnose", "diagnose_job"]
 # The orchestrator's verdicts that say a job failed but not why: a failure in its log, when there is one, says why.
 UNEXPLAINED = frozenset({"exit-code", "job-failed"})
+# The orchestrator's verdicts for a job not yet running: they say why a run that never started is silent.
+NOT_YET_RUNNING = frozenset({"waiting-for-node", "starting"})
+# Beacon's verdicts that say why a container exited, and lead a bare exit code.
+BEACON_SPECIFIC = frozenset({"endpoint", "permission", "spool", "ranks", "rank", "job"})
 SILENT_BEATS = 3  # heartbeats missed before the doctor calls a run silent
 DEFAULT_HEARTBEAT_S = 15.0
 
@@ -172,8 +176,18 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         causes.insert(0, ("endpoint", lambda v: v.verdict.replace(" ", "-")))
     failing = [(check, name) for check, name in causes if check in by_check and by_check[check].status == FAIL]
     first = leading(platform, logs)
+    if by_check["job"].verdict == "failed":
+        # The run's own last word (the exception's type) says more than the container's exit code
+        failing.insert(next((i for i, (c, _) in enumerate(failing) if c not in BEACON_SPECIFIC), len(failing)),
+                       ("job", lambda v: "failed"))  # fmt: skip
     if first is not None:
-        failing.insert(0, (first.check, lambda v: first.verdict))
+        bare = first.check == CHECK_ORCHESTRATOR and first.verdict in UNEXPLAINED
+        # A bare exit code follows what Beacon's own evidence says of why (a refused write, a dead rank, ...)
+        at = next((i for i, (c, _) in enumerate(failing) if c not in BEACON_SPECIFIC), len(failing)) if bare else 0
+        failing.insert(at, (first.check, lambda v: first.verdict))
+    elif platform is not None and by_check["job"].verdict == "not started" and platform.verdict in NOT_YET_RUNNING:
+        # Never started, and the orchestrator says why (no node yet, still pulling): that, not "silent"
+        failing.insert(0, (platform.check, lambda v: platform.verdict.replace(" ", "-")))
     lead, cause = next(((check, name(by_check[check])) for check, name in failing), ("job", ""))
     if not cause:
         cause = "not-started" if by_check["job"].verdict == "not started" else evidence.final_state or "healthy"
