@@ -94,6 +94,7 @@ def deployed_stack_outputs(cloudformation: Any, stack: str, region: str, team: s
                 f"stack {stack} not found in {region}: deploy it first (make deploy TEAM={team})"
             ) from None
         raise AccessError(f"stack {stack}: cannot describe it: {describe_aws_error(error)}") from None
-    if not status.endswith("_COMPLETE") or "ROLLBACK" in status or "DELETE" in status:
+    # An update rolled back leaves the stack as it was before, usable; a failed create's rollback does not
+    if not status.endswith("_COMPLETE") or status in ("ROLLBACK_COMPLETE", "DELETE_COMPLETE"):
         raise AccessError(f"stack {stack} is {status}, not deployed cleanly: fix and redeploy it first")
     return outputs

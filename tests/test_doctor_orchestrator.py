@@ -263,7 +263,7 @@ def test_a_foreign_job_pending_for_lack_of_gpus_quotes_the_scheduler_and_karpent
         f'pod llm-finetune-q9w8e: FailedScheduling "{karpenter}" at 2026-12-01 10:00:06 UTC'
     )
     fix = answer["verdicts"][0]["fix"]
-    assert "raise the GPU NodePool's limits.nvidia.com/gpu" in fix and "quota" in fix
+    assert "raise compute.gpu_limit in the team file" in fix and "quota" in fix
 
 
 def test_a_foreign_job_whose_image_cannot_be_pulled_names_the_image_and_the_reason(

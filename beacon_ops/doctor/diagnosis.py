@@ -474,7 +474,8 @@ def _endpoint(inputs: DoctorInputs, evidence: RunEvidence) -> Verdict:
                 FAIL,
                 "not readable",
                 f"s3:ListBucket s3://{inputs.bucket}: {code} for the doctor's identity",
-                "run the doctor as the team's reader role (--reader-role-arn, the artifacts stack's output)",
+                "the team's reader role may list the bucket's experiments/ prefix: if you passed --bucket, pass the "
+                "team's (the artifacts stack's BucketName); else check the bucket policy for a Deny on the reader",
             )
         return Verdict(
             "endpoint",

@@ -506,8 +506,8 @@ def _unschedulable(job: JobState) -> Verdict | None:
         )
     if GPU_RESOURCE in evidence:
         fix = (
-            f"no node offers the {GPU_RESOURCE} it requests: raise the GPU NodePool's limits.{GPU_RESOURCE}, widen "
-            "its instance types (node.kubernetes.io/instance-type, karpenter.k8s.aws/instance-gpu-count), or ask AWS "
+            f"no node offers the {GPU_RESOURCE} it requests: raise compute.gpu_limit in the team file (the GPU "
+            "NodePool's limit), widen compute.gpu_instance_families or gpu_instance_types, and make deploy; or ask AWS "
             "for more G/P-instance vCPU quota (Service Quotas, EC2, Spot or On-Demand); `kubectl get nodepools` shows "
             "what each pool has used"
         )

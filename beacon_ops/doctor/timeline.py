@@ -15,7 +15,7 @@ from beacon_ops.doctor.rank_verdict import RankVerdict
 from beacon_ops.doctor.verdict import Verdict
 from beacon_ops.evidence.reading import RunEvidence
 
-MOST_MOMENTS = 40  # the newest of the orchestrator's events beyond it are left out (counted in the last line)
+MOST_MOMENTS = 40  # of the orchestrator's events, the newest: a pod's events can repeat for hours
 
 
 @dataclass(frozen=True)
