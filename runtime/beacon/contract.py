@@ -6,6 +6,7 @@ writes a metric name, a dimension or a key format as a literal of its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -13,6 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+try:  # the spool's fast line writer; readers need none (the alarm's function bundles this file with boto3 alone)
+    import orjson as _orjson
+except ImportError:
+    _orjson = None  # type: ignore[assignment]
 
 # --- S3 layout -------------------------------------------------------------------------
 EXPERIMENTS_PREFIX = "experiments/"
@@ -111,7 +117,8 @@ def overwritable_resource_patterns() -> list[str]:
 _NON_FINITE_TEXT = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-# One encoder for every line: `json.dumps` with separators builds a new one per call.
+# The slow path of a line (non-finite values, what orjson refuses): `json.dumps` with separators
+# builds a new encoder per call.
 _LINE_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
@@ -119,6 +126,15 @@ def _encode_value(value: float) -> float | str:
     if math.isfinite(value):
         return value
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _finite_numbers(metrics: Mapping[str, Any], wall_time: float) -> bool:
+    """Whether orjson writes these values faithfully: it writes NaN and infinity as null. Any non-finite
+    value makes the sum non-finite (so does an overflow, which only costs the `json` path)."""
+    try:
+        return math.isfinite(sum(metrics.values(), wall_time))
+    except Exception:  # not numbers (a text, a tensor of several values): the `json` path decides
+        return False
 
 
 def _decode_value(value: float | int | str) -> float:
@@ -150,7 +166,11 @@ class Record:
         return self.metrics.get(LOSS_KEY)
 
     def to_line(self, seq: int | None = None) -> bytes:
-        """The record as one JSON line; `seq` numbers it without a copy (the spool's hot path)."""
+        """The record as one JSON line; `seq` numbers it without a copy (the spool's hot path).
+
+        orjson writes it, ~15x faster than `json`, whose `float.__repr__` took most of the spool thread's
+        time. Its text may differ from `json`'s (`0.00001` for `1e-05`, UTF-8 for `\\u` escapes), never
+        its values: `from_line`, and any JSON reader, reads both alike."""
         body = {
             "experiment": self.experiment,
             "run": self.run,
@@ -161,6 +181,9 @@ class Record:
             "wall_time": self.wall_time,
             "metrics": self.metrics,
         }
+        if _orjson is not None and _finite_numbers(self.metrics, self.wall_time):
+            with contextlib.suppress(TypeError):  # what orjson refuses (an int beyond 64 bits): `json` decides
+                return _orjson.dumps(body, option=_orjson.OPT_APPEND_NEWLINE)
         try:
             return _LINE_ENCODER.encode(body).encode() + b"\n"
         except ValueError:  # a non-finite value: written as its name (see _NON_FINITE_TEXT)
