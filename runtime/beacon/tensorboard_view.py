@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
@@ -23,6 +23,7 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 from beacon.contract import Record
 
 SEALED = ".sealed"
+T = TypeVar("T")
 
 
 def event_of(record: Record) -> bytes:
@@ -31,7 +32,7 @@ def event_of(record: Record) -> bytes:
     return bytes(event.SerializeToString())
 
 
-def thin_evenly(records: Sequence[Record], keep: int) -> list[Record]:
+def thin_evenly(records: Sequence[T], keep: int) -> list[T]:
     """`keep` records spread evenly over `records`, the last one always among them."""
     if keep >= len(records):
         return list(records)
@@ -54,11 +55,14 @@ class TensorBoardView:
         self._part: Path | None = None
 
     def write(self, records: Sequence[Record], *, part: int) -> None:
-        kept = self._within_budget(records)
-        if not kept:
+        self.draw(self.within_budget(records), part=part)
+
+    def draw(self, records: Sequence[Record], *, part: int) -> None:
+        """Write every one of `records`: those `within_budget` kept."""
+        if not records:
             return
         writer = self._writer or self._open(part)
-        for record in kept:
+        for record in records:
             writer.write(event_of(record))
 
     def rotate(self) -> None:
@@ -92,7 +96,8 @@ class TensorBoardView:
         self._writer.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
         return self._writer
 
-    def _within_budget(self, records: Sequence[Record]) -> list[Record]:
+    def within_budget(self, records: Sequence[T]) -> list[T]:
+        """Those of `records` (or of what stands for them) the view draws now; the rest are thinned."""
         now = self._clock()
         self._tokens = min(self.points_per_s, self._tokens + (now - self._refilled_at) * self.points_per_s)
         self._refilled_at = now
