@@ -3,6 +3,7 @@ missing (the alarm's function bundles the contract with boto3 alone). Both lines
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -128,3 +129,13 @@ def test_the_spool_holds_logged_tensors_numbers_and_non_finite_values_as_read_ba
     assert strict(lines[1])["metrics"]["grad/norm"] == "Infinity"
     assert same_values(read[2], AWKWARD)
     spool.close()
+
+
+def test_a_record_made_in_one_write_is_still_the_frozen_dataclass_it_declares() -> None:
+    record = Record("e", "r", 3, {"loss": 0.5}, 2.0, seq=4, attempt=1)
+    assert list(vars(record)) == [field.name for field in dataclasses.fields(Record)], "every field, in order"
+    assert (record.rank, record.seq, Record("e", "r", 3, {}, 2.0).seq) == (0, 4, -1), "defaults as declared"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.step = 5  # type: ignore[misc]
+    assert dataclasses.replace(record, step=5) == Record("e", "r", 5, {"loss": 0.5}, 2.0, seq=4, attempt=1)
+    assert record != dataclasses.replace(record, attempt=2)

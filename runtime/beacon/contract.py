@@ -6,7 +6,6 @@ writes a metric name, a dimension or a key format as a literal of its own.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
@@ -128,15 +127,6 @@ def _encode_value(value: float) -> float | str:
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
-def _finite_numbers(metrics: Mapping[str, Any], wall_time: float) -> bool:
-    """Whether orjson writes these values faithfully: it writes NaN and infinity as null. Any non-finite
-    value makes the sum non-finite (so does an overflow, which only costs the `json` path)."""
-    try:
-        return math.isfinite(sum(metrics.values(), wall_time))
-    except Exception:  # not numbers (a text, a tensor of several values): the `json` path decides
-        return False
-
-
 def _decode_value(value: float | int | str) -> float:
     if isinstance(value, str):
         if value not in _NON_FINITE_TEXT:
@@ -145,7 +135,7 @@ def _decode_value(value: float | int | str) -> float:
     return float(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Record:
     """One logged step: every metric of it, faithful (NaN stays NaN). The unit of the spool, of an
     event chunk in S3, and of every reader; `seq` is the spool's gapless sequence number."""
@@ -160,6 +150,33 @@ class Record:
     # The run's attempt that went through this step: 0, then one more at each restart. A restart that
     # resumes from a checkpoint goes through some steps again; see `history`.
     attempt: int = 0
+
+    def __init__(
+        self,
+        experiment: str,
+        run: str,
+        step: int,
+        metrics: dict[str, float],
+        wall_time: float,
+        seq: int = -1,
+        rank: int = 0,
+        attempt: int = 0,
+    ) -> None:
+        # One write rather than a frozen dataclass's eight: the spool thread makes one per record.
+        object.__setattr__(
+            self,
+            "__dict__",
+            {
+                "experiment": experiment,
+                "run": run,
+                "step": step,
+                "metrics": metrics,
+                "wall_time": wall_time,
+                "seq": seq,
+                "rank": rank,
+                "attempt": attempt,
+            },
+        )
 
     @property
     def loss(self) -> float | None:
@@ -181,9 +198,14 @@ class Record:
             "wall_time": self.wall_time,
             "metrics": self.metrics,
         }
-        if _orjson is not None and _finite_numbers(self.metrics, self.wall_time):
-            with contextlib.suppress(TypeError):  # what orjson refuses (an int beyond 64 bits): `json` decides
-                return _orjson.dumps(body, option=_orjson.OPT_APPEND_NEWLINE)
+        if _orjson is not None:
+            # orjson writes NaN and infinity as null: any non-finite value makes this sum non-finite (so
+            # does an overflow, which only costs the `json` path).
+            try:
+                if math.isfinite(sum(self.metrics.values(), self.wall_time)):
+                    return _orjson.dumps(body, option=_orjson.OPT_APPEND_NEWLINE)
+            except Exception:  # not numbers (a text, a tensor), what orjson refuses (an int beyond 64 bits)
+                pass  # `json` decides
         try:
             return _LINE_ENCODER.encode(body).encode() + b"\n"
         except ValueError:  # a non-finite value: written as its name (see _NON_FINITE_TEXT)
