@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -160,8 +160,8 @@ class Telemetry(NullTelemetry):
         self.live_snapshots = LiveSnapshots()
         self._snapshot_thread: threading.Thread | None = None
         self.index = IndexWriter(s3, bucket=config.bucket, experiment=config.experiment, run=config.run)
-        self._queue: collections.deque[Logged] = collections.deque()
-        self._queued_metrics: collections.deque[dict[str, Any]] = collections.deque()  # in step with `_queue`
+        # Two items a step, its numbers then its metrics (see `Logged`), appended by one call.
+        self._queue: collections.deque[Logged | dict[str, Any]] = collections.deque()
         self._journaled = 0  # the last journal entry drained into the spool
         self._window = WindowStats()
         self._window_lock = threading.Lock()
@@ -213,8 +213,8 @@ class Telemetry(NullTelemetry):
         copy, wall_time = dict(metrics), time.time()
         # Journaled first (a memory copy into the spool volume's page cache): a SIGKILL now loses nothing.
         journaled = self.spool.journal.append(step, wall_time, copy)
-        self._queued_metrics.append(copy)  # first: the spool thread takes a step once `_queue` holds it
-        self._queue.append((step, wall_time, journaled))
+        # One call: no signal's exception can land between the two, leaving a step without its metrics.
+        self._queue.extend(((step, wall_time, journaled), copy))
 
     def checkpoint_finished(self, seconds: float) -> None:
         with self._window_lock:
@@ -230,6 +230,10 @@ class Telemetry(NullTelemetry):
                     return self.spool.durable_step >= step
                 self._durable.wait(min(remaining, UPLOAD_POLL_S))
         return True
+
+    def queued(self) -> int:
+        """Steps logged and not yet taken by the spool thread."""
+        return len(self._queue) // 2
 
     def watch_durable(self) -> threading.Event:
         """An event set each time records become durable, and once the spool is done (a mirror's wake-up)."""
@@ -286,7 +290,7 @@ class Telemetry(NullTelemetry):
                         return
                 if stopping:
                     return
-                if len(self._queue) < self.config.chunk_records:  # a backlog goes on at once
+                if self.queued() < self.config.chunk_records:  # a backlog goes on at once
                     self._stop.wait(UPLOAD_POLL_S)
         finally:
             self._spool_done.set()
@@ -298,10 +302,9 @@ class Telemetry(NullTelemetry):
         (a tensor's value waits for the device only on this thread)."""
         steps: list[Logged] = []
         metrics_of: list[dict[str, float]] = []
-        queue, queued_metrics = self._queue, self._queued_metrics
-        while queue:
-            entry = queue.popleft()
-            metrics = queued_metrics.popleft()  # `log`'s own copy of the dict
+        queue = self._queue
+        while queue:  # whole steps only: `log` appends both items of one in a single call
+            entry, metrics = cast(Logged, queue.popleft()), cast(dict[str, Any], queue.popleft())  # `log`'s own copy
             self._journaled = entry[2] or self._journaled
             for value in metrics.values():
                 if type(value) is not float:
@@ -592,7 +595,7 @@ class Telemetry(NullTelemetry):
         mono, steps = time.monotonic(), self.progress.steps
         last_mono, last_steps = self._last_rate_sample
         self._last_rate_sample = (mono, steps)
-        backlog = float(self.spool.unacknowledged_records() + len(self._queue))
+        backlog = float(self.spool.unacknowledged_records() + self.queued())
         data = [
             datum(contract.HEARTBEAT, run_dims, Value=1.0),
             datum(contract.PROGRESS_AGE, run_dims, Value=self.progress.progress_age()),
@@ -685,7 +688,7 @@ class Telemetry(NullTelemetry):
         self.report.pending_chunks = len(pending)
         self.report.tensorboard_thinned = self.tensorboard.thinned
         self.report.journal_skipped = self.spool.journal.skipped
-        self.report.unacknowledged_records = self.spool.unacknowledged_records() + len(self._queue)
+        self.report.unacknowledged_records = self.spool.unacknowledged_records() + self.queued()
         if self.run_alarms is not None and self.run_alarms.armed and not self.report.unacknowledged_records:
             try:
                 self.run_alarms.disarm()
