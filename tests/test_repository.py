@@ -54,7 +54,7 @@ def test_the_cdk_cli_is_pinned_exactly() -> None:
 def test_training_requirements_carry_nothing_for_cdk() -> None:
     lines = (ROOT / "runtime/requirements.txt").read_text().lower().splitlines()
     packages = {line.split("==")[0] for line in lines if line and not line.startswith("#")}
-    assert packages == {"torch", "boto3", "tensorboard"}
+    assert packages == {"torch", "boto3", "orjson", "tensorboard"}
 
 
 def test_the_runtime_imports_nothing_of_beacon_outside_itself() -> None:
@@ -86,11 +86,11 @@ def _wheel_contents(project: Path, package: str, out: Path) -> tuple[set[str], l
     return {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}, requires
 
 
-def test_the_runtime_wheel_carries_the_runtime_alone_and_needs_only_boto3(tmp_path: Path) -> None:
+def test_the_runtime_wheel_carries_the_runtime_alone_and_needs_only_boto3_and_orjson(tmp_path: Path) -> None:
     top_level, requires = _wheel_contents(ROOT / "runtime", "beacon", tmp_path)
     assert top_level == {"beacon"}
     unconditional = [line for line in requires if "extra ==" not in line]
-    assert [line.split(":", 1)[1].strip().split(">")[0].split("=")[0] for line in unconditional] == ["boto3"]
+    assert [line.split(":", 1)[1].strip().split(">")[0].split("=")[0] for line in unconditional] == ["boto3", "orjson"]
 
 
 def test_the_operator_wheel_installs_no_generic_top_level_package(tmp_path: Path) -> None:

@@ -16,11 +16,11 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -46,6 +46,13 @@ from beacon.tensorboard_view import SEALED, TensorBoardView
 
 log = logging.getLogger("beacon.telemetry")
 
+# A logged step's numbers: (step, wall time, journal entry number or 0); its metrics travel beside it.
+# The cyclic garbage collector untracks a tuple of numbers, never one holding a dict: tens of thousands
+# of steps waiting for the spool were promoted to its oldest generation, whose collections (100s of ms,
+# torch loaded) scan every object of the process. A dict of numbers is never tracked.
+Logged = tuple[int, float, int]
+# Records made at a time on the spool thread, gone before the collector's first threshold (700 objects).
+APPEND_SLICE = 256
 UPLOAD_POLL_S = 0.25
 MAX_BACKOFF_S = 30.0
 MAX_DATA_PER_REQUEST = 1000  # PutMetricData's limit
@@ -153,8 +160,8 @@ class Telemetry(NullTelemetry):
         self.live_snapshots = LiveSnapshots()
         self._snapshot_thread: threading.Thread | None = None
         self.index = IndexWriter(s3, bucket=config.bucket, experiment=config.experiment, run=config.run)
-        # (step, metrics, wall time, journal entry number or 0)
-        self._queue: collections.deque[tuple[int, dict[str, Any], float, int]] = collections.deque()
+        # Two items a step, its numbers then its metrics (see `Logged`), appended by one call.
+        self._queue: collections.deque[Logged | dict[str, Any]] = collections.deque()
         self._journaled = 0  # the last journal entry drained into the spool
         self._window = WindowStats()
         self._window_lock = threading.Lock()
@@ -169,7 +176,8 @@ class Telemetry(NullTelemetry):
         self._durable_watchers: list[threading.Event] = []  # set whenever records become durable
         self._chunk_opened_at: float | None = None
         self._sealed_at = 0.0  # monotonic time of the last seal
-        self._awaiting_sync: list[Record] = []  # appended to the spool, not yet fsync'd
+        # Appended to the spool, not yet fsync'd: their numbers and their metrics.
+        self._awaiting_sync: tuple[list[Logged], list[dict[str, float]]] = ([], [])
         self._backoff_until = 0.0
         self._backoff = 1.0
         self.tensorboard = TensorBoardView(
@@ -204,7 +212,9 @@ class Telemetry(NullTelemetry):
             raise self._fatal
         copy, wall_time = dict(metrics), time.time()
         # Journaled first (a memory copy into the spool volume's page cache): a SIGKILL now loses nothing.
-        self._queue.append((step, copy, wall_time, self.spool.journal.append(step, wall_time, copy)))
+        journaled = self.spool.journal.append(step, wall_time, copy)
+        # One call: no signal's exception can land between the two, leaving a step without its metrics.
+        self._queue.extend(((step, wall_time, journaled), copy))
 
     def checkpoint_finished(self, seconds: float) -> None:
         with self._window_lock:
@@ -220,6 +230,10 @@ class Telemetry(NullTelemetry):
                     return self.spool.durable_step >= step
                 self._durable.wait(min(remaining, UPLOAD_POLL_S))
         return True
+
+    def queued(self) -> int:
+        """Steps logged and not yet taken by the spool thread."""
+        return len(self._queue) // 2
 
     def watch_durable(self) -> threading.Event:
         """An event set each time records become durable, and once the spool is done (a mirror's wake-up)."""
@@ -276,54 +290,71 @@ class Telemetry(NullTelemetry):
                         return
                 if stopping:
                     return
-                if len(self._queue) < self.config.chunk_records:  # a backlog goes on at once
+                if self.queued() < self.config.chunk_records:  # a backlog goes on at once
                     self._stop.wait(UPLOAD_POLL_S)
         finally:
             self._spool_done.set()
             self._upload_wake.set()
             self._notify_durable()
 
-    def _drain(self) -> list[Record]:
-        """The queued steps as records, their values read here rather than on the training thread
+    def _drain(self) -> tuple[list[Logged], list[dict[str, float]]]:
+        """The queued steps and their metrics, the values read here rather than on the training thread
         (a tensor's value waits for the device only on this thread)."""
-        drained: list[Record] = []
-        experiment, run, attempt = self.config.experiment, self.config.run, self.attempt
-        while self._queue:
-            step, metrics, wall_time, journaled = self._queue.popleft()  # `log`'s own copy of the dict
-            self._journaled = journaled or self._journaled
+        steps: list[Logged] = []
+        metrics_of: list[dict[str, float]] = []
+        queue = self._queue
+        while queue:  # whole steps only: `log` appends both items of one in a single call
+            entry, metrics = cast(Logged, queue.popleft()), cast(dict[str, Any], queue.popleft())  # `log`'s own copy
+            self._journaled = entry[2] or self._journaled
             for value in metrics.values():
                 if type(value) is not float:
                     metrics = {name: metric_value(value) for name, value in metrics.items()}
                     break
-            drained.append(Record(experiment, run, step, metrics, wall_time, attempt=attempt))
-        if drained:
+            steps.append(entry)
+            metrics_of.append(metrics)
+        if steps:
             with self._window_lock:
                 for name in self._window_metrics:
-                    values = [record.metrics[name] for record in drained if name in record.metrics]
+                    values = [metrics[name] for metrics in metrics_of if name in metrics]
                     if values:
                         self._window.values.setdefault(name, []).extend(values)
-                self._window.last_step = max(self._window.last_step, drained[-1].step)
-            for record in drained:  # for people reading pod logs, and SageMaker's metric definitions
-                if record.step % contract.PROGRESS_LOG_INTERVAL == 0 and record.loss is not None:
-                    log.info(contract.progress_line(record.step, record.loss))
-        return drained
+                self._window.last_step = max(self._window.last_step, steps[-1][0])
+            for (step, _, _), metrics in zip(steps, metrics_of, strict=True):  # for pod logs and SageMaker's parsers
+                if step % contract.PROGRESS_LOG_INTERVAL == 0 and (loss := metrics.get(contract.LOSS_KEY)) is not None:
+                    log.info(contract.progress_line(step, loss))
+        return steps, metrics_of
+
+    def _records(self, steps: Sequence[Logged], metrics_of: Sequence[dict[str, float]]) -> list[Record]:
+        experiment, run, attempt = self.config.experiment, self.config.run, self.attempt
+        return [
+            Record(experiment, run, step, metrics, wall_time, attempt=attempt)
+            for (step, wall_time, _), metrics in zip(steps, metrics_of, strict=True)
+        ]
 
     def _persist(self, *, final: bool) -> None:
-        records = self._drain()
-        if records:
+        steps, metrics_of = self._drain()
+        if steps:
             if self._chunk_opened_at is None:
                 self._chunk_opened_at = time.monotonic()
-            self.spool.append(records)
-            self._awaiting_sync.extend(records)
+            # A few records at a time, gone before the collector would promote them (see `Logged`).
+            for start in range(0, len(steps), APPEND_SLICE):
+                end = start + APPEND_SLICE
+                self.spool.append(self._records(steps[start:end], metrics_of[start:end]))
+            self._awaiting_sync[0].extend(steps)
+            self._awaiting_sync[1].extend(metrics_of)
         self.spool.sync()  # also writes again what a failed attempt left unsynced
         self.spool.journal.durable_through(self._journaled)
-        if self._awaiting_sync:
-            synced, self._awaiting_sync = self._awaiting_sync, []
+        if self._awaiting_sync[0]:
+            (synced, synced_metrics), self._awaiting_sync = self._awaiting_sync, ([], [])
             self.report.records += len(synced)
             self._notify_durable()
+            drawn = self.tensorboard.within_budget(range(len(synced)))  # records made only for these
             with on_spool_disk(self.spool.directory):
                 # A view of the records: a disk error here loses no record.
-                self.tensorboard.write(synced, part=self.spool.next_chunk)
+                self.tensorboard.draw(
+                    self._records([synced[i] for i in drawn], [synced_metrics[i] for i in drawn]),
+                    part=self.spool.next_chunk,
+                )
         now = time.monotonic()
         # At most one full chunk per poll interval: a fast loop's chunks grow rather than its PUTs multiply.
         due = self._chunk_opened_at is not None and (
@@ -564,7 +595,7 @@ class Telemetry(NullTelemetry):
         mono, steps = time.monotonic(), self.progress.steps
         last_mono, last_steps = self._last_rate_sample
         self._last_rate_sample = (mono, steps)
-        backlog = float(self.spool.unacknowledged_records() + len(self._queue))
+        backlog = float(self.spool.unacknowledged_records() + self.queued())
         data = [
             datum(contract.HEARTBEAT, run_dims, Value=1.0),
             datum(contract.PROGRESS_AGE, run_dims, Value=self.progress.progress_age()),
@@ -657,7 +688,7 @@ class Telemetry(NullTelemetry):
         self.report.pending_chunks = len(pending)
         self.report.tensorboard_thinned = self.tensorboard.thinned
         self.report.journal_skipped = self.spool.journal.skipped
-        self.report.unacknowledged_records = self.spool.unacknowledged_records() + len(self._queue)
+        self.report.unacknowledged_records = self.spool.unacknowledged_records() + self.queued()
         if self.run_alarms is not None and self.run_alarms.armed and not self.report.unacknowledged_records:
             try:
                 self.run_alarms.disarm()
