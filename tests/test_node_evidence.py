@@ -198,8 +198,10 @@ def test_on_a_shared_volume_with_rank_0_alive_a_node_leader_uploads_nothing_unti
 
 # --- real processes: 4 gloo ranks as 2 torchrun "nodes" against moto ----------------------------------------
 # No checkpoints: a rank frozen inside a checkpoint phase is "working" to the others until its phase goes stale
-JOB = ("--steps", "100000", "--step-sleep", "0.05", "--alarms", "false", "--stall-dump-after", "3")
-JOB += ("--checkpoint-interval", "1000000")
+JOB = (
+    *("--steps", "100000", "--step-sleep", "0.05", "--alarms", "false", "--stall-dump-after", "3"),
+    *("--checkpoint-interval", "1000000"),
+)
 
 
 def rank_verdict(inputs: DoctorInputs) -> str:
