@@ -199,13 +199,18 @@ def test_reader_may_only_read_and_list(demo: Synthesized) -> None:
         "cloudwatch:GetMetricStatistics",
         "cloudwatch:ListMetrics",
         "kms:Decrypt",
+        # the job's container logs: its cluster's group, and the team's own streams of SageMaker's (the doctor)
+        *("logs:DescribeLogStreams", "logs:DescribeLogStreams", "logs:FilterLogEvents"),
+        *("logs:GetLogEvents", "logs:GetLogEvents"),
         "s3:GetBucketVersioning",
         "s3:GetObject",
         "s3:GetObjectVersion",
         "s3:ListBucket",
         "s3:ListBucketVersions",
+        "sagemaker:DescribeTrainingJob",  # the team's own training jobs
     ]
-    assert not any(a.startswith(("s3:Put", "s3:Delete", "cloudwatch:Put", "cloudwatch:Delete")) for a in actions)
+    writes = ("s3:Put", "s3:Delete", "cloudwatch:Put", "cloudwatch:Delete", "logs:Put", "logs:Create", "sagemaker:")
+    assert not any(a.startswith(writes) and a != "sagemaker:DescribeTrainingJob" for a in actions)
 
 
 def test_stack_outputs_name_bucket_roles_key_and_image_repository(template: Template) -> None:
