@@ -111,6 +111,13 @@ def test_a_frozen_rank_with_no_dump_while_the_others_dumped_and_wait_went_silent
     )
     rewritten = [doc(0, written=NOW - 1), *documents[1:]]
     assert which_rank(rewritten, stacks) is None, "rewritten since the others dumped: alive, its dump still due"
+    # Long after (CI's snapshot came 30 s into the freeze): still silent, not "died", while the others wait.
+    long_frozen = [doc(0, written=NOW - 600), *documents[1:]]
+    later = which_rank(long_frozen, stacks)
+    assert later is not None and (later.rank, later.how) == (0, "silent"), later
+    torn_down = [long_frozen[0], *(replace(d, ended="failed: RuntimeError") for d in documents[1:])]
+    died = which_rank(torn_down, stacks)
+    assert died is not None and (died.rank, died.how) == (0, "died"), "the others ended: torchrun tore it down"
 
 
 def test_ranks_with_no_document_while_every_other_waits_sent_nothing() -> None:

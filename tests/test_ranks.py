@@ -362,6 +362,9 @@ def test_rank_0s_stall_clock_pauses_while_another_rank_is_in_a_named_phase() -> 
     now[0] = 10.0
     follower.follow([dataclasses.replace(r, wall_time=now[0]) for r in checkpointing], now[0])
     assert clock.current_phase() == ("rank 3 checkpoint", 0.0), "visible as what it is"
+    assert clock.own_phase_name() == "training", "rank 0's own document: it waits, it does not checkpoint"
+    with clock.phase("evaluation"):
+        assert clock.own_phase_name() == "evaluation" and clock.phase_name() == "evaluation"
     now[0] = 160.0
     follower.follow([dataclasses.replace(r, wall_time=now[0]) for r in checkpointing], now[0])
     assert clock.progress_age() == 10.0, "150 s of rank 3's checkpoint are work, not a stall"

@@ -158,16 +158,18 @@ def which_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict
         blocked[collective_of(main[number]) or main[number][0].function].append(number)
     # No dump and no last word, its document written before any other rank dumped (an alive rank rewrites
     # it each pass, and dumps at the same stall): its own threads stopped (SIGSTOP, a lost node, killed)
-    # while every other rank stalled and dumped. Older than STALE_AFTER_S, that reads "died".
+    # while every other rank stalled, dumped and still waits. However old its document grows, that is all
+    # the evidence says; "died" needs more: the others ended (torchrun tore the job down) or never dumped.
     first_dump = min((dumped_at(stacks[number]) for number in dumped), default=0.0)
     silent = [r for r in ranks if not r.ended and r.rank not in dumped and r.wall_time < first_dump]
+    went_silent = bool(silent) and not others_ended and len(dumped) + len(silent) == len(ranks)
     world = max((r.world_size for r in ranks), default=0)
     missing = sorted(set(range(world)) - {r.rank for r in ranks})
-    if dead:
-        stopped, how = min(dead, key=lambda r: r.wall_time), "died"
-    elif silent and len(dumped) + len(silent) == len(ranks):
+    if went_silent:
         stopped, how = min(silent, key=lambda r: (r.wall_time, r.rank)), "silent"
         waiting = blocked
+    elif dead:
+        stopped, how = min(dead, key=lambda r: r.wall_time), "died"
     elif hung and in_collective:
         stopped, how = min(hung, key=lambda r: (r.step, r.rank)), "hung"
     elif failed and len(failed) < len(ranks):

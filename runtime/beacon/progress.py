@@ -23,7 +23,7 @@ class ProgressClock:
         self._lock = threading.Lock()
         self._last_step = now()
         self._excluded = 0.0  # seconds in phases since the last step
-        self._phases: list[tuple[str, float]] = []  # open phases, outermost first, with start times
+        self._phases: list[tuple[str, float, bool]] = []  # open phases, outermost first: start, followed
         self._paused_since: float | None = None  # when the outermost open phase began
         self.steps = 0
         self.dispatched_step = -1  # the last step the loop dispatched: set by `Run.mark_step`, read by ranks
@@ -36,12 +36,14 @@ class ProgressClock:
             self._paused_since = now if self._phases else None
             self.steps += 1
 
-    def enter(self, phase: str) -> None:
+    def enter(self, phase: str, *, followed: bool = False) -> None:
+        """Open `phase`; `followed` when it is another rank's (`ranks.PhaseFollower`): its time is
+        excluded here too, but it is not this rank's own phase (`own_phase_name`)."""
         with self._lock:
             now = self._now()
             if not self._phases:
                 self._paused_since = now
-            self._phases.append((phase, now))
+            self._phases.append((phase, now, followed))
 
     def leave(self, phase: str) -> float:
         """End the innermost open `phase`; return its length in seconds (0 if it was not open)."""
@@ -71,12 +73,19 @@ class ProgressClock:
         with self._lock:
             return self._phases[-1][0] if self._phases else Phase.TRAINING
 
+    def own_phase_name(self) -> str:
+        """The innermost phase this rank itself is in, other ranks' followed phases left out; TRAINING
+        when none is. What its progress document says: rank 0 waiting out rank 3's checkpoint is not
+        checkpointing, and a stale `rank 3 setup` there would read as work long after rank 0 froze."""
+        with self._lock:
+            return next((p for p, _, followed in reversed(self._phases) if not followed), Phase.TRAINING)
+
     def current_phase(self) -> tuple[str, float] | None:
         """(innermost open phase, seconds in it so far); None while the loop is training."""
         with self._lock:
             if not self._phases:
                 return None
-            phase, started = self._phases[-1]
+            phase, started, _ = self._phases[-1]
             return phase, self._now() - started
 
     def progress_age(self) -> float:
@@ -96,4 +105,4 @@ class ProgressClock:
     def checkpoint_seconds(self) -> float:
         """Seconds the current checkpoint has run so far; 0 when none is in flight."""
         with self._lock:
-            return next((self._now() - s for p, s in reversed(self._phases) if p == Phase.CHECKPOINT), 0.0)
+            return next((self._now() - s for p, s, _ in reversed(self._phases) if p == Phase.CHECKPOINT), 0.0)

@@ -216,13 +216,12 @@ class RankSignal:
     def write(self, *, ended: str = "") -> None:
         now = time.time()
         age = self.progress.progress_age()
-        phase = self.progress.current_phase()
         body = RankProgress(
             rank=self.rank,
             local_rank=self.local_rank,
             world_size=self.world_size,
             step=self.progress.dispatched_step,
-            phase=phase[0] if phase else self.progress.phase_name(),
+            phase=self.progress.own_phase_name(),
             progress_age=age,
             wall_time=now,
             last_step_wall_time=now - age,
@@ -298,7 +297,7 @@ class PhaseFollower:
                 del self.followed[rank]
         for rank, name in current.items():
             if rank not in self.followed:
-                self.progress.enter(name)
+                self.progress.enter(name, followed=True)
                 self.followed[rank] = name
 
 
