@@ -4,7 +4,7 @@ plain (SageMaker) form; the 20 s start window against the last lines; the quotin
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -107,6 +107,24 @@ def test_a_failure_in_the_last_lines_is_named_as_before_the_end() -> None:
     lines = [line(0, "starting"), *(line(1 + i, f"step {i}") for i in range(40)), line(60, LINES["cuda-oom"])]
     [verdict] = log_verdicts(lines, where="g")
     assert verdict.verdict == "cuda-oom-before-end" and "60 s after its container started" in verdict.evidence
+
+
+def test_a_failure_at_the_gap_is_found_however_long_the_log_runs_on() -> None:
+    """The heartbeat stopped at 100 s; the NCCL error came at 105 s; 50 lines of waiting follow. Without the
+    gap nothing is found; with it, the line is named as at the gap, once, even when it is also a last line."""
+    lines = [line(0, "starting"), *(line(1 + i, f"step {i}") for i in range(90)), line(105, LINES["nccl"])]
+    lines += [line(110 + i, "waiting") for i in range(50)]
+    gap = datetime.fromtimestamp(T0_MS / 1000 + 100, UTC)
+    [verdict] = log_verdicts(lines, where="g")
+    assert verdict.verdict == "nothing known"
+    assert "at the gap" not in verdict.evidence
+    [verdict] = log_verdicts(lines, where="g", gap=gap)
+    assert verdict.verdict == "nccl-at-gap" and "105 s after its container started" in verdict.evidence
+    [verdict] = log_verdicts(lines[:-50], where="g", gap=gap)
+    assert verdict.verdict == "nccl-at-gap", "in both windows: counted once, at the gap"
+    late = log_verdicts(lines, where="g", gap=gap - timedelta(seconds=60))
+    assert [v.verdict for v in late] == ["nothing known"], "40 lines from 15 s before the gap, not more"
+    assert "the 40 at the gap (2026-12-01 10:00:40 UTC) nor" in late[0].evidence
 
 
 def test_each_container_start_has_its_own_window_and_start_failures_come_first() -> None:

@@ -15,10 +15,11 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from beacon import contract
 from botocore.stub import Stubber
 
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose, diagnose_job
-from beacon_ops.doctor.log_reader import read_log_verdicts, sagemaker_job_logs
+from beacon_ops.doctor.log_reader import eks_job_logs, read_log_verdicts, sagemaker_job_logs
 from beacon_ops.doctor.sagemaker_state import read_training_job
 from config import names
 from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam
@@ -133,6 +134,47 @@ def test_a_refused_connection_after_the_first_20_s_is_not_called_a_start_failure
     assert answer["diagnosis"] == "exit-code" and answer["lead"] == "orchestrator"
     [logs] = [v for v in answer["verdicts"] if v["check"] == "logs"]
     assert logs["status"] == "ok" and logs["verdict"] == "nothing known" and "32 line(s)" in logs["evidence"]
+
+
+NCCL_AT_GAP = "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited"
+
+
+def test_the_lines_at_the_gap_are_read_however_long_the_log_runs_on_after_it(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """Heartbeats until 120 s in; the NCCL error at 121 s; then 300 lines of waiting before the container ends.
+    Neither the first 20 s nor the stream's last 20 lines hold it: the page read from the gap (the last
+    heartbeat, less one beat: GetLogEvents with startTime) does, and the first line quotes it."""
+    job = beacon_job("gap-run", active=0, failed=1)
+    pod_name = "gap-run-0-g4p7q"
+    kubernetes.seed(job=job, pods=[pod(job, "0-g4p7q", phase="Failed", state=FAILED)])
+    lines = [(0.0, "beacon: preflight passed"), *((1.0 + i, f"step {i} loss 0.5") for i in range(100))]
+    lines += [(121.0, NCCL_AT_GAP), *((130.0 + i, "waiting for the others to exit") for i in range(300))]
+    started = put_lines(deployed, CLUSTER_LOGS, stream_of(pod_name), lines)
+    dims = contract.run_dimensions(TEAM, "smoke", "gap-run")
+    deployed.client("cloudwatch").put_metric_data(
+        Namespace=contract.metric_namespace(TEAM),
+        MetricData=[
+            {
+                "MetricName": contract.HEARTBEAT.name,
+                "Dimensions": [{"Name": k, "Value": v} for k, v in dims.items()],
+                "Timestamp": datetime.fromtimestamp((started + offset * 1000) / 1000, UTC),
+                "Value": 1.0,
+                "StorageResolution": 1,
+            }
+            for offset in range(15, 121, 15)
+        ],
+    )
+    answer = answered(deployed, kubernetes, "--run", "gap-run")
+    assert answer["diagnosis"] == "nccl-at-gap" and answer["lead"] == "logs", answer["headline"]
+    assert answer["headline"] == (
+        f'nccl-at-gap: pod {pod_name}, container train: "{NCCL_AT_GAP}" at {at_utc(started + 121_000)}, '
+        "121 s after its container started"
+    )
+    as_foreign = read_log_verdicts(
+        deployed.client("logs"), eks_job_logs(group=CLUSTER_LOGS, job_name="gap-run", since=None)
+    )
+    assert [v.verdict for v in as_foreign] == ["nothing known"], "no gap known: the head and the tail alone"
 
 
 def test_a_reader_without_log_access_gets_an_info_verdict_saying_how_to_read_them(

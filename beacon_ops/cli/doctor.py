@@ -11,6 +11,7 @@ classified, as the team's reader role (it may read exactly those logs).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, NoReturn
 
@@ -95,19 +96,22 @@ def reader_credentials(session: boto3.session.Session, team: str, reader_role_ar
         return {}
 
 
-def eks_logs(session: boto3.session.Session, reader: dict[str, str], state: OrchestratorState) -> tuple[Verdict, ...]:
+LogsAt = Callable[[datetime | None], tuple[Verdict, ...]]  # the job's log verdicts, given the gap in its metrics
+
+
+def eks_logs(session: boto3.session.Session, reader: dict[str, str], state: OrchestratorState) -> LogsAt:
     job = state.job
     since = job.created_at if job is not None else None
     # Its pods, and gone ones its events name: another Job's pods may look alike (an Indexed `a` and a Job `a-2`)
     pods = frozenset([p.name for p in job.pods] + [e.name for e in job.events if e.kind == "Pod"] if job else [])
     group = names.container_log_group(state.cluster)
     where = eks_job_logs(group=group, job_name=state.job_name, since=since, pods=pods)
-    return tuple(read_log_verdicts(session.client("logs", **reader), where))
+    return lambda gap: tuple(read_log_verdicts(session.client("logs", **reader), where, gap=gap))
 
 
 def read_sagemaker(
     session: boto3.session.Session, reader: dict[str, str], name: str
-) -> tuple[TrainingJobReading, tuple[Verdict, ...]]:
+) -> tuple[TrainingJobReading, LogsAt]:
     """The training job as SageMaker describes it, and its logs' verdicts: as the reader, which may read the team's
     own jobs (`<team>-run-*`) alone; a job named otherwise (launched without Beacon), as the caller's own identity."""
     reading = read_training_job(session.client("sagemaker", **reader), name)
@@ -115,7 +119,7 @@ def read_sagemaker(
         reader = {}  # the caller's own identity, which may read what the reader may not
         reading = read_training_job(session.client("sagemaker"), name)
     where = sagemaker_job_logs(group=names.SAGEMAKER_LOG_GROUP, training_job_name=name)
-    return reading, tuple(read_log_verdicts(session.client("logs", **reader), where))
+    return reading, lambda gap: tuple(read_log_verdicts(session.client("logs", **reader), where, gap=gap))
 
 
 def doctor(
@@ -173,7 +177,7 @@ def doctor(
         if beacon_run.get("BEACON_RUN_ID") and beacon_run.get("BEACON_TEAM", team) == team:
             run, experiment = beacon_run["BEACON_RUN_ID"], beacon_run.get("BEACON_EXPERIMENT", experiment)
         else:
-            show(diagnose_job(team, platform, logs=logs), as_json=as_json)
+            show(diagnose_job(team, platform, logs=logs(None)), as_json=as_json)
     assert run is not None
     try:
         if bucket is None or reader_role_arn is None:
@@ -205,7 +209,7 @@ def doctor(
                 probe_unavailable=probe_unavailable,
                 orchestrator=state,
                 training_job=training_job,
-                logs=logs,
+                read_logs=logs,
             )
         )
     except (ClientError, BotoCoreError) as error:

@@ -97,6 +97,9 @@ class DoctorInputs:
     orchestrator: OrchestratorState | None = None
     training_job: TrainingJobReading | None = None  # the SageMaker job, as its orchestrator sees it
     logs: tuple[Verdict, ...] = ()  # the job's container logs, classified (log_reader.read_log_verdicts)
+    # Or how to read them once the gap is known (the last heartbeat, else the newest record): the last lines
+    # before it are read too (`beacon doctor` passes this; the alarm's Lambda reads no logs).
+    read_logs: Callable[[datetime | None], tuple[Verdict, ...]] | None = None
 
     def orchestrator_verdict(self) -> Verdict | None:
         if self.orchestrator is not None:
@@ -142,7 +145,10 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     recorder = read_flight_recorder(evidence.flight_recorder_dumps(), world_size=world_size)
     rank_check, stopped = _stopped_rank(evidence, recorder)
     platform = inputs.orchestrator_verdict()
-    logs = settled(platform, inputs.logs)
+    newest = evidence.newest_record_at
+    gap = beats[-1].at if beats else (datetime.fromtimestamp(newest[0], UTC) if newest is not None else None)
+    job_logs = inputs.logs or (inputs.read_logs(gap) if inputs.read_logs is not None else ())
+    logs = settled(platform, job_logs)
     verdicts = [
         *([platform] if platform is not None else []),
         *logs,
@@ -204,17 +210,23 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         inputs.orchestrator,
         recorder,
         inputs.training_job,
-        _run_timeline(inputs, evidence, beats, progress, stopped),
+        _run_timeline(inputs, evidence, job_logs, beats, progress, stopped, gap),
     )
 
 
 def _run_timeline(
-    inputs: DoctorInputs, evidence: RunEvidence, beats: list[Any], progress: list[Any], stopped: RankVerdict | None
+    inputs: DoctorInputs,
+    evidence: RunEvidence,
+    logs: Sequence[Verdict],
+    beats: list[Any],
+    progress: list[Any],
+    stopped: RankVerdict | None,
+    gap: datetime | None,
 ) -> list[Moment]:
     moments = [
         *orchestrator_moments(inputs.orchestrator),
         *training_job_moments(inputs.training_job.description if inputs.training_job else None),
-        *verdict_moments(inputs.logs),
+        *verdict_moments(logs),
         *evidence_moments(evidence, stopped),
     ]
     if beats:
@@ -226,8 +238,6 @@ def _run_timeline(
         last_step_at = progress[-1].at - timedelta(seconds=progress[-1].value)
         age = f"{progress[-1].value:.0f} s before the last progress report"
         moments.append(Moment(last_step_at, "metrics", f"the last step dispatched, {age}"))
-    records = [m.at for m in moments if m.source == "s3" and m.what.startswith("the newest record")]
-    gap = beats[-1].at if beats else (records[0] if records else None)
     return timeline(moments, gap=gap)
 
 

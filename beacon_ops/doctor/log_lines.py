@@ -3,9 +3,10 @@
 The lines come from CloudWatch Logs (`log_reader.py` reads them): Container Insights' application group, where
 each event is Fluent Bit's JSON (`log`, `kubernetes.pod_name`, `kubernetes.container_name`), and SageMaker's
 `/aws/sagemaker/TrainingJobs`, plain text in streams `<job>/algo-<n>-<epoch>`. One stream is one container's run,
-so its first event is that container's start. Two windows are read: the first 20 s after each start (a job that
-cannot reach a service, a credential or a name fails there) and the last lines of each stream (what came just
-before the end or the gap).
+so its first event is that container's start. Three windows are read: the first 20 s after each start (a job that
+cannot reach a service, a credential or a name fails there), the lines at the gap in the run's metrics (from one
+heartbeat before its last one: what the job said as its metrics stopped, however long it logged on after), and
+the last lines of each stream (what came just before the end).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from beacon_ops.doctor.verdict import FAIL, INFO, OK, Verdict
 CHECK = "logs"
 START_WINDOW_S = 20.0
 TAIL_LINES = 20
+# The lines at the gap: the first GAP_LINES from one heartbeat (15 s) before the last one, when what stopped the
+# metrics began (a refused or timed-out put, a dying rank's traceback), however fast the job logs on after it.
+GAP_LEAD_S = 15.0
+GAP_LINES = 40
+AT_START, AT_GAP, BEFORE_END = "at-start", "at-gap", "before-end"
 QUOTE_LIMIT = 240  # characters of an evidence line: a stack frame or a JSON blob may run to kilobytes
 
 
@@ -196,10 +202,10 @@ class Finding:
     kind: LogClass
     line: LogLine
     after_start_s: float
-    at_start: bool  # within START_WINDOW_S of its container's start; else in its last lines
+    window: str  # AT_START (within START_WINDOW_S of its container's start), AT_GAP or BEFORE_END
 
     def verdict(self, others: int) -> Verdict:
-        window = "at-start" if self.at_start else "before-end"
+        window = self.window
         when = f"{self.line.at:%Y-%m-%d %H:%M:%S} UTC, {self.after_start_s:.0f} s after its container started"
         also = f"; {others} more line(s) of this kind" if others else ""
         return Verdict(
@@ -213,36 +219,54 @@ class Finding:
 
 
 def findings(
-    lines: Iterable[LogLine], *, start_window_s: float = START_WINDOW_S, tail_lines: int = TAIL_LINES
+    lines: Iterable[LogLine],
+    *,
+    start_window_s: float = START_WINDOW_S,
+    tail_lines: int = TAIL_LINES,
+    gap: datetime | None = None,
 ) -> list[Finding]:
-    """Every classified line in each stream's first `start_window_s` seconds and in its last `tail_lines`
-    lines; a line in both windows counts once, as a start."""
+    """Every classified line in each stream's first `start_window_s` seconds, in its first GAP_LINES from
+    GAP_LEAD_S before `gap`, and in its last `tail_lines` lines; a line in several windows counts once, in the
+    first of them."""
     found: list[Finding] = []
     for stream in _by_stream(lines).values():
         started = stream[0].at
         window_end = started + timedelta(seconds=start_window_s)
         start = [line for line in stream if line.at < window_end]
+        at_gap: list[LogLine] = []
+        if gap is not None:
+            since = gap - timedelta(seconds=GAP_LEAD_S)
+            at_gap = [line for line in stream if line.at >= since][:GAP_LINES]
         tail = [line for line in stream[-tail_lines:] if line.at >= window_end] if tail_lines else []
-        for at_start, window in ((True, start), (False, tail)):
+        seen: set[int] = set()
+        for name, window in ((AT_START, start), (AT_GAP, at_gap), (BEFORE_END, tail)):
             for line in window:
                 kind = classify(line.text)
-                if kind is not None:
-                    found.append(Finding(kind, line, (line.at - started).total_seconds(), at_start))
+                if kind is not None and id(line) not in seen:
+                    seen.add(id(line))
+                    found.append(Finding(kind, line, (line.at - started).total_seconds(), name))
     return found
 
 
 def log_verdicts(
-    lines: Sequence[LogLine], *, where: str, start_window_s: float = START_WINDOW_S, tail_lines: int = TAIL_LINES
+    lines: Sequence[LogLine],
+    *,
+    where: str,
+    start_window_s: float = START_WINDOW_S,
+    tail_lines: int = TAIL_LINES,
+    gap: datetime | None = None,
 ) -> list[Verdict]:
     """One verdict per kind of failure and window, its earliest line quoted: start failures first (they explain
-    what follows), then what the last lines say; or one verdict saying nothing known was found, and where."""
+    what follows), then what the lines at the gap say, then the last lines; or one verdict saying nothing
+    known was found, and where."""
     if not lines:
         return [Verdict(CHECK, INFO, "no log lines", f"no log events for this job in {where}", "")]
-    found = findings(lines, start_window_s=start_window_s, tail_lines=tail_lines)
-    first: dict[tuple[str, bool], Finding] = {}
-    counts: dict[tuple[str, bool], int] = {}
-    for finding in sorted(found, key=lambda f: (not f.at_start, f.line.at)):
-        key = (finding.kind.name, finding.at_start)
+    found = findings(lines, start_window_s=start_window_s, tail_lines=tail_lines, gap=gap)
+    order = (AT_START, AT_GAP, BEFORE_END)
+    first: dict[tuple[str, str], Finding] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for finding in sorted(found, key=lambda f: (order.index(f.window), f.line.at)):
+        key = (finding.kind.name, finding.window)
         first.setdefault(key, finding)
         counts[key] = counts.get(key, 0) + 1
     verdicts = [finding.verdict(counts[key] - 1) for key, finding in first.items()]
@@ -256,7 +280,9 @@ def log_verdicts(
             "nothing known",
             f"{len(lines)} line(s) of {streams} container start(s) in {where}: no timeout, refused or reset "
             "connection, denied access, DNS failure, NCCL error, CUDA OOM or Xid in the first "
-            f"{start_window_s:g} s nor in the last {tail_lines} lines",
+            f"{start_window_s:g} s"
+            + (f", the {GAP_LINES} at the gap ({gap:%Y-%m-%d %H:%M:%S} UTC)" if gap is not None else "")
+            + f" nor in the last {tail_lines} lines",
         )
     ]
 

@@ -1,8 +1,8 @@
 """Reads a job's container logs from CloudWatch Logs for the classifier (`log_lines.py`). Never raises.
 
-Per container run (one stream) it reads two pages at most: the head (the first HEAD_EVENTS events, which hold
-the first 20 s of any container that is not flooding its log) and the tail (the last TAIL_LINES), so a week-long
-job costs what a minute-long one does.
+Per container run (one stream) it reads three pages at most: the head (the first HEAD_EVENTS events, which hold
+the first 20 s of any container that is not flooding its log), the GAP_LINES at the gap in the run's metrics when
+the doctor knows one, and the tail (the last TAIL_LINES), so a week-long job costs what a minute-long one does.
 
 - EKS: `/aws/containerinsights/<cluster>/application`. Streams are named after node, pod, namespace and container,
   so they are found by DescribeLogStreams (the most recent first) and by FilterLogEvents on the Job's name from its
@@ -17,12 +17,20 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.doctor.log_lines import TAIL_LINES, LogLine, log_verdicts, parse_event, unreadable
+from beacon_ops.doctor.log_lines import (
+    GAP_LEAD_S,
+    GAP_LINES,
+    TAIL_LINES,
+    LogLine,
+    log_verdicts,
+    parse_event,
+    unreadable,
+)
 from beacon_ops.doctor.verdict import Verdict
 
 HEAD_EVENTS = 500
@@ -123,21 +131,27 @@ def _streams(logs: Any, where: JobLogs) -> list[str]:
     return list(names)[:MAX_STREAMS]  # the listing's newest streams first
 
 
-def _stream_lines(logs: Any, where: JobLogs, stream: str) -> list[LogLine]:
-    """The head and the tail of one stream, each event once."""
+def _stream_lines(logs: Any, where: JobLogs, stream: str, gap: datetime | None) -> list[LogLine]:
+    """The head, the lines at the gap and the tail of one stream, each event once."""
     events: dict[tuple[int, str], None] = {}
-    for from_head, limit in ((True, HEAD_EVENTS), (False, TAIL_LINES)):
-        page = logs.get_log_events(logGroupName=where.group, logStreamName=stream, startFromHead=from_head, limit=limit)
+    pages: list[dict[str, Any]] = [{"startFromHead": True, "limit": HEAD_EVENTS}]
+    if gap is not None:
+        since = gap - timedelta(seconds=GAP_LEAD_S)
+        pages.append({"startFromHead": True, "limit": GAP_LINES, "startTime": int(since.timestamp() * 1000)})
+    pages.append({"startFromHead": False, "limit": TAIL_LINES})
+    for page_of in pages:
+        page = logs.get_log_events(logGroupName=where.group, logStreamName=stream, **page_of)
         for event in page.get("events") or []:
             events[(int(event["timestamp"]), str(event.get("message", "")))] = None
     return [parse_event(message, stream=stream, timestamp_ms=at) for at, message in events]
 
 
-def read_log_verdicts(logs: Any, where: JobLogs) -> list[Verdict]:
-    """The job's log verdicts, or one INFO verdict saying what could not be read and how to read it."""
+def read_log_verdicts(logs: Any, where: JobLogs, *, gap: datetime | None = None) -> list[Verdict]:
+    """The job's log verdicts, or one INFO verdict saying what could not be read and how to read it. gap: when
+    the run's metrics stopped (its last heartbeat), if the doctor knows: the lines at it are read too."""
     try:
-        lines = [line for stream in _streams(logs, where) for line in _stream_lines(logs, where, stream)]
+        lines = [line for stream in _streams(logs, where) for line in _stream_lines(logs, where, stream, gap)]
         lines = [line for line in lines if not line.job or line.job == where.job_name]  # another Job's, by its label
     except (ClientError, BotoCoreError) as error:
         return [_refusal(where, error)]
-    return log_verdicts(lines, where=where.group)
+    return log_verdicts(lines, where=where.group, gap=gap)
