@@ -15,7 +15,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from beacon import contract
 from botocore.stub import Stubber
 
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose, diagnose_job
@@ -24,7 +23,16 @@ from beacon_ops.doctor.sagemaker_state import read_training_job
 from config import names
 from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam
 from tests.support.fake_kubernetes import FakeKubernetes
-from tests.test_doctor_orchestrator import NS, answered, beacon_job, doctor, first_line, foreign_job, pod
+from tests.test_doctor_orchestrator import (
+    NS,
+    answered,
+    beacon_job,
+    doctor,
+    first_line,
+    foreign_job,
+    pod,
+    put_heartbeats,
+)
 
 NODE = "ip-10-0-2-7.ec2.internal"
 FAILED = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-12-01T10:00:00Z"}}
@@ -151,20 +159,7 @@ def test_the_lines_at_the_gap_are_read_however_long_the_log_runs_on_after_it(
     lines = [(0.0, "beacon: preflight passed"), *((1.0 + i, f"step {i} loss 0.5") for i in range(100))]
     lines += [(121.0, NCCL_AT_GAP), *((130.0 + i, "waiting for the others to exit") for i in range(300))]
     started = put_lines(deployed, CLUSTER_LOGS, stream_of(pod_name), lines)
-    dims = contract.run_dimensions(TEAM, "smoke", "gap-run")
-    deployed.client("cloudwatch").put_metric_data(
-        Namespace=contract.metric_namespace(TEAM),
-        MetricData=[
-            {
-                "MetricName": contract.HEARTBEAT.name,
-                "Dimensions": [{"Name": k, "Value": v} for k, v in dims.items()],
-                "Timestamp": datetime.fromtimestamp((started + offset * 1000) / 1000, UTC),
-                "Value": 1.0,
-                "StorageResolution": 1,
-            }
-            for offset in range(15, 121, 15)
-        ],
-    )
+    put_heartbeats(deployed, "gap-run", [datetime.fromtimestamp(started / 1000 + s, UTC) for s in range(15, 121, 15)])
     answer = answered(deployed, kubernetes, "--run", "gap-run")
     assert answer["diagnosis"] == "nccl-at-gap" and answer["lead"] == "logs", answer["headline"]
     assert answer["headline"] == (

@@ -152,6 +152,24 @@ def spot_node(name: str) -> dict[str, Any]:
 # --- one test per verdict ------------------------------------------------------------------------------------------
 
 
+def put_heartbeats(deployed: DeployedTeam, run: str, at: list[datetime]) -> None:
+    """Run `run`'s heartbeat samples in CloudWatch, as its telemetry thread puts them (high resolution)."""
+    dims = contract.run_dimensions(TEAM, "smoke", run)
+    deployed.client("cloudwatch").put_metric_data(
+        Namespace=contract.metric_namespace(TEAM),
+        MetricData=[
+            {
+                "MetricName": contract.HEARTBEAT.name,
+                "Dimensions": [{"Name": k, "Value": v} for k, v in dims.items()],
+                "Timestamp": when,
+                "Value": 1.0,
+                "StorageResolution": 1,
+            }
+            for when in at
+        ],
+    )
+
+
 def test_an_oomkilled_beacon_run_leads_with_the_container_its_exit_code_and_its_memory_limit(
     deployed: DeployedTeam, kubernetes: FakeKubernetes
 ) -> None:
@@ -383,20 +401,7 @@ def test_the_timeline_lines_up_the_metrics_gap_with_the_oom_kill_and_the_spot_in
     killed["metadata"]["creationTimestamp"] = stamp(-295)
     warning = event("Node", GPU_NODE, "SpotInterrupted", SPOT_MESSAGE, stamp(-10), source="karpenter")
     kubernetes.seed(job=job, pods=[killed], events=[warning], nodes=[spot_node(GPU_NODE)])
-    dims = contract.run_dimensions(TEAM, "smoke", "oom-timeline")
-    deployed.client("cloudwatch").put_metric_data(
-        Namespace=contract.metric_namespace(TEAM),
-        MetricData=[
-            {
-                "MetricName": contract.HEARTBEAT.name,
-                "Dimensions": [{"Name": k, "Value": v} for k, v in dims.items()],
-                "Timestamp": gap + timedelta(seconds=offset),
-                "Value": 1.0,
-                "StorageResolution": 1,
-            }
-            for offset in range(-270, 1, 15)
-        ],
-    )
+    put_heartbeats(deployed, "oom-timeline", [gap + timedelta(seconds=offset) for offset in range(-270, 1, 15)])
     answer = answered(deployed, kubernetes, "--run", "oom-timeline")
     assert answer["diagnosis"] == "oom-killed"
     moments = [(m["source"], m["what"], m["from_gap_s"]) for m in answer["timeline"]]
