@@ -575,8 +575,9 @@ def test_the_image_is_built_from_the_runtime_and_its_smoke_job_as_a_cdk_asset(de
 def test_the_operators_may_read_what_the_doctor_reads_beyond_the_namespace_and_nothing_more(
     demo_config: TeamConfig, tmp_path: Path
 ) -> None:
-    """The doctor reads each node its pods ran on and the node's events in `default`: EKS's namespace-scoped
-    edit policy allows neither, so the access entry carries a group that RBAC binds to exactly those reads.
+    """The doctor reads each node its pods ran on, the node's events in `default` and its Karpenter NodePool:
+    EKS's namespace-scoped edit policy allows none, so the access entry carries a group that RBAC binds to exactly
+    those reads.
     Evaluated as the API server's RBAC authorizer would: a rule allows (verb, group, resource, namespace)."""
     operator = "arn:aws:iam::123456789012:role/ml-vision-operators"
     config = demo_config.model_copy(
@@ -612,9 +613,9 @@ def test_the_operators_may_read_what_the_doctor_reads_beyond_the_namespace_and_n
                 )
             )
 
-    def allowed(verb: str, resource: str, namespace: str | None) -> bool:
+    def allowed(verb: str, resource: str, namespace: str | None, group: str = "") -> bool:
         return any(
-            verb in rule["verbs"] and resource in rule["resources"] and "" in rule["apiGroups"]
+            verb in rule["verbs"] and resource in rule["resources"] and group in rule["apiGroups"]
             for role, where in bound
             if where is None or where == namespace
             for rule in role["rules"]
@@ -624,3 +625,6 @@ def test_the_operators_may_read_what_the_doctor_reads_beyond_the_namespace_and_n
     assert not allowed("list", "events", "kube-system"), "node events only, where Kubernetes records them"
     for verb, resource, namespace in (("list", "secrets", None), ("patch", "nodes", None), ("delete", "nodes", None)):
         assert not allowed(verb, resource, namespace), (verb, resource)
+    assert allowed("get", "nodepools", None, "karpenter.sh"), "a node's NodePool: its expireAfter"
+    for verb, resource in (("patch", "nodepools"), ("delete", "nodepools"), ("list", "nodeclaims"), ("get", "pods")):
+        assert not allowed(verb, resource, None, "karpenter.sh"), (verb, resource)

@@ -13,15 +13,21 @@ from tests.support.deployed_team import DeployedTeam
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.test_doctor_logs import CLUSTER_LOGS, DENIED, FAILED, REFUSED, fluent_bit, put_lines, stream_of
 from tests.test_doctor_orchestrator import (
+    FORCEFUL,
     GPU_NODE,
     SPOT_MESSAGE,
     T0,
+    XID_MESSAGE,
+    XID_REASON,
     answered,
     beacon_job,
     event,
     foreign_job,
+    karpenter_node,
+    node_pool,
     pod,
     unschedulable,
+    xid_condition,
 )
 
 Seed = Callable[[DeployedTeam, FakeKubernetes, dict[str, Any]], None]
@@ -54,6 +60,35 @@ def image_pull(_: DeployedTeam, kubernetes: FakeKubernetes, job: dict[str, Any])
     kubernetes.seed(job=job, pods=[pod(job, "0-d5f6g", phase="Pending", state=back_off)])
 
 
+def evicted_from(kubernetes: FakeKubernetes, job: dict[str, Any], node: dict[str, Any], **seeded: Any) -> None:
+    """Karpenter drained `node` and evicted the job's pod, which is gone; its retry waits for a node."""
+    gone, node_name = f"{job['metadata']['name']}-0-hhhhh", node["metadata"]["name"]
+    events = [
+        event("Pod", gone, "Scheduled", f"Successfully assigned training/{gone} to {node_name}", T0,
+              source="default-scheduler", kind_type="Normal"),
+        event("Pod", gone, "Evicted", FORCEFUL, "2026-12-01T10:12:30Z", source="karpenter"),
+    ]  # fmt: skip
+    retry = unschedulable(job, "0-jjjjj", "0/2 nodes are available")
+    kubernetes.seed(job=job, pods=[retry], events=events, nodes=[node], **seeded)
+
+
+def node_repair(_: DeployedTeam, kubernetes: FakeKubernetes, job: dict[str, Any]) -> None:
+    """The GPU fell off the bus at 10:02; ten minutes on, node repair deleted its NodeClaim and drained it."""
+    xid = xid_condition("2026-12-01T10:02:00Z")
+    sick = karpenter_node(f"{job['metadata']['name']}.node", created="2026-12-01T09:00:00Z",
+                          deleting="2026-12-01T10:12:30Z", conditions=[xid])  # fmt: skip
+    evicted_from(kubernetes, job, sick)
+
+
+def expiry(_: DeployedTeam, kubernetes: FakeKubernetes, job: dict[str, Any]) -> None:
+    """A node of a NodePool whose expireAfter is 720 h, created 721 h before Karpenter deleted it."""
+    pool = node_pool(f"{job['metadata']['name']}-pool", "720h")
+    old = karpenter_node(f"{job['metadata']['name']}.node", created="2026-11-01T09:00:00Z",
+                         deleting="2026-12-01T10:00:00Z")  # fmt: skip
+    old["metadata"]["labels"]["karpenter.sh/nodepool"] = pool["metadata"]["name"]
+    evicted_from(kubernetes, job, old, node_pools=[pool])
+
+
 def failed_with_log(line: str) -> Seed:
     def seed(deployed: DeployedTeam, kubernetes: FakeKubernetes, job: dict[str, Any]) -> None:
         kubernetes.seed(job=job, pods=[pod(job, "0-e5r6t", phase="Failed", state=FAILED)])
@@ -72,6 +107,8 @@ FAILURES: dict[str, tuple[Seed, str, str]] = {
     "spot": (spot, "spot-interrupted", f'"{SPOT_MESSAGE}"'),
     "no-gpus": (no_gpus, "unschedulable", '"Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."'),
     "image-pull": (image_pull, "image-pull", 'ImagePullBackOff "Back-off pulling image'),
+    "node-repair": (node_repair, "node-repaired", f'AcceleratedHardwareReady=False {XID_REASON} "{XID_MESSAGE}"'),
+    "expiry": (expiry, "expired", "721 h (30.0 days) old at its deletion: NodePool expiry-"),
     "refused": (failed_with_log(REFUSED), "connection-refused-at-start", f'"{REFUSED}"'),
     "denied": (failed_with_log(DENIED), "access-denied-at-start", '"botocore.exceptions.ClientError: An error'),
 }

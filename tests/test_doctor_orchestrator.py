@@ -14,6 +14,7 @@ from typing import Any
 
 from beacon import contract
 
+from beacon_ops.doctor.orchestrator import duration
 from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.support.moto_server import REGION
@@ -149,6 +150,39 @@ def spot_node(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
+XID_REASON = "NvidiaXID79Error"  # the EKS node monitoring agent's condition, as it sets it
+XID_MESSAGE = "detected XID-79 on the instance, review kernel logs for additional information."
+FORCEFUL = "Evicted pod: Forceful Termination"  # Karpenter's terminator, for a NodeClaim deleted outside disruption
+
+
+def karpenter_node(
+    name: str, *, created: str, deleting: str | None = None, conditions: list[dict[str, str]] | None = None
+) -> dict[str, Any]:
+    """A node of Beacon's GPU NodePool, as the API serves it: its creation, its deletion while Karpenter drains
+    it, and its conditions (the kubelet's Ready, the monitoring agent's AcceleratedHardwareReady)."""
+    node = spot_node(name)
+    node["metadata"]["creationTimestamp"] = created
+    if deleting:
+        node["metadata"]["deletionTimestamp"] = deleting
+    node["status"] = {"conditions": [{"type": "Ready", "status": "True"}, *(conditions or [])]}
+    return node
+
+
+def xid_condition(since: str) -> dict[str, str]:
+    return {"type": "AcceleratedHardwareReady", "status": "False", "reason": XID_REASON, "message": XID_MESSAGE,
+            "lastTransitionTime": since}  # fmt: skip
+
+
+def node_pool(name: str, expire_after: str) -> dict[str, Any]:
+    template = {"spec": {"expireAfter": expire_after, "terminationGracePeriod": "24h"}}
+    return {
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodePool",
+        "metadata": {"name": name},
+        "spec": {"template": template},
+    }
+
+
 # --- one test per verdict ------------------------------------------------------------------------------------------
 
 
@@ -241,7 +275,17 @@ def test_a_beacon_job_evicted_by_a_spot_interruption_names_the_node_and_karpente
     fix = answer["verdicts"][0]["fix"]
     assert "checkpoint" in fix and "on-demand" in fix
     assert answer["orchestrator"]["job"]["nodes"] == [
-        {"name": GPU_NODE, "exists": False, "capacity_type": "", "node_pool": "", "instance_type": ""}
+        {
+            "name": GPU_NODE,
+            "exists": False,
+            "capacity_type": "",
+            "node_pool": "",
+            "instance_type": "",
+            "created_at": None,
+            "deleting_since": None,
+            "unhealthy": [],
+            "expire_after": None,
+        }
     ]
 
 
@@ -381,6 +425,74 @@ def test_a_forbidden_event_list_is_a_note_and_the_job_is_still_diagnosed(
     answer = answered(deployed, kubernetes, "--job", "quiet-job", code=0)
     assert answer["diagnosis"] == "healthy"
     assert any("refused listing the events of namespace" in n for n in answer["orchestrator"]["notes"])
+
+
+def test_a_forceful_termination_of_a_node_that_is_gone_names_what_it_can_have_been(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """The pod was evicted for a NodeClaim deleted outside Karpenter's disruption methods, and the node is gone:
+    its conditions and age went with it. Not "evicted" (node pressure): the three causes, and how to tell."""
+    job = foreign_job("gone-node", active=0, failed=1)
+    gone = "gone-node-0-k8l9m"
+    placed = f"Successfully assigned {NS}/{gone} to {GPU_NODE}"
+    events = [
+        event("Pod", gone, "Scheduled", placed, T0, source="default-scheduler", kind_type="Normal"),
+        event("Pod", gone, "Evicted", FORCEFUL, "2026-12-01T10:30:00Z", source="karpenter"),
+    ]
+    kubernetes.seed(job=job, pods=[], events=events)
+    answer = answered(deployed, kubernetes, "--job", "gone-node")
+    assert answer["headline"] == (
+        f'forcefully-terminated: pod {gone}: Evicted "{FORCEFUL}" at 2026-12-01 10:30:00 UTC'
+    ), answer["headline"]
+    fix = answer["verdicts"][0]["fix"]
+    assert "expiry" in fix and "node repair" in fix and "by hand" in fix and "deleting unhealthy node" in fix
+
+
+def test_a_node_with_a_failed_gpu_that_karpenter_may_not_repair_is_named_with_the_blocking_event(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """The pod crashed on a node whose GPU failed (AcceleratedHardwareReady False); too many nodes of the
+    NodePool are unhealthy for node repair to act (Karpenter's NodeRepairBlocked on the node)."""
+    job = foreign_job("xid-job", active=0, failed=1)
+    sick = karpenter_node(GPU_NODE, created=T0, conditions=[xid_condition("2026-12-01T10:20:00Z")])
+    blocked = "Cannot disrupt Node: more than 20% nodes are unhealthy in the nodepool"
+    events = [event("Node", GPU_NODE, "NodeRepairBlocked", blocked, "2026-12-01T10:31:00Z", source="karpenter")]
+    crashed = pod(job, "x1d2e", phase="Failed", state={"terminated": {"exitCode": 1, "reason": "Error"}})
+    kubernetes.seed(job=job, pods=[crashed], events=events, nodes=[sick])
+    answer = answered(deployed, kubernetes, "--job", "xid-job")
+    assert answer["headline"] == (
+        f'node-unhealthy: node {GPU_NODE}: AcceleratedHardwareReady=False {XID_REASON} "{XID_MESSAGE}" since '
+        f'2026-12-01 10:20:00 UTC; node {GPU_NODE}: NodeRepairBlocked "{blocked}" at 2026-12-01 10:31:00 UTC'
+    ), answer["headline"]
+    assert "cordon and drain it by hand" in answer["verdicts"][0]["fix"]
+    moments = [m["what"] for m in answer["timeline"]]
+    condition = f'AcceleratedHardwareReady=False {XID_REASON} "{XID_MESSAGE}" since 2026-12-01 10:20:00 UTC'
+    assert moments.index(f"node {GPU_NODE} created") < moments.index(f"node {GPU_NODE}: {condition}"), moments
+
+
+def test_a_nodepool_the_doctor_may_not_read_is_a_note_and_an_old_node_is_not_called_expired(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    old = karpenter_node(GPU_NODE, created="2026-10-01T09:00:00Z", deleting="2026-12-01T10:00:00Z")
+    job = foreign_job("old-node", active=0, failed=1)
+    gone = "old-node-0-p0o9i"
+    events = [
+        event("Pod", gone, "Scheduled", f"Successfully assigned {NS}/{gone} to {GPU_NODE}", T0,
+              source="default-scheduler", kind_type="Normal"),
+        event("Pod", gone, "Evicted", FORCEFUL, "2026-12-01T10:00:05Z", source="karpenter"),
+    ]  # fmt: skip
+    kubernetes.seed(job=job, events=events, nodes=[old], node_pools=[node_pool(manifests.GPU_POOL, "720h")])
+    kubernetes.forbidden.add("/apis/karpenter.sh/")
+    answer = answered(deployed, kubernetes, "--job", "old-node")
+    assert answer["diagnosis"] == "forcefully-terminated", "no expireAfter read: no claim of expiry"
+    assert any(f"refused reading NodePool {manifests.GPU_POOL}" in n for n in answer["orchestrator"]["notes"])
+
+
+def test_go_durations_as_nodepools_write_them() -> None:
+    assert duration("720h") == timedelta(hours=720) and duration("1h30m") == timedelta(minutes=90)
+    assert duration("90s") == timedelta(seconds=90) and duration("2.5h") == timedelta(hours=2.5)
+    for never in ("Never", "", None, "720", "1d", "h"):
+        assert duration(never) is None, never
 
 
 def test_the_timeline_lines_up_the_metrics_gap_with_the_oom_kill_and_the_spot_interruption(

@@ -92,7 +92,8 @@ NODE_EVENTS_NAMESPACE = "default"
 
 
 def doctor_read_access() -> list[dict[str, Any]]:
-    """Get and list of nodes (cluster-wide) and of the events in `default`: nothing else, nothing written."""
+    """Get and list of nodes (cluster-wide) and of the events in `default`, get of Karpenter's NodePools (their
+    expireAfter tells an expired node): nothing else, nothing written."""
     subjects = [{"kind": "Group", "name": DOCTOR_READERS_GROUP, "apiGroup": "rbac.authorization.k8s.io"}]
     read = ["get", "list"]
     role_ref = {"apiGroup": "rbac.authorization.k8s.io", "name": DOCTOR_NODE_READER}
@@ -101,7 +102,10 @@ def doctor_read_access() -> list[dict[str, Any]]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
             "metadata": {"name": DOCTOR_NODE_READER},
-            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": read}],
+            "rules": [
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": read},
+                {"apiGroups": ["karpenter.sh"], "resources": ["nodepools"], "verbs": ["get"]},
+            ],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

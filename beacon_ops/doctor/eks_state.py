@@ -1,8 +1,9 @@
 """The orchestrator's state of one Kubernetes Job, read through the Kubernetes API (read-only).
 
 Reads: the Job; its pods (label `batch.kubernetes.io/job-name`); the events of its namespace that concern
-the Job or its pods, gone pods included; its nodes (capacity type, NodePool) and the events on them, which
-Kubernetes records in the `default` namespace (Karpenter's interruption and disruption events among them).
+the Job or its pods, gone pods included; its nodes (capacity type, NodePool, the conditions node repair acts
+on) and the events on them, which Kubernetes records in the `default` namespace (Karpenter's interruption and
+disruption events among them); and the NodePools of those nodes (their expireAfter).
 Responses are taken as JSON, not as the client's models, so a field the client does not know never fails a
 reading. Whatever cannot be read beside the Job becomes a note; a Job that cannot be read, a `problem`
 with the fix. Never raises for an API or network failure.
@@ -25,6 +26,8 @@ from beacon_ops.doctor.orchestrator import OrchestratorState, job_state, nodes_o
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 NODE_EVENTS_NAMESPACE = "default"  # where the kubelet, the node controller and Karpenter record a Node's events
+NODE_POOL_LABEL = "karpenter.sh/nodepool"
+NODE_POOLS = ("karpenter.sh", "v1", "nodepools")  # group, version, plural: cluster-scoped
 
 
 def _json(response: Any) -> dict[str, Any]:
@@ -37,8 +40,8 @@ def refused(error: ApiException, what: str, cluster: str) -> tuple[str, str]:
         return (
             f"the Kubernetes API of {cluster} refused {what} ({error.status} {error.reason})",
             "list your role in cluster.operator_role_arns of the team file and redeploy: its access entry may edit "
-            "the training namespace and, by the group beacon:doctor-readers, read nodes and their events; a Job in "
-            "another namespace needs a view role there",
+            "the training namespace and, by the group beacon:doctor-readers, read nodes, their events and NodePools; "
+            "a Job in another namespace needs a view role there",
         )
     return f"{what} on cluster {cluster}: {error.status} {error.reason}", ""
 
@@ -105,4 +108,18 @@ def read_job(api: k8s.ApiClient, *, cluster: str, namespace: str, name: str) -> 
                 _preload_content=False,
             ),
         )
-    return replace(base, job=job_state(job, pods, events, nodes), notes=tuple(dict.fromkeys(notes)))
+    pools: dict[str, dict[str, Any]] = {}
+    custom = k8s.CustomObjectsApi(api)
+    for pool in sorted({str(_labels(n)[NODE_POOL_LABEL]) for n in nodes.values() if NODE_POOL_LABEL in _labels(n)}):
+        try:
+            pools[pool] = _json(custom.get_cluster_custom_object(*NODE_POOLS, pool, _preload_content=False))
+        except ApiException as error:
+            if error.status != 404:  # a NodePool deleted since, or no Karpenter: nothing to read
+                notes.append(refused(error, f"reading NodePool {pool}", cluster)[0])
+        except urllib3.exceptions.HTTPError as error:
+            notes.append(unreachable(error, str(api.configuration.host), cluster)[0])
+    return replace(base, job=job_state(job, pods, events, nodes, pools), notes=tuple(dict.fromkeys(notes)))
+
+
+def _labels(node: dict[str, Any] | None) -> dict[str, Any]:
+    return dict(((node or {}).get("metadata") or {}).get("labels") or {})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon_ops.doctor.verdict import FAIL, INFO, OK, WARN, Verdict
@@ -51,6 +51,28 @@ INTERRUPTION_REASONS = frozenset(
 #   "TerminationGracePeriodExpiring" on the Node. Expiry (nodeclaim/expiration) deletes the NodeClaim with no
 #   event of its own: it shows as the eviction's "Forceful Termination".
 DISRUPTION_REASONS = frozenset({"DisruptionTerminating", "TerminationGracePeriodExpiring"})
+# The eviction message of a NodeClaim deleted outside Karpenter's disruption methods (pkg/controllers/node/
+# termination/terminator/eviction.go): expiry, node repair, an interruption, or a deletion by hand.
+FORCEFUL_TERMINATION = "Forceful Termination"
+# Node repair (kubernetes-sigs/karpenter pkg/controllers/node/health, 2266468) deletes the NodeClaim of a node
+# that holds one of the cloud provider's unhealthy conditions past its toleration; it records no event of its own
+# (NodeRepairBlocked only when too many nodes are unhealthy to repair). AWS's policies (karpenter-provider-aws
+# pkg/cloudprovider/cloudprovider.go RepairPolicies, 1d92708): the kubelet's Ready False or Unknown for 30 min;
+# the EKS node monitoring agent's AcceleratedHardwareReady False for 10 min, and StorageReady, NetworkingReady,
+# KernelReady and ContainerRuntimeReady False for 30 min.
+REPAIR_POLICIES: dict[tuple[str, str], timedelta] = {
+    ("Ready", "False"): timedelta(minutes=30),
+    ("Ready", "Unknown"): timedelta(minutes=30),
+    ("AcceleratedHardwareReady", "False"): timedelta(minutes=10),
+    ("StorageReady", "False"): timedelta(minutes=30),
+    ("NetworkingReady", "False"): timedelta(minutes=30),
+    ("KernelReady", "False"): timedelta(minutes=30),
+    ("ContainerRuntimeReady", "False"): timedelta(minutes=30),
+}
+NODE_REPAIR_BLOCKED = "NodeRepairBlocked"
+# The EKS node monitoring agent (aws/eks-node-monitoring-agent pkg/manager/node_exporter.go, 51af549) sets those
+# conditions False with reasons like NvidiaXID79Error ("detected XID-79 on the instance, ..."), and records its
+# warnings as events on the Node whose reason is the condition's type.
 POD_EVICTION_REASONS = frozenset({"Evicted", "Disrupted", "Preempted", "Preempting"})
 # - the scheduler's and Karpenter's provisioner's "FailedScheduling" (pkg/controllers/provisioning/scheduling/
 #   events.go: "Failed to schedule pod, <why>") and "Nominated" ("Pod should schedule on: nodeclaim/...").
@@ -118,12 +140,33 @@ class PodState:
 
 
 @dataclass(frozen=True)
+class NodeHealth:
+    """One of the node's conditions that Karpenter's node repair acts on (REPAIR_POLICIES), as it holds now."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    since: datetime | None
+    tolerated_for: timedelta  # node repair deletes the node's NodeClaim once it held this long
+
+    def quoted(self) -> str:
+        said = f' {self.reason} "{self.message}"' if self.message else f" {self.reason}" if self.reason else ""
+        since = f" since {self.since:%Y-%m-%d %H:%M:%S} UTC" if self.since else ""
+        return f"{self.type}={self.status}{said}{since}"
+
+
+@dataclass(frozen=True)
 class NodeView:
     name: str
     exists: bool
     capacity_type: str = ""  # karpenter.sh/capacity-type: spot or on-demand
     node_pool: str = ""
     instance_type: str = ""
+    created_at: datetime | None = None
+    deleting_since: datetime | None = None  # its deletionTimestamp: Karpenter drains it
+    unhealthy: tuple[NodeHealth, ...] = ()
+    expire_after: timedelta | None = None  # its NodePool's, when the doctor could read that NodePool
 
 
 @dataclass(frozen=True)
@@ -251,10 +294,38 @@ def kube_event(event: dict[str, Any]) -> KubeEvent:
     )
 
 
-def node_view(name: str, node: dict[str, Any] | None) -> NodeView:
+def duration(text: Any) -> timedelta | None:
+    """A Go duration as NodePools write expireAfter (`720h`, `1h30m`, `90s`); None for `Never` or unreadable."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|m|s)", text) if isinstance(text, str) else []
+    if not parts or "".join(f"{n}{u}" for n, u in parts) != text:
+        return None
+    unit = {"h": 3600.0, "m": 60.0, "s": 1.0}
+    return timedelta(seconds=sum(float(n) * unit[u] for n, u in parts))
+
+
+def node_health(node: dict[str, Any]) -> tuple[NodeHealth, ...]:
+    found = []
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        key = (str(condition.get("type")), str(condition.get("status")))
+        if key in REPAIR_POLICIES:
+            found.append(
+                NodeHealth(
+                    *key,
+                    reason=str(condition.get("reason") or ""),
+                    message=str(condition.get("message") or "").strip(),
+                    since=parse_time(condition.get("lastTransitionTime")),
+                    tolerated_for=REPAIR_POLICIES[key],
+                )
+            )
+    return tuple(found)
+
+
+def node_view(name: str, node: dict[str, Any] | None, pool: dict[str, Any] | None = None) -> NodeView:
     if node is None:
         return NodeView(name, exists=False)
-    labels = (node.get("metadata") or {}).get("labels") or {}
+    metadata = node.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    template = (((pool or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
     return NodeView(
         name,
         exists=True,
@@ -263,6 +334,10 @@ def node_view(name: str, node: dict[str, Any] | None) -> NodeView:
         ),
         node_pool=str(labels.get("karpenter.sh/nodepool") or ""),
         instance_type=str(labels.get("node.kubernetes.io/instance-type") or ""),
+        created_at=parse_time(metadata.get("creationTimestamp")),
+        deleting_since=parse_time(metadata.get("deletionTimestamp")),
+        unhealthy=node_health(node),
+        expire_after=duration(template.get("expireAfter")),
     )
 
 
@@ -286,8 +361,10 @@ def job_state(
     pods: list[dict[str, Any]],
     events: list[dict[str, Any]],
     nodes: dict[str, dict[str, Any] | None] | None = None,
+    node_pools: dict[str, dict[str, Any]] | None = None,
 ) -> JobState:
-    """The Job, its pods, and every event given that concerns it or its nodes, oldest first."""
+    """The Job, its pods, and every event given that concerns it or its nodes, oldest first; `node_pools` by
+    name, as read for the nodes' `karpenter.sh/nodepool` labels."""
     metadata, status = job.get("metadata") or {}, job.get("status") or {}
     name = str(metadata.get("name", ""))
     template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
@@ -328,8 +405,13 @@ def job_state(
         beacon={k: environment[k] for k in BEACON_ENVIRONMENT if k in environment},
         pods=tuple(states),
         events=tuple(mine),
-        nodes=tuple(node_view(n, (nodes or {}).get(n)) for n in sorted(node_names)),
+        nodes=tuple(_node_view(n, (nodes or {}).get(n), node_pools or {}) for n in sorted(node_names)),
     )
+
+
+def _node_view(name: str, node: dict[str, Any] | None, pools: dict[str, dict[str, Any]]) -> NodeView:
+    pool = str((((node or {}).get("metadata") or {}).get("labels") or {}).get("karpenter.sh/nodepool") or "")
+    return node_view(name, node, pools.get(pool))
 
 
 # --- the verdict ----------------------------------------------------------------------------------------------
@@ -417,8 +499,38 @@ def _oom(job: JobState) -> Verdict | None:
     return None
 
 
+def _held(health: NodeHealth, until: datetime | None) -> timedelta | None:
+    return until - health.since if until is not None and health.since is not None else None
+
+
+def _repaired(job: JobState, until: datetime | None) -> tuple[NodeView, NodeHealth] | None:
+    """A job node that held an unhealthy condition past its toleration by `until` (its deletion, or an eviction
+    from it): node repair's doing. Without a time, any unhealthy node of the job that is being deleted."""
+    for node in job.nodes:
+        for health in node.unhealthy:
+            held = _held(health, node.deleting_since or until)
+            if (held is not None and held >= health.tolerated_for) or (held is None and node.deleting_since):
+                return node, health
+    return None
+
+
+def _expired(job: JobState, until: datetime | None) -> tuple[NodeView, timedelta] | None:
+    """A job node older than its NodePool's expireAfter when it was deleted (or its pods evicted)."""
+    for node in job.nodes:
+        when = node.deleting_since or until
+        if node.created_at and node.expire_after and when and when - node.created_at >= node.expire_after:
+            return node, when - node.created_at
+    return None
+
+
+def _age(span: timedelta) -> str:
+    hours = span.total_seconds() / 3600
+    return f"{hours:.1f} h" if hours < 48 else f"{hours:.0f} h ({hours / 24:.1f} days)"
+
+
 def _interruption(job: JobState) -> Verdict | None:
-    """Karpenter's interruption and disruption events on the job's nodes, and the evictions of its pods."""
+    """Karpenter's interruption and disruption events on the job's nodes, the evictions of its pods, and what a
+    forceful termination was (node repair, expiry) when the node shows it."""
     node_events = [e for e in job.events if e.kind == "Node" and e.reason in INTERRUPTION_REASONS | DISRUPTION_REASONS]
     pod_events = [e for e in job.events if e.kind == "Pod" and e.reason in POD_EVICTION_REASONS]
     evicted = [p for p in job.pods if p.disruption or p.reason == "Evicted"]
@@ -432,6 +544,12 @@ def _interruption(job: JobState) -> Verdict | None:
     resumed = _running(job)
     node = _node(job, cause.name) if cause is not None and cause.kind == "Node" else None
     pool = f" (NodePool {node.node_pool}, {node.capacity_type or '?'} capacity)" if node and node.node_pool else ""
+    forceful = [e for e in pod_events if FORCEFUL_TERMINATION in e.message] + [
+        p for p in evicted if FORCEFUL_TERMINATION in p.disruption + p.message
+    ]
+    evicted_at = next((e.at for e in pod_events if e.at is not None), None)
+    repaired = _repaired(job, evicted_at) if not node_events else None
+    expired = _expired(job, evicted_at) if not node_events else None
     if spot:
         name, fix = (
             "spot-interrupted",
@@ -446,6 +564,48 @@ def _interruption(job: JobState) -> Verdict | None:
             "karpenter.sh/do-not-disrupt: \"true\" (Beacon's Job builder does), and set the NodePool's "
             "disruption budgets, expireAfter and terminationGracePeriod so training nodes are not consolidated, "
             "drifted or expired under a run",
+        )
+    elif repaired is not None:
+        sick, health = repaired
+        held = _held(health, sick.deleting_since or evicted_at)
+        kind = f" ({sick.instance_type})" if sick.instance_type else ""
+        facts.insert(
+            0,
+            f"node {sick.name}: {health.quoted()}"
+            + (f", held {_age(held)} (node repair acts after {_age(health.tolerated_for)})" if held else ""),
+        )
+        name, fix = (
+            "node-repaired",
+            f"Karpenter's node repair replaced node {sick.name}{kind}: its {health.type} condition held past its "
+            "toleration (a GPU's Xid or DCGM failure for "
+            "AcceleratedHardwareReady; a kubelet that stopped reporting for Ready). The Job's retry resumes from "
+            "the last checkpoint; if the instance type fails again, leave it out of the NodePool's requirements or "
+            "report the instance to AWS Support",
+        )
+    elif expired is not None:
+        old, age = expired
+        assert old.expire_after is not None
+        facts.insert(
+            0,
+            f"node {old.name}, {_age(age)} old at its deletion: "
+            f"NodePool {old.node_pool} expireAfter {_age(old.expire_after)}",
+        )
+        name, fix = (
+            "expired",
+            f"the NodePool {old.node_pool}'s expireAfter replaced a node older than {_age(old.expire_after)} "
+            "under the run (expiry is forceful: do-not-disrupt holds it for the NodePool's "
+            "terminationGracePeriod, no longer). The Job's retry resumes from the last checkpoint; for runs that "
+            "long, raise expireAfter on the training NodePool, or checkpoint before a node's age comes due",
+        )
+    elif forceful:
+        name, fix = (
+            "forcefully-terminated",
+            "Karpenter deleted the node outside its disruption methods (consolidation and drift leave a "
+            "DisruptionTerminating event, a Spot interruption its SpotInterrupted): expiry (the NodePool's "
+            "expireAfter), node repair (an unhealthy node condition held past its toleration) or a deletion by "
+            "hand (kubectl delete node or nodeclaim). The node is gone, so its conditions and age are too: "
+            "Karpenter's own log says \"deleting unhealthy node\" for a repair. The Job's retry resumes from "
+            "the last checkpoint",
         )
     else:
         name, fix = (
@@ -462,6 +622,36 @@ def _interruption(job: JobState) -> Verdict | None:
             fix,
         )
     return Verdict(CHECK, FAIL, name, "; ".join(facts), fix)
+
+
+def _node_health(job: JobState) -> Verdict | None:
+    """A node of the job's running or failed pods holding a condition node repair acts on, nothing evicted yet: its
+    pods crash or hang on it (a GPU's Xid), and Karpenter replaces it once the toleration is over, unless too many
+    nodes are unhealthy (NodeRepairBlocked)."""
+    pods_on = {p.node for p in job.pods if p.node}
+    for node in job.nodes:
+        if node.name not in pods_on or not node.unhealthy:
+            continue
+        health = node.unhealthy[0]
+        blocked = [
+            e for e in job.events if e.kind == "Node" and e.name == node.name and e.reason == NODE_REPAIR_BLOCKED
+        ]
+        facts = [f"node {node.name}: {health.quoted()}", *(f"{e.quoted()}{_at(e.at)}" for e in blocked[-1:])]
+        repair = (
+            "Karpenter will not repair it while too many nodes are unhealthy (NodeRepairBlocked): cordon and drain "
+            "it by hand"
+            if blocked
+            else f"Karpenter's node repair replaces it {_age(health.tolerated_for)} after the condition began"
+        )
+        return Verdict(
+            CHECK,
+            WARN if _running(job) else FAIL,
+            "node-unhealthy",
+            "; ".join(facts),
+            f"the node's {health.type} condition says it cannot run the job well (for AcceleratedHardwareReady, a "
+            f"GPU's Xid or DCGM failure): {repair}; the Job's retry resumes from the last checkpoint on another node",
+        )
+    return None
 
 
 def _exit_code(job: JobState) -> Verdict | None:
@@ -556,7 +746,7 @@ def orchestrator_verdict(state: OrchestratorState) -> Verdict:
             f"Job {job.namespace}/{job.name} Complete{_at(complete.at)}: {job.succeeded} pod(s) succeeded, "
             f"{job.failed} failed",
         )
-    for check in (_never_started, _volume, _oom, _interruption, _exit_code, _unschedulable, _job_failed):
+    for check in (_never_started, _volume, _oom, _interruption, _node_health, _exit_code, _unschedulable, _job_failed):
         verdict = check(job)
         if verdict is not None:
             return verdict

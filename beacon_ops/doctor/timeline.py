@@ -34,7 +34,8 @@ class Moment:
 
 def orchestrator_moments(state: OrchestratorState | None) -> list[Moment]:
     """The Job's creation and conditions, each pod's creation and its containers' starts and ends (the
-    previous run of a restarted one too), and the events on the Job, its pods and their nodes."""
+    previous run of a restarted one too), its nodes' creation, unhealthy conditions and deletion, and the
+    events on the Job, its pods and their nodes."""
     job = state.job if state is not None else None
     if job is None:
         return []
@@ -59,6 +60,14 @@ def orchestrator_moments(state: OrchestratorState | None) -> list[Moment]:
                 found.append(Moment(c.started_at, "orchestrator", f"{where} started"))
             if c.finished_at:
                 found.append(Moment(c.finished_at, "orchestrator", f"{where} ended {_ending(c.reason, c.exit_code)}"))
+    for node in job.nodes:
+        if node.created_at:
+            found.append(Moment(node.created_at, "orchestrator", f"node {node.name} created"))
+        for health in node.unhealthy:
+            if health.since:
+                found.append(Moment(health.since, "orchestrator", f"node {node.name}: {health.quoted()}"))
+        if node.deleting_since:
+            found.append(Moment(node.deleting_since, "orchestrator", f"node {node.name} deleted: Karpenter drains it"))
     events = [e for e in job.events if e.at is not None]
     for event in events[-MOST_MOMENTS:]:
         assert event.at is not None

@@ -191,6 +191,7 @@ class FakeKubernetes:
         self.seeded_pods: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.node_pools: dict[str, dict[str, Any]] = {}  # karpenter.sh/v1 NodePools, cluster-scoped
         self.forbidden: set[str] = set()  # path prefixes answered 403, as RBAC would
         self.lock = threading.RLock()
         fake = self
@@ -252,6 +253,7 @@ class FakeKubernetes:
         pods: Sequence[dict[str, Any]] = (),
         events: Sequence[dict[str, Any]] = (),
         nodes: Sequence[dict[str, Any]] = (),
+        node_pools: Sequence[dict[str, Any]] = (),
     ) -> None:
         """Objects as the API serves them (with `status`), standing still: nothing runs them."""
         with self.lock:
@@ -260,6 +262,7 @@ class FakeKubernetes:
             self.seeded_pods += list(pods)
             self.events += list(events)
             self.nodes.update({n["metadata"]["name"]: n for n in nodes})
+            self.node_pools.update({n["metadata"]["name"]: n for n in node_pools})
 
     # --- HTTP -----------------------------------------------------------------------------
     def handle(self, request: BaseHTTPRequestHandler, method: str) -> None:
@@ -315,6 +318,10 @@ class FakeKubernetes:
                 if m[1] not in self.nodes:
                     return 404, status_body(404, "NotFound", f'nodes "{m[1]}" not found')
                 return 200, self.nodes[m[1]]
+            if m := re.fullmatch(r"/apis/karpenter.sh/v1/nodepools/([^/]+)", path):
+                if m[1] not in self.node_pools:
+                    return 404, status_body(404, "NotFound", f'nodepools.karpenter.sh "{m[1]}" not found')
+                return 200, self.node_pools[m[1]]
         return 404, status_body(404, "NotFound", f"the fake has no route for {method} {path}")
 
     def _namespace(self, name: str) -> tuple[int, dict[str, Any]]:
