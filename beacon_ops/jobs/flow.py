@@ -21,10 +21,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.aws_access import AccessError, deployed_stack_outputs
 from beacon_ops.credentials import assume_role_credentials
-from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
+from beacon_ops.doctor.after_run import verify_and_diagnose
+from beacon_ops.doctor.diagnosis import DoctorInputs
 from beacon_ops.evidence.alarms import ALARM, AlarmSet
-from beacon_ops.evidence.reading import Delivery, MetricsReadOnce, RunEvidence
-from beacon_ops.evidence.verify import Expected, Verification, read_and_verify
+from beacon_ops.evidence.reading import Delivery, MetricsReadOnce
+from beacon_ops.evidence.verify import Expected, Verification
 from config import TeamConfig, names
 from stacks import outputs as outputs_of
 from workloads.manifests import SmokeJobSpec, TrainingJobSpec, smoke_job_spec
@@ -218,25 +219,24 @@ class JobReport:
 
 
 def verify(report: JobReport, access: Access, outputs: TeamOutputs, *, expected: Expected, started: datetime) -> None:
-    """The checks both targets share; on a failure, also the doctor's verdicts for the run. The run
-    is read from S3 once, and each metric series once: verification and the doctor take the same reading."""
+    """The checks both targets share; on a failure, also the doctor's verdicts for the run. The run is read
+    from S3 once, and each metric series once: verification and the doctor take the same reading."""
     report.stack_outputs = asdict(outputs)
-    s3, cloudwatch = access.as_reader("s3"), MetricsReadOnce(access.as_reader("cloudwatch"))
-    evidence: RunEvidence | None = None
-    try:
-        alarms = alarm_set(access, outputs, report.experiment, report.run)
-        evidence, report.verification = read_and_verify(
-            s3=s3,
-            cloudwatch=cloudwatch,
-            bucket=outputs.bucket,
-            team=outputs.team,
-            experiment=report.experiment,
-            run=report.run,
-            expected=expected,
-            alarms=alarms,
-        )
-    except (ClientError, BotoCoreError) as error:
-        report.problems.append(f"verification could not read the run as the reader role: {error}")
+    alarms = alarm_set(access, outputs, report.experiment, report.run)
+    inputs = DoctorInputs(
+        team=outputs.team,
+        experiment=report.experiment,
+        run=report.run,
+        bucket=outputs.bucket,
+        region=outputs.region,
+        s3=access.as_reader("s3"),
+        cloudwatch=MetricsReadOnce(access.as_reader("cloudwatch")),
+        probe_s3=None,
+    )
+    verdict = verify_and_diagnose(inputs, expected=expected, alarms=alarms)
+    report.verification = verdict.verification
+    if verdict.unreadable:
+        report.problems.append(verdict.unreadable)
     if report.command == "run" and report.verification is not None and report.verification.records_in_s3 == 0:
         report.problems.append(
             f"no records under {contract.run_prefix(report.experiment, report.run)}: if the job's beacon.init "
@@ -244,21 +244,8 @@ def verify(report: JobReport, access: Access, outputs: TeamOutputs, *, expected:
         )
     names = [*outputs.team_alarm_names, *run_alarm_names(outputs.team, report.experiment, report.run)]
     report.alarms_observed = observed_alarms(access.client("cloudwatch"), names, started)
-    if not report.ok:
-        diagnosis = diagnose(
-            DoctorInputs(
-                team=outputs.team,
-                experiment=report.experiment,
-                run=report.run,
-                bucket=outputs.bucket,
-                region=outputs.region,
-                s3=s3,
-                cloudwatch=cloudwatch,
-                probe_s3=None,
-            ),
-            evidence=evidence,  # None only where the reading itself failed: then the doctor reads
-        )
-        report.doctor = [asdict(v) for v in diagnosis.verdicts]
+    if not report.ok and verdict.diagnosis is not None:
+        report.doctor = [asdict(v) for v in verdict.diagnosis.verdicts]
 
 
 def fresh_suffix(now: datetime | None = None) -> str:

@@ -22,10 +22,11 @@ from typing import Any
 from beacon import contract
 from beacon.preflight import reported_seconds
 
+from beacon_ops.doctor.after_run import verify_and_diagnose
 from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import AlarmSet, alarm_set_for_run
-from beacon_ops.evidence.reading import MetricsReadOnce, RunEvidence
-from beacon_ops.evidence.verify import Expected, Verification, read_and_verify, recorded_samples
+from beacon_ops.evidence.reading import MetricsReadOnce
+from beacon_ops.evidence.verify import Expected, Verification, recorded_samples
 from beacon_ops.local.moto import REGION
 from beacon_ops.local.plot import render_png
 from beacon_ops.local.processes import end_process_tree
@@ -135,27 +136,23 @@ def demo_job_command(sandbox: Sandbox, run: str, *extra: str, ranks: int = 1) ->
     return job_command(["--team", TEAM, "--experiment", EXPERIMENT, "--run-id", run, *storage, *extra], ranks=ranks)
 
 
-def doctor(
-    sandbox: Sandbox,
-    run: str,
-    probe: dict[str, str] | None = None,
-    *,
-    evidence: RunEvidence | None = None,
-    cloudwatch: Any | None = None,
-) -> Diagnosis:
-    return diagnose(
-        DoctorInputs(
-            team=TEAM,
-            experiment=EXPERIMENT,
-            run=run,
-            bucket=BUCKET,
-            region=REGION,
-            s3=sandbox.client("s3", sandbox.reader),
-            cloudwatch=cloudwatch or sandbox.client("cloudwatch", sandbox.reader),
-            probe_s3=sandbox.client("s3", probe or sandbox.credentials),
-        ),
-        evidence=evidence,
+def doctor_inputs(
+    sandbox: Sandbox, run: str, probe: dict[str, str] | None = None, *, cloudwatch: Any | None = None
+) -> DoctorInputs:
+    return DoctorInputs(
+        team=TEAM,
+        experiment=EXPERIMENT,
+        run=run,
+        bucket=BUCKET,
+        region=REGION,
+        s3=sandbox.client("s3", sandbox.reader),
+        cloudwatch=cloudwatch or sandbox.client("cloudwatch", sandbox.reader),
+        probe_s3=sandbox.client("s3", probe or sandbox.credentials),
     )
+
+
+def doctor(sandbox: Sandbox, run: str, probe: dict[str, str] | None = None) -> Diagnosis:
+    return diagnose(doctor_inputs(sandbox, run, probe))
 
 
 def start_smoke(sandbox: Sandbox, run: str, steps: int, ranks: int) -> subprocess.Popen[bytes]:
@@ -318,17 +315,12 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
         log("verifying what reached S3 and CloudWatch, and evaluating the synthesized alarms")
         alarms: AlarmSet = alarm_set_for_run(monitoring, EXPERIMENT, run)
         metrics = MetricsReadOnce(sandbox.client("cloudwatch", sandbox.reader))  # verification, doctor, plot
-        evidence, verification = read_and_verify(
-            s3=sandbox.client("s3", sandbox.reader),
-            cloudwatch=metrics,
-            bucket=BUCKET,
-            team=TEAM,
-            experiment=EXPERIMENT,
-            run=run,
-            expected=Expected.exactly(steps),
-            alarms=alarms,
-        )
-        diagnosis = doctor(sandbox, run, evidence=evidence, cloudwatch=metrics)  # the readings verification took
+        verdict = verify_and_diagnose(doctor_inputs(sandbox, run, cloudwatch=metrics), expected=Expected.exactly(steps),
+                                      alarms=alarms)  # fmt: skip
+        if verdict.unreadable:
+            raise RuntimeError(verdict.unreadable)
+        assert verdict.evidence is not None and verdict.verification is not None and verdict.diagnosis is not None
+        evidence, verification, diagnosis = verdict.evidence, verdict.verification, verdict.diagnosis
         samples = recorded_samples(metrics, TEAM, EXPERIMENT, run)
         picture = render_png(
             workdir / "report.png",
