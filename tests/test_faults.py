@@ -174,11 +174,11 @@ def test_endpoints_unreachable_mid_run_training_continues_backlog_drains_and_sig
     as_writer.aws.reset_auth_only()
     cloudwatch = as_writer.aws.client("cloudwatch")
     dims = contract.run_dimensions("demo", "smoke", "fault-down")
-    backlog = metric_samples(cloudwatch, contract.SPOOL_BACKLOG, dims, statistic="Maximum", period=1)
+    backlog = metric_samples(cloudwatch, contract.SPOOL_BACKLOG, dims, statistic="Maximum", period=1, minutes=20)
     steady = max(s.value for s in backlog if s.at.timestamp() < s3_down)  # the open chunk, normally
     during = [s.value for s in backlog if s3_down < s.at.timestamp() < s3_down + s3_outage]
     assert max(during) > 2 * steady, "the backlog grew while S3 was unreachable"
-    failures = metric_samples(cloudwatch, contract.UPLOAD_FAILURES, dims, statistic="Sum", period=1)
+    failures = metric_samples(cloudwatch, contract.UPLOAD_FAILURES, dims, statistic="Sum", period=1, minutes=20)
     assert sum(s.value for s in failures if s.at.timestamp() > s3_down) > 0, "the delivery signal rose"
     assert backlog[-1].value <= max(steady, 100) < max(during), "and drained back to its steady level (one chunk)"
     beats = [s.at.timestamp() for s in metric_samples(cloudwatch, contract.HEARTBEAT, dims, statistic="SampleCount")]

@@ -244,6 +244,7 @@ def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_wher
         contract.run_dimensions("demo", "smoke", run),
         statistic="Maximum",
         period=1,
+        minutes=20,  # 1,200 one-second datapoints: CloudWatch answers 1,440 at most
     )
     assert max(s.value for s in samples) >= 3, "rank 0's heartbeat published the slowest rank's progress age"
 

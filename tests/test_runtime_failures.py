@@ -10,6 +10,7 @@ import math
 import os
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from smoke_job.config import parse_args
 
+from beacon_ops.evidence.reading import finest_period, metric_samples
 from beacon_ops.local.moto import ADMIN, PUT_METRIC_DATA_BYTES, strict_metric_data
 from tests.support.disk_fault_job import EioOnOpenChunk
 from tests.support.moto_server import MotoServer
@@ -332,6 +334,30 @@ def test_the_embedded_aws_refuses_a_put_metric_data_over_1_mb_as_cloudwatch_does
     assert refused.value.response["Error"]["Message"] == f"Request size {sizes[-1]} exceeded 1048576 bytes"
     cloudwatch.put_metric_data(Namespace="Strict", MetricData=[widest] * 30)
     assert sizes[-1] <= PUT_METRIC_DATA_BYTES, "just under the limit: accepted"
+
+
+def test_the_embedded_aws_refuses_more_than_1440_datapoints_and_the_readers_ask_for_fewer(
+    moto_server: MotoServer,
+) -> None:
+    """CloudWatch answers GetMetricStatistics with 1,440 datapoints at most and refuses a request for more;
+    moto answered. The doctor's 30-minute heartbeat question at 1 s (1,805) was refused on AWS, and every run
+    read as silent. `metric_samples` now takes the finest period that fits: 5 s for 30 minutes."""
+    cloudwatch = moto_server.client("cloudwatch")
+    now = datetime.now(UTC)
+    question = {"Namespace": "Strict", "MetricName": "M", "Statistics": ["SampleCount"], "EndTime": now}
+    with pytest.raises(ClientError) as refused:
+        cloudwatch.get_metric_statistics(**question, StartTime=now - timedelta(seconds=1441), Period=1)
+    assert refused.value.response["Error"]["Code"] == "InvalidParameterCombination"
+    assert "requested up to 1441 datapoints" in refused.value.response["Error"]["Message"]
+    with pytest.raises(ClientError) as odd:
+        cloudwatch.get_metric_statistics(**question, StartTime=now - timedelta(minutes=5), Period=7)
+    assert odd.value.response["Error"]["Code"] == "InvalidParameterValue"
+    cloudwatch.get_metric_statistics(**question, StartTime=now - timedelta(seconds=1440), Period=1)
+    assert finest_period(30 * 60 + 5, high_resolution=True) == 5
+    assert finest_period(24 * 60, high_resolution=True) == 1
+    assert finest_period(3 * 86_400, high_resolution=False) == 180
+    dims = contract.run_dimensions("demo", "smoke", "strict")
+    assert metric_samples(cloudwatch, contract.HEARTBEAT, dims, statistic="SampleCount") == [], "asked, not refused"
 
 
 def test_the_jobs_largest_metric_batch_is_one_request_far_under_the_size_limit(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -340,6 +341,20 @@ class Sample:
     value: float
 
 
+# GetMetricStatistics refuses a request for more than 1,440 datapoints (InvalidParameterCombination); a
+# high-resolution period is 1, 5, 10, 20 or 30 s, any other a multiple of 60 (the API reference).
+MAX_DATAPOINTS = 1440
+HIGH_RESOLUTION_PERIODS = (1, 5, 10, 20, 30)
+
+
+def finest_period(window_s: float, *, high_resolution: bool) -> int:
+    """The shortest period CloudWatch accepts that answers `window_s` in one request."""
+    for period in HIGH_RESOLUTION_PERIODS if high_resolution else ():
+        if math.ceil(window_s / period) <= MAX_DATAPOINTS:
+            return period
+    return 60 * max(1, math.ceil(window_s / 60 / MAX_DATAPOINTS))
+
+
 def metric_samples(
     cloudwatch: Any,
     metric: contract.Metric,
@@ -350,16 +365,17 @@ def metric_samples(
     period: int | None = None,
     now: datetime | None = None,
 ) -> list[Sample]:
-    """Datapoints of one metric, oldest first. By default 1 s periods for high-resolution metrics
-    (their data comes back raw) and 60 s for standard ones."""
+    """Datapoints of one metric, oldest first. By default the finest period the window allows: a high-resolution
+    metric's 1 s (its data comes back raw) up to 24 minutes, 5 s for the default 30; 60 s for standard ones."""
     now = now or datetime.now(UTC)
+    start, end = now - timedelta(minutes=minutes), now + timedelta(seconds=5)
     answer = cloudwatch.get_metric_statistics(
         Namespace=contract.metric_namespace(dimensions[contract.Dim.TEAM.value]),
         MetricName=metric.name,
         Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()],
-        StartTime=now - timedelta(minutes=minutes),
-        EndTime=now + timedelta(seconds=5),
-        Period=period or (1 if metric.high_resolution else 60),
+        StartTime=start,
+        EndTime=end,
+        Period=period or finest_period((end - start).total_seconds(), high_resolution=metric.high_resolution),
         Statistics=[statistic],
     )
     return sorted(

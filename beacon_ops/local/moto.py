@@ -12,11 +12,12 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import boto3
 import requests
-from moto.cloudwatch.exceptions import CloudWatchException, InvalidParameterValue
+from moto.cloudwatch.exceptions import CloudWatchException, InvalidParameterCombination, InvalidParameterValue
 from moto.cloudwatch.models import CloudWatchBackend
 from moto.cloudwatch.responses import CloudWatchResponse
 from moto.core.responses import ActionResult, BaseResponse
@@ -79,6 +80,24 @@ def strict_metric_data(metric_data: list[dict[str, Any]]) -> None:
                 )
 
 
+# GetMetricStatistics: "The maximum number of data points returned from a single call is 1,440. If you request more
+# than 1,440 data points, CloudWatch returns an error." A high-resolution period is 1, 5, 10, 20 or 30 s; any other a
+# multiple of 60 (the API reference). moto answers either with whatever it has.
+DATAPOINTS_PER_REQUEST = 1440
+HIGH_RESOLUTION_PERIODS = (1, 5, 10, 20, 30)
+
+
+def strict_statistics_request(start: datetime, end: datetime, period: int) -> None:
+    if period not in HIGH_RESOLUTION_PERIODS and (period <= 0 or period % 60):
+        raise InvalidParameterValue("The parameter Period must be 1, 5, 10, 20, 30, or a multiple of 60.")
+    requested = math.ceil((end - start).total_seconds() / period)
+    if requested > DATAPOINTS_PER_REQUEST:
+        raise InvalidParameterCombination(
+            f"You have requested up to {requested} datapoints, which exceeds the limit of {DATAPOINTS_PER_REQUEST}. "
+            "You may reduce the datapoints requested by increasing Period, or decreasing the time range."
+        )
+
+
 class RequestEntityTooLarge(CloudWatchException):
     code = "RequestEntityTooLarge"
 
@@ -110,8 +129,18 @@ def add_aws_strictness() -> None:
             _, headers, body = self.serialized(ActionResult(refused))
         return body, {**headers, "status": 413}
 
+    lenient_statistics = CloudWatchBackend.get_metric_statistics
+
+    def get_metric_statistics(
+        self: CloudWatchBackend, namespace: str, metric_name: str, start_time: datetime, end_time: datetime,
+        period: int, *rest: Any, **more: Any,
+    ) -> Any:  # fmt: skip
+        strict_statistics_request(start_time, end_time, int(period))
+        return lenient_statistics(self, namespace, metric_name, start_time, end_time, period, *rest, **more)
+
     put_metric_data.beacon_strict = True  # type: ignore[attr-defined]
     CloudWatchBackend.put_metric_data = put_metric_data  # type: ignore[method-assign]
+    CloudWatchBackend.get_metric_statistics = get_metric_statistics  # type: ignore[method-assign]
     CloudWatchResponse.put_metric_data = put_metric_data_request  # type: ignore[method-assign]
 
 
