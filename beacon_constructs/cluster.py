@@ -32,6 +32,10 @@ NODE_NETWORKING_ADDONS = ("vpc-cni", "kube-proxy")
 EFS_CSI_ADDON, EFS_CSI_SERVICE_ACCOUNT = "aws-efs-csi-driver", "efs-csi-controller-sa"
 OBSERVABILITY_ADDON = "amazon-cloudwatch-observability"
 OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT = "amazon-cloudwatch", "cloudwatch-agent"
+# Sets the node conditions Karpenter's node repair acts on (AcceleratedHardwareReady for a GPU's Xid, KernelReady,
+# NetworkingReady, StorageReady, ContainerRuntimeReady); its DaemonSet tolerates every taint, the GPU pool's too.
+# No AWS permission: it writes its own node's conditions through RBAC the add-on brings.
+NODE_MONITORING_ADDON = "eks-node-monitoring-agent"
 
 
 class TrainingCluster(Construct):
@@ -100,6 +104,9 @@ class TrainingCluster(Construct):
         )
         self.addons[OBSERVABILITY_ADDON] = self._addon_with_identity(
             "Addon-observability", OBSERVABILITY_ADDON, self.observability_role, OBSERVABILITY_SERVICE_ACCOUNT
+        )
+        self.addons[NODE_MONITORING_ADDON] = eks.Addon(
+            self, "Addon-node-monitoring", cluster=self._icluster, addon_name=NODE_MONITORING_ADDON
         )
         self._acknowledge()
 

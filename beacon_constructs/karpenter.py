@@ -340,7 +340,14 @@ class Karpenter(Construct):
             skip_crds=True,  # installed and upgraded by the karpenter-crd chart
             wait=False,  # a helm wait can outlive the 15-minute handler (aws-cdk 22257)
             values={
-                "settings": {"clusterName": cluster_name, "interruptionQueue": self.queue.queue_name},
+                "settings": {
+                    "clusterName": cluster_name,
+                    "interruptionQueue": self.queue.queue_name,
+                    # Alpha, off by default: replaces a node whose GPU (the node monitoring agent's
+                    # AcceleratedHardwareReady) or kubelet failed, after 10 or 30 min, rather than leave a
+                    # training job to crash on it again; `beacon doctor` names it (node-repaired).
+                    "featureGates": {"nodeRepair": True},
+                },
                 "serviceAccount": {"create": False, "name": SERVICE_ACCOUNT},
                 "replicas": controller_replicas,
                 # On the system node group, never on a node Karpenter itself manages.

@@ -129,7 +129,7 @@ def test_a_small_managed_system_node_group_hosts_the_add_ons(template: Template,
     )
 
 
-def test_the_add_ons_are_the_six_the_platform_needs(cluster: SynthesizedTemplate) -> None:
+def test_the_add_ons_are_the_seven_the_platform_needs(cluster: SynthesizedTemplate) -> None:
     names = {a["Properties"]["AddonName"] for a in cluster.of_type("AWS::EKS::Addon").values()}
     assert names == {
         "vpc-cni",
@@ -138,6 +138,7 @@ def test_the_add_ons_are_the_six_the_platform_needs(cluster: SynthesizedTemplate
         "eks-pod-identity-agent",
         "aws-efs-csi-driver",
         "amazon-cloudwatch-observability",
+        "eks-node-monitoring-agent",  # the GPU's and the node's health conditions, which node repair acts on
     }
 
 
@@ -233,7 +234,11 @@ def test_karpenter_chart_is_pinned_from_the_oci_registry_with_cluster_and_queue_
     )
     values = json.loads(shape_resolver().resolve(properties["Values"]))
     (queue_id,) = cluster.of_type("AWS::SQS::Queue")
-    assert values["settings"] == {"clusterName": "beacon-demo", "interruptionQueue": f"<{queue_id}.QueueName>"}
+    assert values["settings"] == {
+        "clusterName": "beacon-demo",
+        "interruptionQueue": f"<{queue_id}.QueueName>",
+        "featureGates": {"nodeRepair": True},  # alpha in the chart (values.yaml: nodeRepair: false)
+    }
     assert values["serviceAccount"] == {"create": False, "name": "karpenter"}
     terms = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": "karpenter.sh/nodepool", "operator": "DoesNotExist"}]}]
