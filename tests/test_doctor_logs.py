@@ -322,6 +322,9 @@ def test_a_beacon_run_whose_sagemaker_job_failed_leads_with_the_failure_reason(d
         result.headline()
     )
     assert "delivery" in [v.check for v in result.verdicts]
+    (job,) = [v for v in result.verdicts if v.check == "job"]
+    assert job.verdict == "not started" and "kubectl" not in job.fix, "a SageMaker run's own log, not a pod's"
+    assert f"aws logs tail /aws/sagemaker/TrainingJobs --log-stream-name-prefix {name}/" in job.fix
 
 
 def test_a_finished_job_whose_log_retried_past_timeouts_and_refusals_is_still_finished(

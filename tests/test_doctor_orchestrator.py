@@ -14,7 +14,7 @@ from typing import Any
 
 from beacon import contract
 
-from beacon_ops.doctor.orchestrator import duration
+from beacon_ops.doctor.orchestrator import duration, kube_event
 from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.support.moto_server import REGION
@@ -486,6 +486,25 @@ def test_a_nodepool_the_doctor_may_not_read_is_a_note_and_an_old_node_is_not_cal
     answer = answered(deployed, kubernetes, "--job", "old-node")
     assert answer["diagnosis"] == "forcefully-terminated", "no expireAfter read: no claim of expiry"
     assert any(f"refused reading NodePool {manifests.GPU_POOL}" in n for n in answer["orchestrator"]["notes"])
+
+
+def test_an_event_recorded_through_the_events_api_is_placed_at_its_last_occurrence() -> None:
+    """The scheduler and Karpenter record through events.k8s.io: served as core/v1, lastTimestamp is null, eventTime
+    is the first occurrence and series the repeats (kubernetes/api events/v1 EventSeries)."""
+    served = {
+        "involvedObject": {"kind": "Pod", "name": "p"}, "reason": "FailedScheduling", "message": "0/3 nodes",
+        "type": "Warning", "lastTimestamp": None, "firstTimestamp": None, "eventTime": "2026-12-01T10:00:00.000000Z",
+        "series": {"count": 7, "lastObservedTime": "2026-12-01T10:06:00.000000Z"},
+        "reportingComponent": "default-scheduler",
+    }  # fmt: skip
+    placed = kube_event(served)
+    assert (placed.at, placed.count, placed.source) == (
+        datetime(2026, 12, 1, 10, 6, tzinfo=UTC),
+        7,
+        "default-scheduler",
+    )
+    once = kube_event({**served, "series": None})
+    assert (once.at, once.count) == (datetime(2026, 12, 1, 10, 0, tzinfo=UTC), 1)
 
 
 def test_go_durations_as_nodepools_write_them() -> None:

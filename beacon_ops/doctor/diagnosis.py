@@ -152,8 +152,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     verdicts = [
         *([platform] if platform is not None else []),
         *logs,
-        _job_state(evidence),
-        _liveness(evidence, heartbeat_age, progress_age, interval, inputs.stall_after_s),
+        _job_state(evidence, inputs),
+        _liveness(evidence, heartbeat_age, progress_age, interval, inputs.stall_after_s, inputs),
         _delivery(inputs, evidence, dims, now),
         _write_probe(inputs, evidence),
         _endpoint(inputs, evidence),
@@ -302,7 +302,15 @@ def _samples(
         return []
 
 
-def _job_state(evidence: RunEvidence) -> Verdict:
+def _log_by_hand(inputs: DoctorInputs) -> str:
+    """How to read the job's own log, on its orchestrator (both when the doctor does not know which)."""
+    kubectl = f"kubectl -n {contract.TRAINING_NAMESPACE} logs job/{inputs.run}"
+    if inputs.training_job is not None:
+        return f"aws logs tail /aws/sagemaker/TrainingJobs --log-stream-name-prefix {inputs.training_job.name}/"
+    return kubectl if inputs.orchestrator is not None else f"{kubectl} (EKS), or its SageMaker training job's log"
+
+
+def _job_state(evidence: RunEvidence, inputs: DoctorInputs) -> Verdict:
     attempts = len(evidence.preflights)
     if attempts == 0:
         return Verdict(
@@ -310,8 +318,8 @@ def _job_state(evidence: RunEvidence) -> Verdict:
             FAIL,
             "not started",
             "no preflight record under the run prefix: the job never passed its first seconds",
-            f"the logs check above reads the container's first 20 s; by hand: kubectl -n {contract.TRAINING_NAMESPACE} "
-            f"logs job/{evidence.run} (preflight prints one line, or why it stopped)",
+            f"the logs check above reads the container's first 20 s; by hand: {_log_by_hand(inputs)} (preflight "
+            "prints one line, or why it stopped)",
         )
     restarted = f", restarted {attempts - 1} time(s)" if attempts > 1 else ""
     if evidence.final is not None:
@@ -348,7 +356,12 @@ def _final_state(evidence: RunEvidence, restarted: str) -> Verdict:
 
 
 def _liveness(
-    evidence: RunEvidence, heartbeat_age: float | None, progress_age: float | None, interval: float, stall_after: float
+    evidence: RunEvidence,
+    heartbeat_age: float | None,
+    progress_age: float | None,
+    interval: float,
+    stall_after: float,
+    inputs: DoctorInputs,
 ) -> Verdict:
     if evidence.final is not None:
         return Verdict(
@@ -369,7 +382,12 @@ def _liveness(
             FAIL,
             "silent",
             f"last heartbeat {heartbeat_age:.0f} s ago (> {SILENT_BEATS} beats of {interval:g} s)",
-            "the process is frozen, killed or cut off: check the pod (OOMKilled? evicted?) and its network",
+            "the process is frozen, killed or cut off: "
+            + (
+                "check the training job's status and its instance's log"
+                if inputs.training_job is not None
+                else "check the pod (OOMKilled? evicted?) and its network"
+            ),
         )
     if progress_age is not None and progress_age > stall_after:
         return Verdict(

@@ -274,8 +274,12 @@ def pod_state(pod: dict[str, Any]) -> PodState:
 def kube_event(event: dict[str, Any]) -> KubeEvent:
     involved = event.get("involvedObject") or event.get("regarding") or {}
     source = event.get("source") or {}
+    # An event recorded through the events.k8s.io API (the scheduler's, Karpenter's) has no lastTimestamp: its
+    # eventTime is the first occurrence, and a repeated one's last is series.lastObservedTime.
+    series = event.get("series") or {}
     at = (
-        parse_time(event.get("lastTimestamp"))
+        parse_time(series.get("lastObservedTime"))
+        or parse_time(event.get("lastTimestamp"))
         or parse_time(event.get("eventTime"))
         or parse_time(event.get("firstTimestamp"))
         or parse_time((event.get("metadata") or {}).get("creationTimestamp"))
@@ -287,7 +291,7 @@ def kube_event(event: dict[str, Any]) -> KubeEvent:
         message=str(event.get("message") or event.get("note") or "").strip(),
         type=str(event.get("type") or ""),
         at=at,
-        count=int(event.get("count") or 1),
+        count=int(series.get("count") or event.get("count") or 1),
         source=str(
             source.get("component") or event.get("reportingComponent") or event.get("reportingController") or ""
         ),
