@@ -124,7 +124,18 @@ def test_a_failure_at_the_gap_is_found_however_long_the_log_runs_on() -> None:
     assert verdict.verdict == "nccl-at-gap", "in both windows: counted once, at the gap"
     late = log_verdicts(lines, where="g", gap=gap - timedelta(seconds=60))
     assert [v.verdict for v in late] == ["nothing known"], "40 lines from 15 s before the gap, not more"
-    assert "the 40 at the gap (2026-12-01 10:00:40 UTC) nor" in late[0].evidence
+    assert "the 80 around the gap (2026-12-01 10:00:40 UTC) nor" in late[0].evidence
+
+
+def test_a_traceback_just_after_the_gap_is_found_behind_a_burst_of_lines_and_a_slow_trickle_after() -> None:
+    """500 lines in the 15 s before the gap (the forward page holds 1 s of them), the NCCL error 10 s after the
+    last heartbeat, then a thread's "waiting" every 5 s for 8 minutes (the stream's tail): the page read back
+    from one heartbeat after the gap holds it."""
+    lines = [line(0, "starting"), *(line(85 + i * 0.03, f"step {i}") for i in range(500)), line(110, LINES["nccl"])]
+    lines += [line(120 + 5 * i, "waiting for the main thread") for i in range(97)]
+    gap = datetime.fromtimestamp(T0_MS / 1000 + 100, UTC)
+    [verdict] = log_verdicts(lines, where="g", gap=gap)
+    assert verdict.verdict == "nccl-at-gap" and "110 s after its container started" in verdict.evidence
 
 
 def test_each_container_start_has_its_own_window_and_start_failures_come_first() -> None:

@@ -22,8 +22,9 @@ from beacon_ops.doctor.verdict import FAIL, INFO, OK, Verdict
 CHECK = "logs"
 START_WINDOW_S = 20.0
 TAIL_LINES = 20
-# The lines at the gap: the first GAP_LINES from one heartbeat (15 s) before the last one, when what stopped the
-# metrics began (a refused or timed-out put, a dying rank's traceback), however fast the job logs on after it.
+# The lines at the gap, from both sides of it: the first GAP_LINES from one heartbeat (15 s) before the last one,
+# when what stopped the metrics began (a refused or timed-out put), however fast the job logs on after it; and the
+# last GAP_LINES up to one heartbeat after it, where a dying rank's traceback ends.
 GAP_LEAD_S = 15.0
 GAP_LINES = 40
 AT_START, AT_GAP, BEFORE_END = "at-start", "at-gap", "before-end"
@@ -225,9 +226,9 @@ def findings(
     tail_lines: int = TAIL_LINES,
     gap: datetime | None = None,
 ) -> list[Finding]:
-    """Every classified line in each stream's first `start_window_s` seconds, in its first GAP_LINES from
-    GAP_LEAD_S before `gap`, and in its last `tail_lines` lines; a line in several windows counts once, in the
-    first of them."""
+    """Every classified line in each stream's first `start_window_s` seconds, at the gap (its first GAP_LINES
+    from GAP_LEAD_S before `gap`, its last GAP_LINES up to GAP_LEAD_S after), and in its last `tail_lines`
+    lines; a line in several windows counts once, in the first of them."""
     found: list[Finding] = []
     for stream in _by_stream(lines).values():
         started = stream[0].at
@@ -235,8 +236,10 @@ def findings(
         start = [line for line in stream if line.at < window_end]
         at_gap: list[LogLine] = []
         if gap is not None:
-            since = gap - timedelta(seconds=GAP_LEAD_S)
-            at_gap = [line for line in stream if line.at >= since][:GAP_LINES]
+            since, until = gap - timedelta(seconds=GAP_LEAD_S), gap + timedelta(seconds=GAP_LEAD_S)
+            after = [line for line in stream if line.at >= since][:GAP_LINES]
+            before = [line for line in stream if line.at <= until][-GAP_LINES:]
+            at_gap = sorted({id(line): line for line in after + before}.values(), key=lambda line: line.at)
         tail = [line for line in stream[-tail_lines:] if line.at >= window_end] if tail_lines else []
         seen: set[int] = set()
         for name, window in ((AT_START, start), (AT_GAP, at_gap), (BEFORE_END, tail)):
@@ -281,7 +284,7 @@ def log_verdicts(
             f"{len(lines)} line(s) of {streams} container start(s) in {where}: no timeout, refused or reset "
             "connection, denied access, DNS failure, NCCL error, CUDA OOM or Xid in the first "
             f"{start_window_s:g} s"
-            + (f", the {GAP_LINES} at the gap ({gap:%Y-%m-%d %H:%M:%S} UTC)" if gap is not None else "")
+            + (f", the {2 * GAP_LINES} around the gap ({gap:%Y-%m-%d %H:%M:%S} UTC)" if gap is not None else "")
             + f" nor in the last {tail_lines} lines",
         )
     ]

@@ -1,8 +1,9 @@
 """Reads a job's container logs from CloudWatch Logs for the classifier (`log_lines.py`). Never raises.
 
-Per container run (one stream) it reads three pages at most: the head (the first HEAD_EVENTS events, which hold
-the first 20 s of any container that is not flooding its log), the GAP_LINES at the gap in the run's metrics when
-the doctor knows one, and the tail (the last TAIL_LINES), so a week-long job costs what a minute-long one does.
+Per container run (one stream) it reads four pages at most: the head (the first HEAD_EVENTS events, which hold
+the first 20 s of any container that is not flooding its log), the lines at the gap in the run's metrics when the
+doctor knows one (GAP_LINES on each side of it: two pages), and the tail (the last TAIL_LINES), so a week-long job
+costs what a minute-long one does.
 
 - EKS: `/aws/containerinsights/<cluster>/application`. Streams are named after node, pod, namespace and container,
   so they are found by DescribeLogStreams (the most recent first) and by FilterLogEvents on the Job's name from its
@@ -136,8 +137,9 @@ def _stream_lines(logs: Any, where: JobLogs, stream: str, gap: datetime | None) 
     events: dict[tuple[int, str], None] = {}
     pages: list[dict[str, Any]] = [{"startFromHead": True, "limit": HEAD_EVENTS}]
     if gap is not None:
-        since = gap - timedelta(seconds=GAP_LEAD_S)
+        since, until = gap - timedelta(seconds=GAP_LEAD_S), gap + timedelta(seconds=GAP_LEAD_S)
         pages.append({"startFromHead": True, "limit": GAP_LINES, "startTime": int(since.timestamp() * 1000)})
+        pages.append({"startFromHead": False, "limit": GAP_LINES, "endTime": int(until.timestamp() * 1000)})
     pages.append({"startFromHead": False, "limit": TAIL_LINES})
     for page_of in pages:
         page = logs.get_log_events(logGroupName=where.group, logStreamName=stream, **page_of)
