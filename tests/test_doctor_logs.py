@@ -24,10 +24,14 @@ from config import names
 from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.test_doctor_orchestrator import (
+    GPU_NODE,
     NS,
+    SPOT_MESSAGE,
+    T0,
     answered,
     beacon_job,
     doctor,
+    event,
     first_line,
     foreign_job,
     pod,
@@ -170,6 +174,28 @@ def test_the_lines_at_the_gap_are_read_however_long_the_log_runs_on_after_it(
         deployed.client("logs"), eks_job_logs(group=CLUSTER_LOGS, job_name="gap-run", since=None)
     )
     assert [v.verdict for v in as_foreign] == ["nothing known"], "no gap known: the head and the tail alone"
+
+
+def test_a_job_that_resumed_after_losing_its_node_is_not_blamed_on_its_rendezvous_retries(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """Spot took the node; the Job's retry runs on a new one, and its first seconds log torchrun's routine
+    "Connection refused" while rank 0 comes up. The orchestrator's resumed verdict leads; the line is a warning."""
+    job = foreign_job("resumed-job", active=1)
+    gone, now_running = "resumed-job-0-aaaaa", "resumed-job-0-ccccc"
+    events = [
+        event("Pod", gone, "Scheduled", f"Successfully assigned {NS}/{gone} to {GPU_NODE}", T0,
+              source="default-scheduler", kind_type="Normal"),
+        event("Node", GPU_NODE, "SpotInterrupted", SPOT_MESSAGE, "2026-12-01T10:05:00Z", source="karpenter"),
+    ]  # fmt: skip
+    running = pod(job, "0-ccccc", phase="Running", state={"running": {"startedAt": "2026-12-01T10:08:00Z"}})
+    kubernetes.seed(job=job, pods=[running], events=events)
+    lines = [(0.0, "torchrun: waiting for rank 0"), (1.0, REFUSED), (3.0, "step 0 loss 2.3")]
+    put_lines(deployed, CLUSTER_LOGS, stream_of(now_running), [(at, fluent_bit(t, now_running)) for at, t in lines])
+    answer = answered(deployed, kubernetes, "--job", "resumed-job")
+    assert answer["lead"] == "orchestrator" and answer["diagnosis"] == "spot-interrupted-resumed", answer["headline"]
+    [refused] = [v for v in answer["verdicts"] if v["check"] == "logs"]
+    assert refused["status"] == "warn" and refused["verdict"] == "connection-refused-at-start"
 
 
 def test_a_reader_without_log_access_gets_an_info_verdict_saying_how_to_read_them(

@@ -425,6 +425,13 @@ def test_a_forbidden_event_list_is_a_note_and_the_job_is_still_diagnosed(
     answer = answered(deployed, kubernetes, "--job", "quiet-job", code=0)
     assert answer["diagnosis"] == "healthy"
     assert any("refused listing the events of namespace" in n for n in answer["orchestrator"]["notes"])
+    # Created on 2026-12-01, read now: the events of its first hour are gone, and the doctor says so
+    assert any(n.startswith("Kubernetes keeps events for 1 h:") for n in answer["orchestrator"]["notes"])
+    fresh = foreign_job("fresh-job", active=1)
+    fresh["metadata"]["creationTimestamp"] = f"{datetime.now(UTC) - timedelta(minutes=5):%Y-%m-%dT%H:%M:%SZ}"
+    kubernetes.seed(job=fresh, pods=[pod(fresh, "f1f2f", phase="Running", state={"running": {"startedAt": T0}})])
+    quiet = answered(deployed, kubernetes, "--job", "fresh-job", code=0)
+    assert not any("keeps events" in n for n in quiet["orchestrator"]["notes"]), "a Job younger than an hour"
 
 
 def test_a_forceful_termination_of_a_node_that_is_gone_names_what_it_can_have_been(

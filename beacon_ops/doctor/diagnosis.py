@@ -20,7 +20,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.doctor.flight_recorder import FlightRecorderReading, read_flight_recorder
 from beacon_ops.doctor.orchestrator import CHECK as CHECK_ORCHESTRATOR
-from beacon_ops.doctor.orchestrator import OrchestratorState, orchestrator_verdict
+from beacon_ops.doctor.orchestrator import OrchestratorState, orchestrator_verdict, running_now
 from beacon_ops.doctor.rank_verdict import RankVerdict, which_rank
 from beacon_ops.doctor.sagemaker_state import TrainingJobReading
 from beacon_ops.doctor.timeline import (
@@ -113,17 +113,18 @@ def leading(orchestrator: Verdict | None, logs: Sequence[Verdict]) -> Verdict | 
     (a container's start first), else the orchestrator's bare failure."""
     failing_log = next((v for v in logs if v.status == FAIL), None)
     if orchestrator is not None and orchestrator.status != FAIL:
-        # Running or finished: its log's timeouts and refused connections were retried past (the TCPStore's
-        # "Connection refused" while the workers wait for rank 0, say): evidence, not the cause. A job the
-        # orchestrator cannot show (gone, unreadable, restarting) has its log as the best evidence.
-        return None if orchestrator.status == OK else failing_log
+        # Running (restarted or resumed too) or finished: its log's timeouts and refused connections were retried
+        # past (the TCPStore's "Connection refused" while the workers wait for rank 0, say): evidence, not the
+        # cause. A job the orchestrator cannot show (gone, unreadable, not yet started) has its log as the best
+        # evidence.
+        return None if orchestrator.status == OK or running_now(orchestrator) else failing_log
     explains = orchestrator is not None and (orchestrator.verdict not in UNEXPLAINED or failing_log is None)
     return orchestrator if explains else failing_log
 
 
 def settled(orchestrator: Verdict | None, logs: Sequence[Verdict]) -> tuple[Verdict, ...]:
-    """The log's verdicts, each failure a warning when the orchestrator says the job runs or ran fine (OK)."""
-    if orchestrator is None or orchestrator.status != OK:
+    """The log's verdicts, each failure a warning when the orchestrator says the job runs now or ran fine."""
+    if orchestrator is None or not (orchestrator.status == OK or running_now(orchestrator)):
         return tuple(logs)
     return tuple(replace(v, status=WARN) if v.status == FAIL else v for v in logs)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import urllib3
@@ -26,6 +26,8 @@ from beacon_ops.doctor.orchestrator import OrchestratorState, job_state, nodes_o
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 NODE_EVENTS_NAMESPACE = "default"  # where the kubelet, the node controller and Karpenter record a Node's events
+# kube-apiserver's --event-ttl, Kubernetes' default, which EKS keeps: an event older than this is gone.
+EVENT_TTL = timedelta(hours=1)
 NODE_POOL_LABEL = "karpenter.sh/nodepool"
 NODE_POOLS = ("karpenter.sh", "v1", "nodepools")  # group, version, plural: cluster-scoped
 
@@ -118,7 +120,15 @@ def read_job(api: k8s.ApiClient, *, cluster: str, namespace: str, name: str) -> 
                 notes.append(refused(error, f"reading NodePool {pool}", cluster)[0])
         except urllib3.exceptions.HTTPError as error:
             notes.append(unreachable(error, str(api.configuration.host), cluster)[0])
-    return replace(base, job=job_state(job, pods, events, nodes, pools), notes=tuple(dict.fromkeys(notes)))
+    state = job_state(job, pods, events, nodes, pools)
+    if state.created_at is not None and base.read_at - state.created_at > EVENT_TTL:
+        notes.append(
+            f"Kubernetes keeps events for {EVENT_TTL.total_seconds() / 3600:g} h: what happened to this Job's pods "
+            f"and nodes before {base.read_at - EVENT_TTL:%Y-%m-%d %H:%M} UTC (a Spot interruption, an eviction, the "
+            "node a gone pod ran on) can no longer be read; the logs check still reads its containers' logs, and "
+            "Karpenter's own log (kube-system, in Container Insights) names the nodes it interrupted or removed"
+        )
+    return replace(base, job=state, notes=tuple(dict.fromkeys(notes)))
 
 
 def _labels(node: dict[str, Any] | None) -> dict[str, Any]:

@@ -621,7 +621,7 @@ def _interruption(job: JobState) -> Verdict | None:
         return Verdict(
             CHECK,
             WARN,
-            f"{name}, resumed",
+            f"{name}{RESUMED}",
             f"{'; '.join(facts)}; now running: {', '.join(p.name for p in resumed)}",
             fix,
         )
@@ -724,6 +724,14 @@ def _job_failed(job: JobState) -> Verdict | None:
         f'Job {job.namespace}/{job.name} Failed{_at(failed.at)}: {failed.reason} "{failed.message}"',
         f"kubectl -n {job.namespace} describe job {job.name}: its pods and their exit codes",
     )
+
+
+RESUMED = ", resumed"  # the suffix of a verdict whose job lost a pod and runs again
+
+
+def running_now(verdict: Verdict) -> bool:
+    """The orchestrator says the job runs now, whatever happened before (a restart, a node lost and resumed)."""
+    return verdict.check == CHECK and (verdict.verdict in ("running", "restarted") or verdict.verdict.endswith(RESUMED))
 
 
 def orchestrator_verdict(state: OrchestratorState) -> Verdict:
