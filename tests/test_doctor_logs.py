@@ -198,6 +198,43 @@ def test_a_job_that_resumed_after_losing_its_node_is_not_blamed_on_its_rendezvou
     assert refused["status"] == "warn" and refused["verdict"] == "connection-refused-at-start"
 
 
+class BusyGroup:
+    """A Container Insights group too busy for the searches: its newest streams and a FilterLogEvents over it
+    bring nothing of the job. Only a stream asked for by its exact prefix answers."""
+
+    def __init__(self, stream: str, lines: list[str]) -> None:
+        self.stream, self.lines = stream, lines
+        self.prefixes: list[str] = []
+
+    def describe_log_streams(self, **asked: Any) -> dict[str, Any]:
+        prefix = asked.get("logStreamNamePrefix")
+        if prefix is None:
+            return {"logStreams": [{"logStreamName": f"{NODE}-application.var.log.containers.other-{i}_x_y-0a.log"}
+                                   for i in range(50)], "nextToken": "more"}  # fmt: skip
+        self.prefixes.append(prefix)
+        return {"logStreams": [{"logStreamName": self.stream}] if self.stream.startswith(prefix) else []}
+
+    def filter_log_events(self, **_: Any) -> dict[str, Any]:
+        return {"events": [], "nextToken": "more"}
+
+    def get_log_events(self, **_: Any) -> dict[str, Any]:
+        return {"events": [{"timestamp": 1_764_583_200_000 + i * 1000, "message": m} for i, m in enumerate(self.lines)]}
+
+
+def test_a_pods_stream_is_found_by_its_exact_prefix_when_its_node_is_known() -> None:
+    pod_name = "busy-job-0-q1w2e"
+    group = BusyGroup(stream_of(pod_name), ["starting", DENIED])
+    where = eks_job_logs(group=CLUSTER_LOGS, job_name="busy-job", since=None, pods=frozenset({pod_name}),
+                         placed={pod_name: NODE}, namespace=NS)  # fmt: skip
+    [verdict] = read_log_verdicts(group, where)
+    assert group.prefixes == [f"{NODE}-application.var.log.containers.{pod_name}_{NS}_"]
+    assert verdict.verdict == "access-denied-at-start" and pod_name in verdict.evidence
+    unplaced = eks_job_logs(group=CLUSTER_LOGS, job_name="busy-job", since=None, pods=frozenset({pod_name}))
+    assert [v.verdict for v in read_log_verdicts(BusyGroup(stream_of(pod_name), [DENIED]), unplaced)] == [
+        "no log lines"
+    ], "without its node, the searches alone: they find nothing in so busy a group"
+
+
 def test_a_reader_without_log_access_gets_an_info_verdict_saying_how_to_read_them(
     deployed: DeployedTeam, kubernetes: FakeKubernetes
 ) -> None:

@@ -28,7 +28,7 @@ from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.doctor.diagnosis import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose, diagnose_job
 from beacon_ops.doctor.eks_state import read_job
 from beacon_ops.doctor.log_reader import eks_job_logs, read_log_verdicts, sagemaker_job_logs
-from beacon_ops.doctor.orchestrator import OrchestratorState
+from beacon_ops.doctor.orchestrator import OrchestratorState, pod_nodes
 from beacon_ops.doctor.sagemaker_state import TrainingJobReading, read_training_job
 from beacon_ops.doctor.verdict import Verdict
 from beacon_ops.jobs.eks import cluster_api
@@ -105,7 +105,10 @@ def eks_logs(session: boto3.session.Session, reader: dict[str, str], state: Orch
     # Its pods, and gone ones its events name: another Job's pods may look alike (an Indexed `a` and a Job `a-2`)
     pods = frozenset([p.name for p in job.pods] + [e.name for e in job.events if e.kind == "Pod"] if job else [])
     group = names.container_log_group(state.cluster)
-    where = eks_job_logs(group=group, job_name=state.job_name, since=since, pods=pods)
+    placed = pod_nodes(list(job.pods), list(job.events)) if job else {}
+    where = eks_job_logs(
+        group=group, job_name=state.job_name, since=since, pods=pods, placed=placed, namespace=state.namespace
+    )
     return lambda gap: tuple(read_log_verdicts(session.client("logs", **reader), where, gap=gap))
 
 

@@ -50,6 +50,9 @@ class JobLogs:
     since: datetime | None = None  # EKS: the Job's creation; streams are searched from there
     # EKS: the Job's pods as the orchestrator named them (its pods, and gone ones its events name)
     pods: frozenset[str] = frozenset()
+    # EKS: the node each of them ran on, where known: its streams are then found by their exact name's prefix
+    placed: tuple[tuple[str, str], ...] = ()
+    namespace: str = ""
 
     def holds(self, line: LogLine) -> bool:
         """A line of one of the Job's pods: by the pod's job-name label when the event carries it (the add-on's
@@ -68,9 +71,19 @@ class JobLogs:
         return f"aws logs tail {self.group} --filter-pattern '\"{self.job_name}\"' --since 1d"
 
 
-def eks_job_logs(*, group: str, job_name: str, since: datetime | None, pods: frozenset[str] = frozenset()) -> JobLogs:
-    """group: the cluster's Container Insights application group (config.names.container_log_group)."""
-    return JobLogs(platform="eks", group=group, job_name=job_name, since=since, pods=pods)
+def eks_job_logs(
+    *,
+    group: str,
+    job_name: str,
+    since: datetime | None,
+    pods: frozenset[str] = frozenset(),
+    placed: dict[str, str] | None = None,
+    namespace: str = "",
+) -> JobLogs:
+    """group: the cluster's Container Insights application group (config.names.container_log_group); placed: pod ->
+    node, for the pods whose node is known."""
+    return JobLogs(platform="eks", group=group, job_name=job_name, since=since, pods=pods,
+                   placed=tuple(sorted((placed or {}).items())), namespace=namespace)  # fmt: skip
 
 
 def sagemaker_job_logs(*, group: str, training_job_name: str) -> JobLogs:
@@ -106,10 +119,17 @@ def _streams(logs: Any, where: JobLogs) -> list[str]:
         found = logs.describe_log_streams(logGroupName=where.group, logStreamNamePrefix=f"{where.job_name}/")
         streams = sorted(found.get("logStreams") or [], key=lambda s: s.get("creationTime", 0))
         return [s["logStreamName"] for s in streams][-MAX_STREAMS:]
+    names: dict[str, None] = {}
+    # Exact first: Container Insights names a container's stream `<node>-application.var.log.containers.<pod>_<ns>_`
+    # `<container>-<id>.log` (Fluent Bit's log_stream_prefix is the host name), so a pod whose node is known is one
+    # DescribeLogStreams away, however busy the group; the searches below find the pods the events no longer place.
+    for pod, node in where.placed[:MAX_STREAMS]:
+        prefix = f"{node}-application.var.log.containers.{pod}_{where.namespace}_"
+        found = logs.describe_log_streams(logGroupName=where.group, logStreamNamePrefix=prefix)
+        names.update((s["logStreamName"], None) for s in found.get("logStreams") or [])
     request: dict[str, Any] = {"logGroupName": where.group, "filterPattern": f'"{where.job_name}"'}
     if where.since is not None:
         request["startTime"] = int(where.since.timestamp() * 1000)
-    names: dict[str, None] = {}
     listing: dict[str, Any] = {"logGroupName": where.group, "orderBy": "LastEventTime", "descending": True}
     for _ in range(DISCOVERY_PAGES):
         page = logs.describe_log_streams(**listing)

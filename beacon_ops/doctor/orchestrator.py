@@ -360,6 +360,12 @@ def nodes_of(pods: list[PodState], events: list[KubeEvent]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def pod_nodes(pods: list[PodState], events: list[KubeEvent]) -> dict[str, str]:
+    """Each pod of the job and the node it ran on, gone pods too while the scheduler's `Scheduled` event lasts."""
+    placed = {e.name: m[1] for e in events if e.reason == "Scheduled" and (m := ASSIGNED.search(e.message))}
+    return placed | {p.name: p.node for p in pods if p.node}
+
+
 def job_state(
     job: dict[str, Any],
     pods: list[dict[str, Any]],
