@@ -240,6 +240,16 @@ def test_smoke_sagemaker_with_a_stand_in_instance_reports_the_failure_reason_and
     (log,) = report["logs"].values()
     assert "beacon preflight:" in log
     assert report["doctor"] and not report["ok"]
+    # `beacon doctor` on the failed training job, through the CLI: SageMaker's FailureReason leads, for the run
+    # (its evidence read too) and for the job by name (as a job without Beacon would be)
+    reason = '"AlgorithmError: the container exited with code 3"'
+    standin = {"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url}
+    for asked in (("--run", report["run"]), ("--job", names.training_job_name(TEAM, report["run"]))):
+        doctor = deployed.cli(*asked, "--target", "sagemaker", "--json", verb="doctor", extra_env=standin, timeout=120)
+        assert doctor.returncode == 1, doctor.stdout[-2000:] + doctor.stderr[-2000:]
+        answer = json.loads(doctor.stdout)
+        assert answer["headline"].startswith(f"training-job-failed: {reason}: SageMaker training job "), answer
+        assert answer["training_job"]["description"]["TrainingJobStatus"] == "Failed"
 
 
 def test_smoke_sagemaker_with_a_stand_in_instance_stops_a_job_that_outlives_its_bound(
