@@ -15,6 +15,7 @@ from typing import Any
 from beacon import contract
 
 from beacon_ops.doctor.orchestrator import duration, kube_event
+from beacon_ops.local.long_run import Attempt, write_long_run
 from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.support.moto_server import REGION
@@ -403,6 +404,26 @@ def test_a_healthy_foreign_job_passes_with_exit_code_zero(deployed: DeployedTeam
         first_line(done)
         == f"finished: Job {NS}/done-job Complete at 2026-12-01 11:00:00 UTC: 1 pod(s) succeeded, 0 failed"
     )
+
+
+def test_a_healthy_beacon_run_through_the_orchestrator_and_its_logs_passes_with_exit_code_zero(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """A Beacon run that finished (its records, index, preflight and final state in S3) on a Job that completed,
+    its log ordinary: every source the doctor reads agrees, and it says so with exit code 0."""
+    write_long_run(deployed.client("s3"), bucket=BUCKET, experiment="smoke", run="fine-run",
+                   attempts=[Attempt(0, 600)])  # fmt: skip
+    job = beacon_job("fine-run", active=0, succeeded=1)
+    job["status"]["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": "2026-12-01T11:00:00Z"}]
+    finished = {
+        "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": T0, "finishedAt": "2026-12-01T11:00:00Z"}
+    }
+    kubernetes.seed(job=job, pods=[pod(job, "0-f1n3r", phase="Succeeded", state=finished)])
+    answer = answered(deployed, kubernetes, "--run", "fine-run", code=0)
+    assert answer["diagnosis"] == "finished", answer["headline"]
+    statuses = {v["check"]: v["status"] for v in answer["verdicts"]}
+    assert statuses["orchestrator"] == "ok" and statuses["job"] == "ok" and statuses["liveness"] == "ok", statuses
+    assert "fail" not in statuses.values(), answer["verdicts"]
 
 
 def test_a_beacon_run_whose_cluster_cannot_be_reached_gets_an_info_verdict_not_a_crash(
