@@ -96,3 +96,19 @@ def test_the_runtime_wheel_carries_the_runtime_alone_and_needs_only_boto3_and_or
 def test_the_operator_wheel_installs_no_generic_top_level_package(tmp_path: Path) -> None:
     top_level, _ = _wheel_contents(ROOT, "beacon_ops", tmp_path)
     assert top_level == {"beacon_ops"}
+
+
+def test_the_readmes_layout_table_has_a_row_for_every_source_folder() -> None:
+    """Every folder holding the project's Python (tests aside) is a row of the README's layout table, and every
+    folder row names a folder that exists: the table matches the tree."""
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+    folders = {
+        str(Path(path).parent) + "/"
+        for path in tracked.stdout.split()
+        if "/" in path and not path.startswith(("tests/", ".")) and Path(path).name != "__main__.py"
+    }
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout") :]
+    rows = set(re.findall(r"^\| `([^`]+/)` \|", layout, re.MULTILINE))
+    assert folders <= rows, sorted(folders - rows)
+    assert all((ROOT / row).is_dir() for row in rows), sorted(r for r in rows if not (ROOT / r).is_dir())
