@@ -15,6 +15,7 @@ from constructs import Construct
 from beacon_constructs.log_groups import log_group
 from beacon_constructs.nag import acknowledge
 from beacon_constructs.tagging import tag_component
+from workloads.manifests import GPU_TAINT
 
 KUBERNETES_VERSIONS = {"1.35": eks.KubernetesVersion.V1_35}
 KUBECTL_LAYERS = {"1.35": KubectlV35Layer}
@@ -33,9 +34,15 @@ EFS_CSI_ADDON, EFS_CSI_SERVICE_ACCOUNT = "aws-efs-csi-driver", "efs-csi-controll
 OBSERVABILITY_ADDON = "amazon-cloudwatch-observability"
 OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT = "amazon-cloudwatch", "cloudwatch-agent"
 # Sets the node conditions Karpenter's node repair acts on (AcceleratedHardwareReady for a GPU's Xid, KernelReady,
-# NetworkingReady, StorageReady, ContainerRuntimeReady); its DaemonSet tolerates every taint, the GPU pool's too.
-# No AWS permission: it writes its own node's conditions through RBAC the add-on brings.
+# NetworkingReady, StorageReady, ContainerRuntimeReady). No AWS permission: it writes its own node's conditions
+# through RBAC the add-on brings. Its agent DaemonSet tolerates every taint; its dcgm-server DaemonSet (the DCGM host
+# engine the agent reads a GPU through) tolerates none by default, and without it on a GPU node the agent reports
+# DCGMError, a Fatal AcceleratedHardwareReady=False: node repair would replace every GPU node 10 minutes after it
+# boots. So the host engine tolerates the GPU pool's taint (the add-on's dcgmAgent.tolerations).
 NODE_MONITORING_ADDON = "eks-node-monitoring-agent"
+NODE_MONITORING_CONFIGURATION = {
+    "dcgmAgent": {"tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}]}
+}
 
 
 class TrainingCluster(Construct):
@@ -106,7 +113,11 @@ class TrainingCluster(Construct):
             "Addon-observability", OBSERVABILITY_ADDON, self.observability_role, OBSERVABILITY_SERVICE_ACCOUNT
         )
         self.addons[NODE_MONITORING_ADDON] = eks.Addon(
-            self, "Addon-node-monitoring", cluster=self._icluster, addon_name=NODE_MONITORING_ADDON
+            self,
+            "Addon-node-monitoring",
+            cluster=self._icluster,
+            addon_name=NODE_MONITORING_ADDON,
+            configuration_values=NODE_MONITORING_CONFIGURATION,
         )
         self._acknowledge()
 

@@ -426,6 +426,35 @@ def test_gpu_pool_is_tainted_limited_empty_only_and_disrupts_one_node_at_a_time(
     assert template["nodeClassRef"] == {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu"}
 
 
+def tolerates(tolerations: list[dict[str, str]], taint: dict[str, str]) -> bool:
+    """Kubernetes' rule: a key that matches (or an empty key with Exists), Exists or an equal value, and the
+    same effect or none."""
+    return any(
+        (t.get("key", "") in ("", taint["key"]) if t.get("operator") == "Exists" else t.get("key") == taint["key"])
+        and (t.get("operator") == "Exists" or t.get("value") == taint.get("value"))
+        and t.get("effect", "") in ("", taint["effect"])
+        for t in tolerations
+    )
+
+
+def test_the_node_monitoring_agents_dcgm_host_engine_runs_on_the_tainted_gpu_nodes(
+    cluster: SynthesizedTemplate, objects: dict[str, list[dict[str, Any]]]
+) -> None:
+    """The agent reads a GPU through the dcgm-server DaemonSet, which tolerates no taint by default: without it on
+    the GPU pool's nodes the agent reports DCGMError (Fatal, AcceleratedHardwareReady=False), and node repair
+    replaces every GPU node 10 minutes after it boots. The add-on's configuration lets it tolerate the pool's taint."""
+    (addon,) = [
+        a["Properties"]
+        for a in cluster.of_type("AWS::EKS::Addon").values()
+        if a["Properties"]["AddonName"] == "eks-node-monitoring-agent"
+    ]
+    configuration = json.loads(addon["ConfigurationValues"])
+    assert set(configuration) == {"dcgmAgent"}, "only what must change; the agent's own tolerations are Exists"
+    (taint,) = one(objects, "NodePool", "gpu-training")["spec"]["template"]["spec"]["taints"]
+    assert tolerates(configuration["dcgmAgent"]["tolerations"], taint)
+    assert not tolerates([], taint), "the chart's default (dcgmAgent.tolerations: []) would not"
+
+
 def test_cpu_smoke_pool_has_its_own_limits(objects: dict[str, list[dict[str, Any]]], demo: Synthesized) -> None:
     spec = one(objects, "NodePool", "cpu-smoke")["spec"]
     assert spec["limits"] == {"cpu": str(demo.config.compute.smoke_cpu_limit)}
