@@ -13,7 +13,6 @@ from tests.support.deployed_team import DeployedTeam
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.test_doctor_logs import CLUSTER_LOGS, DENIED, FAILED, REFUSED, fluent_bit, put_lines, stream_of
 from tests.test_doctor_orchestrator import (
-    FORCEFUL,
     GPU_NODE,
     SPOT_MESSAGE,
     T0,
@@ -22,7 +21,9 @@ from tests.test_doctor_orchestrator import (
     answered,
     beacon_job,
     event,
+    force_deleted,
     foreign_job,
+    grace_expiring,
     karpenter_node,
     node_pool,
     pod,
@@ -60,33 +61,40 @@ def image_pull(_: DeployedTeam, kubernetes: FakeKubernetes, job: dict[str, Any])
     kubernetes.seed(job=job, pods=[pod(job, "0-d5f6g", phase="Pending", state=back_off)])
 
 
-def evicted_from(kubernetes: FakeKubernetes, job: dict[str, Any], node: dict[str, Any], **seeded: Any) -> None:
-    """Karpenter drained `node` and evicted the job's pod, which is gone; its retry waits for a node."""
+def evicted_from(
+    kubernetes: FakeKubernetes, job: dict[str, Any], node: dict[str, Any], *, deleted: str, by: str, **seeded: Any
+) -> None:
+    """Karpenter deleted `node`'s NodeClaim at `deleted`: as on Beacon's pools (terminationGracePeriod set), the
+    Node gets "All pods will be deleted by `by`" and the job's pod is deleted then ("Disrupted"). It is gone;
+    its retry waits for a node."""
     gone, node_name = f"{job['metadata']['name']}-0-hhhhh", node["metadata"]["name"]
     events = [
         event("Pod", gone, "Scheduled", f"Successfully assigned training/{gone} to {node_name}", T0,
               source="default-scheduler", kind_type="Normal"),
-        event("Pod", gone, "Evicted", FORCEFUL, "2026-12-01T10:12:30Z", source="karpenter"),
+        grace_expiring(node_name, by, deleted),
+        force_deleted(gone, by, by),
     ]  # fmt: skip
     retry = unschedulable(job, "0-jjjjj", "0/2 nodes are available")
     kubernetes.seed(job=job, pods=[retry], events=events, nodes=[node], **seeded)
 
 
 def node_repair(_: DeployedTeam, kubernetes: FakeKubernetes, job: dict[str, Any]) -> None:
-    """The GPU fell off the bus at 10:02; ten minutes on, node repair deleted its NodeClaim and drained it."""
+    """The GPU fell off the bus at 10:02; ten minutes on, node repair deleted its NodeClaim with a termination time
+    of now, so the pod was deleted at once."""
     xid = xid_condition("2026-12-01T10:02:00Z")
     sick = karpenter_node(f"{job['metadata']['name']}.node", created="2026-12-01T09:00:00Z",
                           deleting="2026-12-01T10:12:30Z", conditions=[xid])  # fmt: skip
-    evicted_from(kubernetes, job, sick)
+    evicted_from(kubernetes, job, sick, deleted="2026-12-01T10:12:30Z", by="2026-12-01T10:12:30Z")
 
 
 def expiry(_: DeployedTeam, kubernetes: FakeKubernetes, job: dict[str, Any]) -> None:
-    """A node of a NodePool whose expireAfter is 720 h, created 721 h before Karpenter deleted it."""
+    """A node of a NodePool whose expireAfter is 720 h, created 721 h before Karpenter deleted it; do-not-disrupt
+    held the pod for the pool's 24 h terminationGracePeriod."""
     pool = node_pool(f"{job['metadata']['name']}-pool", "720h")
     old = karpenter_node(f"{job['metadata']['name']}.node", created="2026-11-01T09:00:00Z",
                          deleting="2026-12-01T10:00:00Z")  # fmt: skip
     old["metadata"]["labels"]["karpenter.sh/nodepool"] = pool["metadata"]["name"]
-    evicted_from(kubernetes, job, old, node_pools=[pool])
+    evicted_from(kubernetes, job, old, deleted="2026-12-01T10:00:00Z", by="2026-12-02T10:00:00Z", node_pools=[pool])
 
 
 def failed_with_log(line: str) -> Seed:

@@ -235,6 +235,30 @@ def test_a_pods_stream_is_found_by_its_exact_prefix_when_its_node_is_known() -> 
     ], "without its node, the searches alone: they find nothing in so busy a group"
 
 
+class EmptyPagesFirst(BusyGroup):
+    """GetLogEvents as CloudWatch may answer it: an empty page and a token to go on from, before the events."""
+
+    def __init__(self, stream: str, lines: list[str]) -> None:
+        super().__init__(stream, lines)
+        self.asked: list[str | None] = []
+
+    def get_log_events(self, **asked: Any) -> dict[str, Any]:
+        self.asked.append(asked.get("nextToken"))
+        if asked.get("nextToken") is None:
+            return {"events": [], "nextForwardToken": "f/1", "nextBackwardToken": "b/1"}
+        return super().get_log_events(**asked)
+
+
+def test_an_empty_page_with_a_token_is_followed_to_the_events() -> None:
+    pod_name = "empty-job-0-e1m2p"
+    group = EmptyPagesFirst(stream_of(pod_name), ["starting", DENIED])
+    where = eks_job_logs(group=CLUSTER_LOGS, job_name="empty-job", since=None, pods=frozenset({pod_name}),
+                         placed={pod_name: NODE}, namespace=NS)  # fmt: skip
+    [verdict] = read_log_verdicts(group, where)
+    assert verdict.verdict == "access-denied-at-start", verdict
+    assert group.asked == [None, "f/1", None, "b/1"], "head and tail: each followed once past its empty page"
+
+
 def test_a_reader_without_log_access_gets_an_info_verdict_saying_how_to_read_them(
     deployed: DeployedTeam, kubernetes: FakeKubernetes
 ) -> None:

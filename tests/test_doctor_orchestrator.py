@@ -156,6 +156,22 @@ XID_MESSAGE = "detected XID-79 on the instance, review kernel logs for additiona
 FORCEFUL = "Evicted pod: Forceful Termination"  # Karpenter's terminator, for a NodeClaim deleted outside disruption
 
 
+def grace_expiring(node: str, by: str, at: str) -> dict[str, Any]:
+    """Karpenter's event on the Node of a NodeClaim deleted while its NodePool sets terminationGracePeriod."""
+    return event("Node", node, "TerminationGracePeriodExpiring", f"All pods will be deleted by {by}", at,
+                 source="karpenter")  # fmt: skip
+
+
+def force_deleted(pod_name: str, by: str, at: str) -> dict[str, Any]:
+    """Karpenter's event on a pod it deletes to meet its node's termination time (node repair at once)."""
+    message = (
+        f"Deleting the pod to accommodate the terminationTime {by} of the node. The pod was granted 1 seconds of "
+        "grace-period of its 120 terminationGracePeriodSeconds. This bypasses the PDB of the pod and the "
+        "do-not-disrupt annotation."
+    )
+    return event("Pod", pod_name, "Disrupted", message, at, source="karpenter", kind_type="Normal")
+
+
 def karpenter_node(
     name: str, *, created: str, deleting: str | None = None, conditions: list[dict[str, str]] | None = None
 ) -> dict[str, Any]:
@@ -476,6 +492,45 @@ def test_a_forceful_termination_of_a_node_that_is_gone_names_what_it_can_have_be
     assert "expiry" in fix and "node repair" in fix and "by hand" in fix and "deleting unhealthy node" in fix
 
 
+def test_an_expired_node_still_holding_a_do_not_disrupt_pod_is_draining_not_failed(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """Karpenter deleted a 721 h old node (expireAfter 720 h); do-not-disrupt holds the training pod until the
+    pool's 24 h terminationGracePeriod ends: the job still runs there, and will be deleted by then."""
+    job = foreign_job("long-job", active=1)
+    old = karpenter_node(GPU_NODE, created="2026-11-01T09:00:00Z", deleting="2026-12-01T10:00:00Z")
+    running = pod(job, "d1r2n", phase="Running", state={"running": {"startedAt": T0}})
+    events = [grace_expiring(GPU_NODE, "2026-12-02T10:00:00Z", "2026-12-01T10:00:00Z")]
+    kubernetes.seed(job=job, pods=[running], events=events, nodes=[old],
+                    node_pools=[node_pool(manifests.GPU_POOL, "720h")])  # fmt: skip
+    answer = answered(deployed, kubernetes, "--job", "long-job")
+    first = answer["verdicts"][0]
+    assert (first["status"], first["verdict"]) == ("warn", "expired, draining"), first
+    assert "All pods will be deleted by 2026-12-02T10:00:00Z" in first["evidence"]
+    assert first["evidence"].endswith("still running on the draining node: long-job-d1r2n")
+    assert "gpu_training_pool in beacon_constructs/karpenter_manifests.py" in first["fix"]
+
+
+def test_a_node_repaired_and_gone_from_a_beacon_pool_is_a_forceful_termination_not_an_eviction(
+    deployed: DeployedTeam, kubernetes: FakeKubernetes
+) -> None:
+    """On Beacon's pools (terminationGracePeriod set) node repair deletes the pod at once ("Disrupted", not
+    "Evicted"), and the Node hears "All pods will be deleted by": once the node is gone, that is all there is."""
+    job = foreign_job("xid-gone", active=0, failed=1)
+    gone = "xid-gone-0-z0x9c"
+    events = [
+        event("Pod", gone, "Scheduled", f"Successfully assigned {NS}/{gone} to {GPU_NODE}", T0,
+              source="default-scheduler", kind_type="Normal"),
+        grace_expiring(GPU_NODE, "2026-12-01T10:12:30Z", "2026-12-01T10:12:30Z"),
+        force_deleted(gone, "2026-12-01 10:12:30 +0000 UTC", "2026-12-01T10:12:31Z"),
+    ]  # fmt: skip
+    kubernetes.seed(job=job, events=events)
+    answer = answered(deployed, kubernetes, "--job", "xid-gone")
+    assert answer["diagnosis"] == "forcefully-terminated", answer["headline"]
+    assert 'Disrupted "Deleting the pod to accommodate the terminationTime' in answer["headline"]
+    assert "node pressure" not in answer["verdicts"][0]["fix"], "not the eviction's advice"
+
+
 def test_a_node_with_a_failed_gpu_that_karpenter_may_not_repair_is_named_with_the_blocking_event(
     deployed: DeployedTeam, kubernetes: FakeKubernetes
 ) -> None:
@@ -483,7 +538,7 @@ def test_a_node_with_a_failed_gpu_that_karpenter_may_not_repair_is_named_with_th
     NodePool are unhealthy for node repair to act (Karpenter's NodeRepairBlocked on the node)."""
     job = foreign_job("xid-job", active=0, failed=1)
     sick = karpenter_node(GPU_NODE, created=T0, conditions=[xid_condition("2026-12-01T10:20:00Z")])
-    blocked = "Cannot disrupt Node: more than 20% nodes are unhealthy in the nodepool"
+    blocked = "more than 20% nodes are unhealthy in the nodepool"  # NodeRepairBlocked, node/health/controller.go
     events = [event("Node", GPU_NODE, "NodeRepairBlocked", blocked, "2026-12-01T10:31:00Z", source="karpenter")]
     crashed = pod(job, "x1d2e", phase="Failed", state={"terminated": {"exitCode": 1, "reason": "Error"}})
     kubernetes.seed(job=job, pods=[crashed], events=events, nodes=[sick])

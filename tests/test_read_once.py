@@ -9,6 +9,7 @@ from typing import Any
 
 from beacon import contract
 
+from beacon_ops.doctor.after_run import verify_and_diagnose
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import AlarmSet
 from beacon_ops.evidence.reading import MetricsReadOnce
@@ -73,3 +74,16 @@ def test_verification_and_the_doctor_ask_each_metric_question_once(moto_server: 
     assert verdicts_once == verdicts_plainly, "the same verdicts from the shared answers"
     assert len(asked_once) == len(set(asked_once)), "no question asked twice"
     assert len(asked_once) < len(asked_plainly), (len(asked_once), len(asked_plainly))
+
+
+def test_a_run_verification_cannot_read_is_still_diagnosed_by_the_doctors_own_reading(moto_server: MotoServer) -> None:
+    """The smoke flow's verdict when the run cannot be read (its bucket is gone): verification says so, and the
+    doctor, reading on its own terms, says why, rather than no verdict at all."""
+    inputs = DoctorInputs(team="demo", experiment="smoke", run="gone", bucket="beacon-no-such-bucket", region=REGION,
+                          s3=moto_server.client("s3"), cloudwatch=moto_server.client("cloudwatch"))  # fmt: skip
+    verdict = verify_and_diagnose(
+        inputs, expected=Expected(steps=None, checkpoint=False, alarms_armed=False), alarms=AlarmSet({}, {})
+    )
+    assert verdict.unreadable.startswith("verification could not read the run as the reader role:")
+    assert "NoSuchBucket" in verdict.unreadable and verdict.verification is None
+    assert verdict.diagnosis is not None and verdict.diagnosis.diagnosis == "no-bucket", verdict.diagnosis

@@ -21,8 +21,8 @@ from beacon_ops.evidence.verify import Expected, Verification, read_and_verify
 class RunVerdict:
     evidence: RunEvidence | None
     verification: Verification | None
-    diagnosis: Diagnosis | None
-    unreadable: str = ""  # why the run could not be read (then neither verified nor diagnosed)
+    diagnosis: Diagnosis | None  # None only when the doctor could not read the run either
+    unreadable: str = ""  # why verification could not read the run (then the doctor's checks say more)
 
 
 def verify_and_diagnose(inputs: DoctorInputs, *, expected: Expected, alarms: AlarmSet) -> RunVerdict:
@@ -40,5 +40,9 @@ def verify_and_diagnose(inputs: DoctorInputs, *, expected: Expected, alarms: Ala
             alarms=alarms,
         )
     except (ClientError, BotoCoreError) as error:
-        return RunVerdict(None, None, None, f"verification could not read the run as the reader role: {error}")
+        unreadable = f"verification could not read the run as the reader role: {error}"
+        try:  # the doctor reads on its own terms: its checks say why (no bucket, a refused read)
+            return RunVerdict(None, None, diagnose(inputs), unreadable)
+        except (ClientError, BotoCoreError):
+            return RunVerdict(None, None, None, unreadable)
     return RunVerdict(evidence, verification, diagnose(inputs, evidence=evidence))

@@ -37,6 +37,7 @@ from beacon_ops.doctor.verdict import Verdict
 HEAD_EVENTS = 500
 MAX_STREAMS = 20  # the most recent container runs of one job
 DISCOVERY_PAGES = 5  # of FilterLogEvents, to find an EKS job's streams
+EMPTY_PAGES = 3  # GetLogEvents pages followed while they come back empty with a new token
 REFUSED = ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "ExpiredTokenException")
 
 
@@ -162,9 +163,17 @@ def _stream_lines(logs: Any, where: JobLogs, stream: str, gap: datetime | None) 
         pages.append({"startFromHead": False, "limit": GAP_LINES, "endTime": int(until.timestamp() * 1000)})
     pages.append({"startFromHead": False, "limit": TAIL_LINES})
     for page_of in pages:
-        page = logs.get_log_events(logGroupName=where.group, logStreamName=stream, **page_of)
-        for event in page.get("events") or []:
-            events[(int(event["timestamp"]), str(event.get("message", "")))] = None
+        request: dict[str, Any] = {"logGroupName": where.group, "logStreamName": stream, **page_of}
+        direction = "nextForwardToken" if page_of["startFromHead"] else "nextBackwardToken"
+        for _ in range(EMPTY_PAGES):  # CloudWatch may answer an empty page, and a token to go on from
+            page = logs.get_log_events(**request)
+            found = page.get("events") or []
+            for event in found:
+                events[(int(event["timestamp"]), str(event.get("message", "")))] = None
+            token = page.get(direction)
+            if found or not token or token == request.get("nextToken"):
+                break
+            request["nextToken"] = token
     return [parse_event(message, stream=stream, timestamp_ms=at) for at, message in events]
 
 

@@ -50,10 +50,17 @@ INTERRUPTION_REASONS = frozenset(
 #   (deleted to meet the node's terminationGracePeriod, bypassing do-not-disrupt); "FailedDraining" and
 #   "TerminationGracePeriodExpiring" on the Node. Expiry (nodeclaim/expiration) deletes the NodeClaim with no
 #   event of its own: it shows as the eviction's "Forceful Termination".
-DISRUPTION_REASONS = frozenset({"DisruptionTerminating", "TerminationGracePeriodExpiring"})
+DISRUPTION_REASONS = frozenset({"DisruptionTerminating"})
+# On the Node of any NodeClaim deleted while its NodePool sets terminationGracePeriod (Beacon's pools do): "All pods
+# will be deleted by <T>" (node/termination/controller.go). It says when, not why: every deletion method sends it.
+GRACE_EXPIRING = "TerminationGracePeriodExpiring"
 # The eviction message of a NodeClaim deleted outside Karpenter's disruption methods (pkg/controllers/node/
 # termination/terminator/eviction.go): expiry, node repair, an interruption, or a deletion by hand.
 FORCEFUL_TERMINATION = "Forceful Termination"
+# A pod deleted, not evicted, to meet the node's termination time (its "Disrupted" event, terminator/events): what
+# node repair does at once (it sets that time to now), and expiry once terminationGracePeriod runs out. It bypasses
+# the pod's PDB and do-not-disrupt.
+FORCE_DELETED = "Deleting the pod to accommodate the terminationTime"
 # Node repair (kubernetes-sigs/karpenter pkg/controllers/node/health, 2266468) deletes the NodeClaim of a node
 # that holds one of the cloud provider's unhealthy conditions past its toleration; it records no event of its own
 # (NodeRepairBlocked only when too many nodes are unhealthy to repair). AWS's policies (karpenter-provider-aws
@@ -542,22 +549,26 @@ def _interruption(job: JobState) -> Verdict | None:
     """Karpenter's interruption and disruption events on the job's nodes, the evictions of its pods, and what a
     forceful termination was (node repair, expiry) when the node shows it."""
     node_events = [e for e in job.events if e.kind == "Node" and e.reason in INTERRUPTION_REASONS | DISRUPTION_REASONS]
+    grace = [e for e in job.events if e.kind == "Node" and e.reason == GRACE_EXPIRING]
     pod_events = [e for e in job.events if e.kind == "Pod" and e.reason in POD_EVICTION_REASONS]
     evicted = [p for p in job.pods if p.disruption or p.reason == "Evicted"]
-    if not (node_events or pod_events or evicted):
+    if not (node_events or grace or pod_events or evicted):
         return None
     spot = [e for e in node_events if e.reason in INTERRUPTION_REASONS]
-    cause = next(iter(spot or node_events or pod_events), None)
-    facts = [f"{e.quoted()}{_at(e.at)}" for e in (cause, *pod_events[:1]) if e is not None]
+    cause = next(iter(spot or node_events or pod_events or grace), None)
+    facts = [f"{e.quoted()}{_at(e.at)}" for e in (cause, *pod_events[:1], *grace[:1]) if e is not None]
     facts += [f"pod {job.namespace}/{p.name}: {p.disruption or p.reason + ' ' + repr(p.message)}" for p in evicted[:1]]
     facts = list(dict.fromkeys(facts))
-    resumed = _running(job)
+    draining = {n.name for n in job.nodes if n.deleting_since}
+    resumed = [p for p in _running(job) if p.node not in draining]  # one still on a draining node is not resumed
     node = _node(job, cause.name) if cause is not None and cause.kind == "Node" else None
     pool = f" (NodePool {node.node_pool}, {node.capacity_type or '?'} capacity)" if node and node.node_pool else ""
-    forceful = [e for e in pod_events if FORCEFUL_TERMINATION in e.message] + [
-        p for p in evicted if FORCEFUL_TERMINATION in p.disruption + p.message
+    forceful = [
+        *(e for e in pod_events if FORCEFUL_TERMINATION in e.message or FORCE_DELETED in e.message),
+        *(p for p in evicted if FORCEFUL_TERMINATION in p.disruption + p.message),
+        *grace,
     ]
-    evicted_at = next((e.at for e in pod_events if e.at is not None), None)
+    evicted_at = next((e.at for e in [*pod_events, *grace] if e.at is not None), None)
     repaired = _repaired(job, evicted_at) if not node_events else None
     expired = _expired(job, evicted_at) if not node_events else None
     if spot:
@@ -605,7 +616,9 @@ def _interruption(job: JobState) -> Verdict | None:
             f"the NodePool {old.node_pool}'s expireAfter replaced a node older than {_age(old.expire_after)} "
             "under the run (expiry is forceful: do-not-disrupt holds it for the NodePool's "
             "terminationGracePeriod, no longer). The Job's retry resumes from the last checkpoint; for runs that "
-            "long, raise expireAfter on the training NodePool, or checkpoint before a node's age comes due",
+            "long, raise the NodePool's expireAfter where it is defined (Beacon's: gpu_training_pool in "
+            "beacon_constructs/karpenter_manifests.py, then cdk deploy: a kubectl edit is undone by the next "
+            "deploy), or checkpoint before a node's age comes due",
         )
     elif forceful:
         name, fix = (
@@ -613,7 +626,7 @@ def _interruption(job: JobState) -> Verdict | None:
             "Karpenter deleted the node outside its disruption methods (consolidation and drift leave a "
             "DisruptionTerminating event, a Spot interruption its SpotInterrupted): expiry (the NodePool's "
             "expireAfter), node repair (an unhealthy node condition held past its toleration) or a deletion by "
-            "hand (kubectl delete node or nodeclaim). The node is gone, so its conditions and age are too: "
+            "hand (kubectl delete node or nodeclaim). Once the node is gone, its conditions and age are too: "
             "Karpenter's own log says \"deleting unhealthy node\" for a repair. The Job's retry resumes from "
             "the last checkpoint",
         )
@@ -629,6 +642,14 @@ def _interruption(job: JobState) -> Verdict | None:
             WARN,
             f"{name}{RESUMED}",
             f"{'; '.join(facts)}; now running: {', '.join(p.name for p in resumed)}",
+            fix,
+        )
+    if still := [p for p in _running(job) if p.node in draining]:  # do-not-disrupt holds them until the grace ends
+        return Verdict(
+            CHECK,
+            WARN,
+            f"{name}{DRAINING}",
+            f"{'; '.join(facts)}; still running on the draining node: {', '.join(p.name for p in still)}",
             fix,
         )
     return Verdict(CHECK, FAIL, name, "; ".join(facts), fix)
@@ -733,11 +754,14 @@ def _job_failed(job: JobState) -> Verdict | None:
 
 
 RESUMED = ", resumed"  # the suffix of a verdict whose job lost a pod and runs again
+DRAINING = ", draining"  # ... whose pods still run on a node Karpenter is deleting (until its grace period ends)
 
 
 def running_now(verdict: Verdict) -> bool:
     """The orchestrator says the job runs now, whatever happened before (a restart, a node lost and resumed)."""
-    return verdict.check == CHECK and (verdict.verdict in ("running", "restarted") or verdict.verdict.endswith(RESUMED))
+    return verdict.check == CHECK and (
+        verdict.verdict in ("running", "restarted") or verdict.verdict.endswith((RESUMED, DRAINING))
+    )
 
 
 def orchestrator_verdict(state: OrchestratorState) -> Verdict:

@@ -366,7 +366,8 @@ def metric_samples(
     now: datetime | None = None,
 ) -> list[Sample]:
     """Datapoints of one metric, oldest first. By default the finest period the window allows: a high-resolution
-    metric's 1 s (its data comes back raw) up to 24 minutes, 5 s for the default 30; 60 s for standard ones."""
+    metric's 1 s (its data comes back raw) for a window up to 1,440 s, 5 s for the default 30 minutes; 60 s for
+    standard ones."""
     now = now or datetime.now(UTC)
     start, end = now - timedelta(minutes=minutes), now + timedelta(seconds=5)
     answer = cloudwatch.get_metric_statistics(
