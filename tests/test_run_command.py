@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from beacon import contract
 
+from beacon_ops.jobs.flow import JobError
+from beacon_ops.jobs.team import TeamJobRequest, check_sagemaker_gpus, instance_gpus
 from config import TeamConfig
 from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam, fake_cluster
 from tests.support.fake_kubernetes import FakeKubernetes
@@ -201,3 +204,27 @@ def test_run_sagemaker_with_a_stand_in_instance_sends_the_image_and_command_and_
     )
     assert {"Key": "beacon:component", "Value": "beacon-training"} in request["Tags"]
     assert "StopTrainingJob" not in sagemaker.calls, "a finished job is not stopped"
+
+
+def test_run_sagemaker_refuses_gpus_per_node_the_instance_type_does_not_have(
+    deployed: DeployedTeam, demo_config: TeamConfig
+) -> None:
+    """One rank per GPU: on SageMaker --gpus-per-node must be what the team's instance type has, as EC2 describes
+    it. The demo team's ml.m5.xlarge has none: refused in one line, before anything is launched."""
+    assert demo_config.training.sagemaker_instance_type == "ml.m5.xlarge"
+    done = run_cli(deployed, "--target", "sagemaker", "--image", ":v1", "--gpus-per-node", "1", command=TEAM_JOB)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "beacon run: --gpus-per-node: 1, but training.sagemaker_instance_type ml.m5.xlarge has no GPU: give 0 "
+        "(one rank on its CPUs), or set a GPU instance type in the team file"
+    )
+    four = demo_config.model_copy(
+        update={"training": demo_config.training.model_copy(update={"sagemaker_instance_type": "ml.g5.12xlarge"})}
+    )
+    ec2 = deployed.client("ec2")
+    assert instance_gpus(ec2, "ml.g5.12xlarge") == 4 and instance_gpus(ec2, "ml.m5.xlarge") == 0
+    assert instance_gpus(ec2, "ml.nosuch.xlarge") is None, "EC2 does not know it: not checked"
+    request = TeamJobRequest(image=":v1", command=TEAM_JOB, nodes=1, gpus_per_node=2, target="sagemaker")
+    with pytest.raises(JobError, match=r"ml\.g5\.12xlarge has 4 GPU\(s\): give 4 \(one rank per GPU\)"):
+        check_sagemaker_gpus(request, four, instance_gpus(ec2, "ml.g5.12xlarge"))
+    check_sagemaker_gpus(replace(request, gpus_per_node=4), four, 4)

@@ -75,7 +75,14 @@ def run(
     """Run a team's own job on its stack (write CMD after --), follow it, and prove what it delivered."""
     from beacon_ops.evidence.verify import Expected
     from beacon_ops.jobs.flow import Access, JobError, read_outputs, run_job
-    from beacon_ops.jobs.team import TeamJobRequest, check_request, in_team_repository, team_job
+    from beacon_ops.jobs.team import (
+        TeamJobRequest,
+        check_request,
+        check_sagemaker_gpus,
+        in_team_repository,
+        instance_gpus,
+        team_job,
+    )
 
     config = team_or_fail("run", team, as_json=as_json)
     request = TeamJobRequest(
@@ -94,6 +101,12 @@ def run(
         raise fail("run", str(error), as_json=as_json) from None
     session = session_or_fail("run", region=region, config=config, as_json=as_json)
     region = str(session.region_name)
+    if target is Where.SAGEMAKER:
+        gpus = instance_gpus(session.client("ec2"), config.training.sagemaker_instance_type)
+        try:
+            check_sagemaker_gpus(request, config, gpus)
+        except JobError as error:
+            raise fail("run", str(error), as_json=as_json) from None
     with live_line("run", team, region, as_json=as_json) as show:
         outputs = read_outputs(session.client("cloudformation"), team, region)
         job = team_job(request, config, outputs)

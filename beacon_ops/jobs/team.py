@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from beacon import contract
+from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.jobs.flow import JobError, TeamOutputs, fresh_suffix
 from config import TeamConfig, names
@@ -80,6 +82,34 @@ def run_id_limit(team: str, target: str) -> int:
     if target != "sagemaker":
         return RUN_ID_LIMIT
     return min(RUN_ID_LIMIT, names.TRAINING_JOB_NAME_LIMIT - len(names.training_job_prefix(team)))
+
+
+def instance_gpus(ec2: Any, sagemaker_instance_type: str) -> int | None:
+    """The GPUs of a SageMaker ML instance type, as EC2 describes its instance type (ml.g5.12xlarge: g5.12xlarge,
+    4); None when EC2 does not know the type or may not be asked."""
+    try:
+        found = ec2.describe_instance_types(InstanceTypes=[sagemaker_instance_type.removeprefix("ml.")])
+    except (ClientError, BotoCoreError):
+        return None
+    types = found.get("InstanceTypes") or []
+    return sum(int(g.get("Count", 0)) for g in (types[0].get("GpuInfo") or {}).get("Gpus", [])) if types else None
+
+
+def check_sagemaker_gpus(request: TeamJobRequest, config: TeamConfig, gpus: int | None) -> None:
+    """One rank per GPU on SageMaker: --gpus-per-node must be the instance type's GPUs (`gpus`, from
+    `instance_gpus`; None: not known, not checked)."""
+    kind = config.training.sagemaker_instance_type
+    if request.target != "sagemaker" or gpus is None or request.gpus_per_node == gpus:
+        return
+    if gpus == 0:
+        raise JobError(
+            f"--gpus-per-node: {request.gpus_per_node}, but training.sagemaker_instance_type {kind} has no GPU: "
+            "give 0 (one rank on its CPUs), or set a GPU instance type in the team file"
+        )
+    raise JobError(
+        f"--gpus-per-node: {request.gpus_per_node}, but training.sagemaker_instance_type {kind} has {gpus} GPU(s): "
+        f"give {gpus} (one rank per GPU), or set the instance type in the team file"
+    )
 
 
 def check_request(request: TeamJobRequest, config: TeamConfig) -> None:
