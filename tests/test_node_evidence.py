@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from beacon import contract
-from beacon.node_leader import NodeLeader, node_share
+from beacon.node_leader import NodeLeader, leads_evidence, node_share
 from beacon.progress import ProgressClock
 from beacon.ranks import RankProgress, rank_document_name, read_ranks, stacks_name, upload_rank_evidence
 from smoke_job.config import parse_args
@@ -54,13 +54,19 @@ def test_a_node_leader_uploads_what_rank_0_cannot() -> None:
     assert share(everyone) == frozenset(), "shared volume, rank 0 alive: rank 0 uploads every rank's files"
     assert share(everyone[2:]) is None, "no rank 0 document: a node-local directory (SageMaker), all of it is ours"
     frozen = [doc(0, written=NOW - 120), *everyone[1:]]
-    assert share(frozen) is None, "rank 0 went silent: the first node leader still writing stands in for it"
+    assert share(frozen, me=1) is None, "rank 0 went silent: its node's local rank 1 stands in first"
+    assert share(frozen) == frozenset({2, 3}), "node 1's leader uploads its own node's ranks"
+    assert share(frozen[:2], me=1) is None, "a single node: local rank 1 is the only one who can"
     assert share([*frozen, doc(4)], me=4) == frozenset({4}), "a later leader uploads its own node's ranks"
-    assert share([doc(0, written=NOW - 120), doc(1), doc(2, written=NOW - 120), doc(3), doc(4)], me=4) is None
+    silent_1 = [doc(0, written=NOW - 120), doc(1, written=NOW - 120), *everyone[2:]]
+    assert share(silent_1) is None, "rank 1 silent too: node 1's leader, the next still writing, stands in"
+    assert share([*silent_1[:2], doc(2, written=NOW - 120), doc(3), doc(4)], me=4) is None
     ended = [doc(0, ended="preempted"), *everyone[1:]]
-    assert share(ended) is None, "rank 0 ended while the others still stall: its heartbeat is over"
+    assert share(ended, me=1) is None, "rank 0 ended while the others still stall: its heartbeat is over"
     assert share(ended, at_end=True) == frozenset(), "at the attempt's end, rank 0's last word: it uploads next"
-    assert share(everyone, at_end=True) is None, "no last word from rank 0 at the end: killed, frozen or lost"
+    assert share(everyone, me=1, at_end=True) is None, "no last word from rank 0 at the end: killed, frozen or lost"
+    assert [leads_evidence(rank=r, local_rank=r % 2, node_rank=r // 2) for r in range(4)] == [False, True, True, False]
+    assert not leads_evidence(rank=1, local_rank=1, node_rank=-1), "no GROUP_RANK: not under torchrun"
 
 
 # --- reading: one set from rank 0's upload and the node leaders' -----------------------------------------
@@ -196,9 +202,16 @@ def test_on_a_shared_volume_with_rank_0_alive_a_node_leader_uploads_nothing_unti
     assert leader.look(now) is None and node_keys(aws) == [], "rank 0's heartbeat covers the shared directory"
     write(leader.directory, [replace(doc(r, written=now), ended="" if r == 0 else "failed: RuntimeError")
                              for r in range(4)])  # fmt: skip
-    leader.finish()  # the attempt's end: rank 0 wrote no last word (killed), so node 1's leader stands in
-    assert node_keys(aws) == sorted(f"attempt-00000/node-00001/{f(r)}" for r in range(4)
-                                    for f in (rank_document_name, stacks_name))  # fmt: skip
+    # The attempt's end: rank 0 wrote no last word (killed). Its node's local rank 1 stands in for it (every
+    # file); node 1's leader uploads its own node's ranks beside it.
+    stand_in = NodeLeader(aws.client("s3"), settings=leader.settings, rank=1, node_rank=0, progress=ProgressClock())
+    stand_in.finish()
+    leader.finish()
+    files = (rank_document_name, stacks_name)
+    assert node_keys(aws) == sorted(
+        [f"attempt-00000/node-00000/{f(r)}" for r in range(4) for f in files]
+        + [f"attempt-00000/node-00001/{f(r)}" for r in (2, 3) for f in files]
+    )
     documents, _ = read_run(aws.client("s3"), BUCKET, EXPERIMENT, RUN).ranks()
     assert [d.rank for d in documents] == [0, 1, 2, 3]
 
@@ -244,8 +257,10 @@ def test_rank_0_frozen_by_sigstop_node_1s_leader_uploads_and_the_doctor_says_ran
         print(f"named {took:.1f} s after the freeze")
         prefix = contract.run_prefix("smoke", run) + contract.RANKS + "/"
         uploaded = [k.removeprefix(prefix) for k in keys_under(s3, as_writer.bucket, prefix)]
-        assert uploaded and all(k.startswith("attempt-00000/node-00001/live-") for k in uploaded), uploaded
-        assert {k.rsplit("/", 1)[1] for k in uploaded} >= {rank_document_name(r) for r in range(4)}
+        # Rank 1 (node 0's local rank 1) stands in for rank 0; node 1's leader uploads ranks 2-3 beside it
+        standing_in = [k for k in uploaded if k.startswith("attempt-00000/node-00000/live-")]
+        assert all(k.startswith(("attempt-00000/node-00000/live-", "attempt-00000/node-00001/live-")) for k in uploaded)
+        assert {k.rsplit("/", 1)[1] for k in standing_in} >= {rank_document_name(r) for r in range(4)}, uploaded
         (named,) = [v for v in diagnose(inputs).verdicts if v.check == "rank"]
         assert named.verdict == "silent", named
         assert named.evidence.startswith("rank 0 on pod train-0, node node-0 went silent at step "), named.evidence
@@ -262,6 +277,35 @@ def test_rank_0_frozen_by_sigstop_node_1s_leader_uploads_and_the_doctor_says_ran
         for node in nodes:
             signal_group(node, signal.SIGKILL)
             node.communicate(timeout=60)
+
+
+def test_a_single_node_jobs_frozen_rank_0_is_named_from_what_its_local_rank_1_uploads(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """One node, two ranks: no other node's leader. Rank 0 frozen by SIGSTOP uploads nothing; its node's local rank
+    1 sees its document go stale, stands in and uploads both ranks' files, and the doctor names rank 0."""
+    harness = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, as_writer.credentials)
+    run = "one-node-frozen"
+    job = harness.start("--run-id", run, *JOB, ranks=2)
+    ranks_dir = tmp_path / "spool" / "smoke" / run / "ranks"
+    s3 = as_writer.client("s3")
+    inputs = DoctorInputs(team="demo", experiment="smoke", run=run, bucket=as_writer.bucket, region="us-east-1",
+                          s3=s3, cloudwatch=as_writer.client("cloudwatch"))  # fmt: skip
+    try:
+        stepping = lambda: len(r := read_ranks(ranks_dir)) == 2 and min(d.step for d in r) >= 10  # noqa: E731
+        assert wait_for(stepping, timeout=120), job.poll()
+        (zero,) = [r for r in read_ranks(ranks_dir) if r.rank == 0]
+        os.kill(zero.pid, signal.SIGSTOP)
+        silent = wait_for(lambda: "went silent" in rank_verdict(inputs), timeout=90, interval=0.5)
+        prefix = contract.run_prefix("smoke", run) + contract.RANKS + "/"
+        uploaded = [k.removeprefix(prefix) for k in keys_under(s3, as_writer.bucket, prefix)]
+        assert silent, (rank_verdict(inputs), uploaded)
+        assert uploaded and all(k.startswith("attempt-00000/node-00000/live-") for k in uploaded), uploaded
+        assert {k.rsplit("/", 1)[1] for k in uploaded} >= {rank_document_name(0), rank_document_name(1)}
+        assert rank_verdict(inputs).startswith("rank 0 ") and "went silent at step " in rank_verdict(inputs)
+    finally:
+        signal_group(job, signal.SIGKILL)
+        job.communicate(timeout=60)
 
 
 def test_node_local_directories_node_1s_leader_uploads_ranks_2_and_3_and_the_doctor_names_rank_3(

@@ -3,9 +3,9 @@
 Rank 0 uploads the ranks directory (`beacon.ranks`) at an attempt's end and, while a rank stalls, as live
 snapshots from its heartbeat. Frozen (SIGSTOP, a C call holding the GIL), killed, or on a lost node, it
 uploads nothing; and on multi-node SageMaker, which has no shared volume, rank 0's directory holds its own
-node's files alone. So each other node's leader (LOCAL_RANK 0, torchrun's GROUP_RANK numbers the node)
-uploads, create-only under `ranks/attempt-<k>/node-<g>/` (`contract.node_rank_evidence_key`), what rank 0
-does not (`node_share`):
+node's files alone. So each other node's leader (LOCAL_RANK 0, torchrun's GROUP_RANK numbers the node), and on
+rank 0's own node its LOCAL_RANK 1 (a single-node job has no other node), upload, create-only under
+`ranks/attempt-<k>/node-<g>/` (`contract.node_rank_evidence_key`), what rank 0 does not (`node_share`):
 - the directory holds no document of rank 0 (node-local: SageMaker): every file in it, its node's;
 - rank 0's document is there and fresh (shared volume, rank 0 alive): nothing, rank 0 covers it;
 - rank 0's document went stale, or rank 0's last word is written while the others stall: the first node
@@ -42,6 +42,14 @@ from beacon.settings import RunSettings
 log = logging.getLogger("beacon.node_leader")
 
 
+def leads_evidence(*, rank: int, local_rank: int, node_rank: int) -> bool:
+    """Whether this rank runs a node leader: each node's LOCAL_RANK 0 but rank 0's, and LOCAL_RANK 1 of rank 0's
+    node (node 0), which stands in first when rank 0 stops (the others then upload their own node's ranks)."""
+    if rank == 0 or node_rank < 0:
+        return False
+    return local_rank == 0 or (node_rank == 0 and local_rank == 1)
+
+
 @dataclass(frozen=True)
 class Share:
     """What a node leader uploads: `ranks` None is every file of the directory; empty is nothing."""
@@ -60,7 +68,12 @@ def node_share(
     covered = bool(zero.ended) if at_end else not zero.ended and now - zero.wall_time < fresh_for
     if covered:
         return Share(frozenset(), "rank 0 uploads the shared ranks directory")
-    alive = [r.rank for r in ranks if r.local_rank == 0 and r.rank != 0 and (r.ended or now - r.wall_time < fresh_for)]
+    alive = [
+        r.rank
+        for r in ranks
+        if leads_evidence(rank=r.rank, local_rank=r.local_rank, node_rank=r.node_rank)
+        and (r.ended or now - r.wall_time < fresh_for)
+    ]
     if min([*alive, me]) == me:
         return Share(None, "rank 0 went silent: the first node leader stands in for it")
     return Share(frozenset(r.rank for r in ranks if r.node_rank == node_rank), "rank 0 went silent: this node's ranks")

@@ -47,7 +47,7 @@ from beacon.lifeline import die_with_parent
 from beacon.liveness import Liveness
 from beacon.mirrors import MIRROR_SHARE, RunInfo, build
 from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, Mirrors, MirrorWorker, s3_chunks
-from beacon.node_leader import NodeLeader
+from beacon.node_leader import NodeLeader, leads_evidence
 from beacon.preflight import PreflightError, run_preflight
 from beacon.progress import ProgressClock
 from beacon.ranks import RankSignal, rank_signal_interval
@@ -129,7 +129,7 @@ class Run:
         self._owned_world: Any = None  # the context that made the process group, if init made it
         self.finished: FinishReport | None = None
         self.rank_signal: RankSignal | None = None  # this rank's progress signal and stack dumps
-        self.node_leader: NodeLeader | None = None  # a node's local rank 0 (not rank 0): its node's evidence
+        self.node_leader: NodeLeader | None = None  # a node's local rank 0, or node 0's local rank 1: evidence
 
     # --- identity ---------------------------------------------------------------------------------
     @property
@@ -406,7 +406,8 @@ def init(
                 signals.on_signal = rank_signal.dump_stacks  # an eviction keeps each rank's stacks
         run = _build(settings, world, liveness, stop, resume, progress)
         run.rank_signal = rank_signal
-        if rank_signal is not None and world.local_rank == 0 and not world.is_writer and node_rank >= 0:
+        leads = leads_evidence(rank=world.rank, local_rank=world.local_rank, node_rank=node_rank)
+        if rank_signal is not None and leads and not world.is_writer:
             # The least AWS machinery: one S3 client, no preflight (rank 0's checked the bucket), no CloudWatch.
             run.node_leader = NodeLeader(
                 aws.client("s3", settings.region), settings=settings, rank=world.rank, node_rank=node_rank,
