@@ -12,6 +12,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
+from beacon_constructs.gpu_device_plugin import toleration_for
 from beacon_constructs.log_groups import log_group
 from beacon_constructs.nag import acknowledge
 from beacon_constructs.tagging import tag_component
@@ -40,9 +41,7 @@ OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT = "amazon-cloudwatch", "c
 # DCGMError, a Fatal AcceleratedHardwareReady=False: node repair would replace every GPU node 10 minutes after it
 # boots. So the host engine tolerates the GPU pool's taint (the add-on's dcgmAgent.tolerations).
 NODE_MONITORING_ADDON = "eks-node-monitoring-agent"
-NODE_MONITORING_CONFIGURATION = {
-    "dcgmAgent": {"tolerations": [{"key": GPU_TAINT["key"], "operator": "Exists", "effect": GPU_TAINT["effect"]}]}
-}
+NODE_MONITORING_CONFIGURATION = {"dcgmAgent": {"tolerations": [toleration_for(GPU_TAINT)]}}
 
 
 class TrainingCluster(Construct):

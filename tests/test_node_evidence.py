@@ -224,6 +224,12 @@ JOB = (
 )
 
 
+def doctor_inputs(as_writer: WriterSession, run: str) -> DoctorInputs:
+    """The doctor's inputs for a smoke run of the writer's sandbox, read with its S3 and CloudWatch clients."""
+    return DoctorInputs(team="demo", experiment="smoke", run=run, bucket=as_writer.bucket, region="us-east-1",
+                        s3=as_writer.client("s3"), cloudwatch=as_writer.client("cloudwatch"))  # fmt: skip
+
+
 def rank_verdict(inputs: DoctorInputs) -> str:
     evidence = read_run(inputs.s3, inputs.bucket, inputs.experiment, inputs.run)
     verdict = which_rank(*evidence.ranks())
@@ -242,8 +248,7 @@ def test_rank_0_frozen_by_sigstop_node_1s_leader_uploads_and_the_doctor_says_ran
     nodes = [start_node(harness, node, port, "--run-id", run, *JOB) for node in (0, 1)]
     ranks_dir = tmp_path / "spool" / "smoke" / run / "ranks"
     s3 = as_writer.client("s3")
-    inputs = DoctorInputs(team="demo", experiment="smoke", run=run, bucket=as_writer.bucket, region="us-east-1",
-                          s3=s3, cloudwatch=as_writer.client("cloudwatch"))  # fmt: skip
+    inputs = doctor_inputs(as_writer, run)
     try:
         stepping = lambda: len(r := read_ranks(ranks_dir)) == 4 and min(d.step for d in r) >= 10  # noqa: E731
         assert wait_for(stepping, timeout=120), [p.poll() for p in nodes]
@@ -289,8 +294,7 @@ def test_a_single_node_jobs_frozen_rank_0_is_named_from_what_its_local_rank_1_up
     job = harness.start("--run-id", run, *JOB, ranks=2)
     ranks_dir = tmp_path / "spool" / "smoke" / run / "ranks"
     s3 = as_writer.client("s3")
-    inputs = DoctorInputs(team="demo", experiment="smoke", run=run, bucket=as_writer.bucket, region="us-east-1",
-                          s3=s3, cloudwatch=as_writer.client("cloudwatch"))  # fmt: skip
+    inputs = doctor_inputs(as_writer, run)
     try:
         stepping = lambda: len(r := read_ranks(ranks_dir)) == 2 and min(d.step for d in r) >= 10  # noqa: E731
         assert wait_for(stepping, timeout=120), job.poll()
@@ -322,8 +326,7 @@ def test_node_local_directories_node_1s_leader_uploads_ranks_2_and_3_and_the_doc
         for node in (0, 1)
     ]
     s3 = as_writer.client("s3")
-    inputs = DoctorInputs(team="demo", experiment="smoke", run=run, bucket=as_writer.bucket, region="us-east-1",
-                          s3=s3, cloudwatch=as_writer.client("cloudwatch"))  # fmt: skip
+    inputs = doctor_inputs(as_writer, run)
     try:
 
         def named_3() -> bool:  # with rank 0's own snapshot of ranks 0-1 merged in: they wait too

@@ -22,13 +22,12 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from beacon_ops.doctor.orchestrator import OrchestratorState, job_state, nodes_of
+from beacon_ops.doctor.orchestrator import NODE_POOL_LABEL, OrchestratorState, job_state, nodes_of
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 NODE_EVENTS_NAMESPACE = "default"  # where the kubelet, the node controller and Karpenter record a Node's events
 # kube-apiserver's --event-ttl, Kubernetes' default, which EKS keeps: an event older than this is gone.
 EVENT_TTL = timedelta(hours=1)
-NODE_POOL_LABEL = "karpenter.sh/nodepool"
 NODE_POOLS = ("karpenter.sh", "v1", "nodepools")  # group, version, plural: cluster-scoped
 
 
@@ -112,7 +111,7 @@ def read_job(api: k8s.ApiClient, *, cluster: str, namespace: str, name: str) -> 
         )
     pools: dict[str, dict[str, Any]] = {}
     custom = k8s.CustomObjectsApi(api)
-    for pool in sorted({str(_labels(n)[NODE_POOL_LABEL]) for n in nodes.values() if NODE_POOL_LABEL in _labels(n)}):
+    for pool in sorted({str(named) for n in nodes.values() if (named := _labels(n).get(NODE_POOL_LABEL))}):
         try:
             pools[pool] = _json(custom.get_cluster_custom_object(*NODE_POOLS, pool, _preload_content=False))
         except ApiException as error:

@@ -28,6 +28,14 @@ TAIL_LINES = 20
 GAP_LEAD_S = 15.0
 GAP_LINES = 40
 AT_START, AT_GAP, BEFORE_END = "at-start", "at-gap", "before-end"
+
+
+def gap_window(gap: datetime) -> tuple[datetime, datetime]:
+    """From one heartbeat before the gap to one after: the lines at it are the first GAP_LINES from the start of
+    this window and the last GAP_LINES up to its end."""
+    return gap - timedelta(seconds=GAP_LEAD_S), gap + timedelta(seconds=GAP_LEAD_S)
+
+
 QUOTE_LIMIT = 240  # characters of an evidence line: a stack frame or a JSON blob may run to kilobytes
 
 
@@ -206,13 +214,12 @@ class Finding:
     window: str  # AT_START (within START_WINDOW_S of its container's start), AT_GAP or BEFORE_END
 
     def verdict(self, others: int) -> Verdict:
-        window = self.window
         when = f"{self.line.at:%Y-%m-%d %H:%M:%S} UTC, {self.after_start_s:.0f} s after its container started"
         also = f"; {others} more line(s) of this kind" if others else ""
         return Verdict(
             CHECK,
             self.kind.status,
-            f"{self.kind.name}-{window}",
+            f"{self.kind.name}-{self.window}",
             f'{self.line.source}: "{quoted(self.line.text)}" at {when}{also}',
             self.kind.fix,
             at=self.line.at,
@@ -236,7 +243,7 @@ def findings(
         start = [line for line in stream if line.at < window_end]
         at_gap: list[LogLine] = []
         if gap is not None:
-            since, until = gap - timedelta(seconds=GAP_LEAD_S), gap + timedelta(seconds=GAP_LEAD_S)
+            since, until = gap_window(gap)
             after = [line for line in stream if line.at >= since][:GAP_LINES]
             before = [line for line in stream if line.at <= until][-GAP_LINES:]
             at_gap = sorted({id(line): line for line in after + before}.values(), key=lambda line: line.at)

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.doctor.log_lines import (
-    GAP_LEAD_S,
     GAP_LINES,
     TAIL_LINES,
     LogLine,
+    gap_window,
     log_verdicts,
     parse_event,
     unreadable,
@@ -158,7 +158,7 @@ def _stream_lines(logs: Any, where: JobLogs, stream: str, gap: datetime | None) 
     events: dict[tuple[int, str], None] = {}
     pages: list[dict[str, Any]] = [{"startFromHead": True, "limit": HEAD_EVENTS}]
     if gap is not None:
-        since, until = gap - timedelta(seconds=GAP_LEAD_S), gap + timedelta(seconds=GAP_LEAD_S)
+        since, until = gap_window(gap)
         pages.append({"startFromHead": True, "limit": GAP_LINES, "startTime": int(since.timestamp() * 1000)})
         pages.append({"startFromHead": False, "limit": GAP_LINES, "endTime": int(until.timestamp() * 1000)})
     pages.append({"startFromHead": False, "limit": TAIL_LINES})

@@ -77,6 +77,7 @@ REPAIR_POLICIES: dict[tuple[str, str], timedelta] = {
     ("ContainerRuntimeReady", "False"): timedelta(minutes=30),
 }
 NODE_REPAIR_BLOCKED = "NodeRepairBlocked"
+NODE_POOL_LABEL = "karpenter.sh/nodepool"  # on each node Karpenter launches: its NodePool's name
 # The EKS node monitoring agent (aws/eks-node-monitoring-agent pkg/manager/node_exporter.go, 51af549) sets those
 # conditions False with reasons like NvidiaXID79Error ("detected XID-79 on the instance, ..."), and records its
 # warnings as events on the Node whose reason is the condition's type.
@@ -331,11 +332,13 @@ def node_health(node: dict[str, Any]) -> tuple[NodeHealth, ...]:
     return tuple(found)
 
 
-def node_view(name: str, node: dict[str, Any] | None, pool: dict[str, Any] | None = None) -> NodeView:
+def node_view(name: str, node: dict[str, Any] | None, pools: dict[str, dict[str, Any]] | None = None) -> NodeView:
+    """A node as the API serves it; `pools`, the NodePools read by name, give it its pool's expireAfter."""
     if node is None:
         return NodeView(name, exists=False)
     metadata = node.get("metadata") or {}
     labels = metadata.get("labels") or {}
+    pool = (pools or {}).get(str(labels.get(NODE_POOL_LABEL) or ""))
     template = (((pool or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
     return NodeView(
         name,
@@ -343,7 +346,7 @@ def node_view(name: str, node: dict[str, Any] | None, pool: dict[str, Any] | Non
         capacity_type=str(
             labels.get("karpenter.sh/capacity-type") or labels.get("eks.amazonaws.com/capacityType") or ""
         ),
-        node_pool=str(labels.get("karpenter.sh/nodepool") or ""),
+        node_pool=str(labels.get(NODE_POOL_LABEL) or ""),
         instance_type=str(labels.get("node.kubernetes.io/instance-type") or ""),
         created_at=parse_time(metadata.get("creationTimestamp")),
         deleting_since=parse_time(metadata.get("deletionTimestamp")),
@@ -360,17 +363,15 @@ def belongs_to_job(job_name: str, kind: str, name: str, pods: set[str]) -> bool:
     return kind == "Pod" and (name in pods or name.startswith(f"{job_name}-"))
 
 
-def nodes_of(pods: list[PodState], events: list[KubeEvent]) -> list[str]:
-    """The nodes the job's pods ran on, gone pods included (the scheduler's `Scheduled` event names them)."""
-    names = [p.node for p in pods if p.node]
-    names += [m[1] for e in events if e.reason == "Scheduled" and (m := ASSIGNED.search(e.message))]
-    return list(dict.fromkeys(names))
-
-
 def pod_nodes(pods: list[PodState], events: list[KubeEvent]) -> dict[str, str]:
     """Each pod of the job and the node it ran on, gone pods too while the scheduler's `Scheduled` event lasts."""
     placed = {e.name: m[1] for e in events if e.reason == "Scheduled" and (m := ASSIGNED.search(e.message))}
     return placed | {p.name: p.node for p in pods if p.node}
+
+
+def nodes_of(pods: list[PodState], events: list[KubeEvent]) -> list[str]:
+    """The nodes the job's pods ran on, gone pods included (the scheduler's `Scheduled` event names them)."""
+    return list(dict.fromkeys(pod_nodes(pods, events).values()))
 
 
 def job_state(
@@ -381,7 +382,7 @@ def job_state(
     node_pools: dict[str, dict[str, Any]] | None = None,
 ) -> JobState:
     """The Job, its pods, and every event given that concerns it or its nodes, oldest first; `node_pools` by
-    name, as read for the nodes' `karpenter.sh/nodepool` labels."""
+    name, as read for the nodes' NODE_POOL_LABEL."""
     metadata, status = job.get("metadata") or {}, job.get("status") or {}
     name = str(metadata.get("name", ""))
     template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
@@ -422,13 +423,8 @@ def job_state(
         beacon={k: environment[k] for k in BEACON_ENVIRONMENT if k in environment},
         pods=tuple(states),
         events=tuple(mine),
-        nodes=tuple(_node_view(n, (nodes or {}).get(n), node_pools or {}) for n in sorted(node_names)),
+        nodes=tuple(node_view(n, (nodes or {}).get(n), node_pools) for n in sorted(node_names)),
     )
-
-
-def _node_view(name: str, node: dict[str, Any] | None, pools: dict[str, dict[str, Any]]) -> NodeView:
-    pool = str((((node or {}).get("metadata") or {}).get("labels") or {}).get("karpenter.sh/nodepool") or "")
-    return node_view(name, node, pools.get(pool))
 
 
 # --- the verdict ----------------------------------------------------------------------------------------------
