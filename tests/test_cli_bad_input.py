@@ -67,10 +67,6 @@ CASES = {
     ),
     "run_missing_image": (["run", "--team", "demo", "--", "train.py"], "Missing option '--image'"),
     "run_unknown_target": ([*RUN, "--target", "gke", "--", "train.py"], "Invalid value for '--target'"),
-    "run_sagemaker_multi_node": (
-        [*RUN, "--target", "sagemaker", "--nodes", "2", "--", "train.py"],
-        "--nodes: a SageMaker training job runs on one instance here, got 2",
-    ),
     "run_run_id_not_s3_safe": ([*RUN, "--run", "Bad_Run", "--", "train.py"], "--run: 'Bad_Run' must be"),
     "run_run_id_too_long": ([*RUN, "--run", "r" * 53, "--", "train.py"], "a Job name takes 52"),
     "run_env_not_a_pair": ([*RUN, "--env", "NCCL_DEBUG", "--", "train.py"], "--env: 'NCCL_DEBUG' must be NAME=VALUE"),

@@ -76,7 +76,10 @@ def test_the_sagemaker_job_runs_the_same_entry_point_and_settings_with_sagemaker
     (job,) = manifests.smoke_job(BASE)
     (train,) = job["spec"]["template"]["spec"]["containers"]
     container = manifests.sagemaker_container(BASE)
-    assert [*container.entrypoint, *container.arguments] == [*train["command"], *train["args"]]
+    assert container.entrypoint == train["command"]
+    # The same torchrun arguments, but each instance fills in its own rendezvous (beacon.launch).
+    assert container.arguments == [contract.SAGEMAKER_RENDEZVOUS, *train["args"][1:]]
+    assert train["args"][0] == "--standalone"
     on_eks = {e["name"]: e["value"] for e in train["env"] if "value" in e}
     differing = {k for k in on_eks if on_eks[k] != container.environment[k]}
     on_the_volume = {
@@ -90,9 +93,11 @@ def test_the_sagemaker_job_runs_the_same_entry_point_and_settings_with_sagemaker
     assert container.checkpoint_s3_uri == f"s3://bucket/experiments/smoke/{BASE.name}/sagemaker-volume/"
 
 
-def test_a_sagemaker_smoke_job_is_one_instance() -> None:
-    with pytest.raises(ValueError, match="nodes: a SageMaker smoke job runs on one instance, got 2"):
-        manifests.sagemaker_container(dataclasses.replace(BASE, nodes=2))
+def test_a_multi_node_sagemaker_job_leaves_each_instance_its_own_rendezvous() -> None:
+    """Every instance runs the same arguments: the node count and node rank are each instance's to fill in."""
+    container = manifests.sagemaker_container(dataclasses.replace(BASE, nodes=2, processes_per_node=4))
+    assert container.arguments[:2] == [contract.SAGEMAKER_RENDEZVOUS, "--nproc-per-node=4"]
+    assert not any(a.startswith(("--nnodes", "--node-rank", "--master-addr")) for a in container.arguments)
 
 
 def test_the_smoke_job_from_a_team_file_lasts_long_enough_for_its_run_alarms() -> None:

@@ -193,7 +193,7 @@ def test_run_sagemaker_with_a_stand_in_instance_sends_the_image_and_command_and_
     algorithm = request["AlgorithmSpecification"]
     assert algorithm["TrainingImage"] == team_image(deployed, "v1")
     assert algorithm["ContainerEntrypoint"] == manifests.LAUNCH_COMMAND
-    assert algorithm["ContainerArguments"] == ["--standalone", "--nproc-per-node=1", *TEAM_JOB]
+    assert algorithm["ContainerArguments"] == [contract.SAGEMAKER_RENDEZVOUS, "--nproc-per-node=1", *TEAM_JOB]
     assert request["ResourceConfig"]["InstanceCount"] == 1
     assert request["ResourceConfig"]["InstanceType"] == demo_config.training.sagemaker_instance_type
     assert request["RoleArn"] == deployed.provisioned.store.writer_role_arn
@@ -228,3 +228,50 @@ def test_run_sagemaker_refuses_gpus_per_node_the_instance_type_does_not_have(
     with pytest.raises(JobError, match=r"ml\.g5\.12xlarge has 4 GPU\(s\): give 4 \(one rank per GPU\)"):
         check_sagemaker_gpus(request, four, instance_gpus(ec2, "ml.g5.12xlarge"))
     check_sagemaker_gpus(replace(request, gpus_per_node=4), four, 4)
+
+
+def test_run_sagemaker_on_two_instances_rendezvous_from_each_instances_resource_config_and_proves_the_run(
+    deployed: DeployedTeam, sagemaker: SageMakerStandIn, demo_config: TeamConfig, tmp_path: Path
+) -> None:
+    """`--nodes 2 --target sagemaker`: one training job of two instances, each running the same arguments. The
+    stand-in runs one process per instance, each with its own /opt/ml/checkpoints (no shared volume) and its own
+    resourceconfig.json; torchrun's rendezvous comes from that file (beacon.launch). Rank 0 alone writes the run;
+    each node's evidence reaches S3 under its own create-only keys."""
+    run = "plain-ddp-sm2"
+    done = run_cli(
+        deployed,
+        *("--target", "sagemaker", "--nodes", "2", "--image", ":v1", "--experiment", EXPERIMENT, "--run", run),
+        *("--report", str(tmp_path / "report.json")),
+        command=TEAM_JOB,
+        env={"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url},
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    report = read_report(tmp_path / "report.json")
+    assert_the_run_is_proved(report)
+    (job,) = sagemaker.jobs.values()
+    assert job.request["ResourceConfig"]["InstanceCount"] == 2 and [i.host for i in job.instances] == [
+        "algo-1",
+        "algo-2",
+    ]
+    assert job.request["AlgorithmSpecification"]["ContainerArguments"][0] == contract.SAGEMAKER_RENDEZVOUS
+    assert all(instance.process.returncode == 0 for instance in job.instances)
+
+    # Each instance's volume holds its own node's rank, placed by SageMaker's names.
+    placed = {}
+    for instance in job.instances:
+        ranks_dir = (
+            sagemaker.volume(job.request["TrainingJobName"], instance.host) / "spool" / EXPERIMENT / run / "ranks"
+        )
+        documents = {p.name: json.loads(p.read_text()) for p in ranks_dir.glob("rank-*.json")}
+        (document,) = documents.values()
+        placed[document["rank"]] = (document["node"], document["instance"], document["node_rank"], document["ended"])
+    instance_type = demo_config.training.sagemaker_instance_type
+    assert placed == {0: ("algo-1", instance_type, 0, "finished"), 1: ("algo-2", instance_type, 1, "finished")}
+
+    # Rank 0 uploads its node's directory; algo-2's node leader, seeing no rank 0 there, uploads its own node's.
+    listed = deployed.client("s3").list_objects_v2(
+        Bucket=BUCKET, Prefix=contract.run_prefix(EXPERIMENT, run) + "ranks/"
+    )
+    keys = {item["Key"].split("/ranks/", 1)[1] for item in listed.get("Contents", [])}
+    assert "attempt-00000/rank-00000.json" in keys and "attempt-00000/node-00001/rank-00001.json" in keys, keys
+    assert not any(key.startswith("attempt-00000/node-00001/rank-00000") for key in keys)

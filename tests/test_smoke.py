@@ -218,7 +218,8 @@ def test_smoke_sagemaker_on_moto_with_a_local_process_standing_in_for_the_traini
     assert request["ResourceConfig"]["InstanceType"] == demo_config.training.sagemaker_instance_type
     assert "StopTrainingJob" not in standin.calls, "a finished job is not stopped"
     # The metric definitions parse the job's own progress lines.
-    log = job.log_path.read_text()
+    (instance,) = job.instances
+    log = instance.log_path.read_text()
     steps = [int(m) for m in re.findall(contract.PROGRESS_LOG_METRICS["step"], log)]
     losses = [float(m) for m in re.findall(contract.PROGRESS_LOG_METRICS["loss"], log)]
     assert (
@@ -242,7 +243,7 @@ def test_smoke_sagemaker_with_a_stand_in_instance_reports_the_failure_reason_and
     assert report["doctor"] and not report["ok"]
     # `beacon doctor` on the failed training job, through the CLI: SageMaker's FailureReason leads, for the run
     # (its evidence read too) and for the job by name (as a job without Beacon would be)
-    reason = '"AlgorithmError: the container exited with code 3"'
+    reason = '"AlgorithmError: the container on algo-1 exited with code 3"'
     standin = {"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url}
     for asked in (("--run", report["run"]), ("--job", names.training_job_name(TEAM, report["run"]))):
         doctor = deployed.cli(*asked, "--target", "sagemaker", "--json", verb="doctor", extra_env=standin, timeout=120)

@@ -27,7 +27,7 @@ STORAGE_CLASS = "beacon-efs"
 ARTIFACTS_MOUNT = "/artifacts"
 RUNTIME_DIR = "/var/run/beacon"
 HEARTBEAT_FILE = f"{RUNTIME_DIR}/heartbeat"
-RENDEZVOUS_PORT = 29500
+RENDEZVOUS_PORT = contract.RENDEZVOUS_PORT
 HEARTBEAT_TOLERANCE_S = contract.SILENT_BUDGET_S  # never the 30 s default
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 POOL_LABEL = "beacon/pool"
@@ -187,8 +187,10 @@ class TrainingJobSpec:
         return f"{self.name}-ranks"
 
 
-def _torchrun_args(spec: TrainingJobSpec) -> list[str]:
-    if spec.nodes == 1:
+def _torchrun_args(spec: TrainingJobSpec, *, sagemaker: bool = False) -> list[str]:
+    if sagemaker:  # each instance's own, from SageMaker's resource configuration (`beacon.launch`)
+        rendezvous = [contract.SAGEMAKER_RENDEZVOUS]
+    elif spec.nodes == 1:
         rendezvous = ["--standalone"]
     else:
         rendezvous = [
@@ -479,13 +481,10 @@ def sagemaker_container(spec: TrainingJobSpec | SmokeJobSpec) -> SageMakerContai
     """A training job's container, entry point and settings as a SageMaker training job runs them."""
     if isinstance(spec, SmokeJobSpec):
         spec = spec.training_job()
-    kind = "smoke" if spec.app == SMOKE_APP else "training"
-    if spec.nodes != 1:
-        raise ValueError(f"nodes: a SageMaker {kind} job runs on one instance, got {spec.nodes}")
     run_prefix = contract.run_prefix(spec.experiment, spec.name)
     return SageMakerContainer(
         entrypoint=LAUNCH_COMMAND,
-        arguments=_torchrun_args(spec),
+        arguments=_torchrun_args(spec, sagemaker=True),
         environment=_environment(spec, volume=SAGEMAKER_VOLUME, heartbeat_file="/tmp/beacon-heartbeat"),
         checkpoint_s3_uri=f"s3://{spec.bucket}/{run_prefix}{SAGEMAKER_VOLUME_KIND}/",
     )

@@ -94,7 +94,6 @@ def make_target(
     keep: bool,
     poll_interval: float,
     keep_ended: bool = False,
-    nodes_setting: str = "training.smoke_nodes",
 ) -> Target:
     if where is Where.EKS:
         from beacon_ops.jobs.eks import EksTarget
@@ -117,7 +116,6 @@ def make_target(
         config=config,
         timeout_s=timeout,
         poll_interval_s=poll_interval,
-        nodes_setting=nodes_setting,
     )
 
 

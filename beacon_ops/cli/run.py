@@ -125,7 +125,6 @@ def run(
             keep=keep,
             keep_ended=True,
             poll_interval=poll_interval,
-            nodes_setting="--nodes",
         )
         report = run_job(where, access, outputs, job, Expected.own_job(steps), show=show, command="run")
         report.launched["image_in_team_repository"] = own_image

@@ -34,9 +34,7 @@ def _value(field: Any, default: str = "") -> str:
     return default if field is None or isinstance(field, Unassigned) else str(field)
 
 
-def launch(
-    access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manifests.TrainingJobSpec, *, nodes_setting: str
-) -> Any:
+def launch(access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manifests.TrainingJobSpec) -> Any:
     """The image as TrainingImage, torchrun (`beacon.launch`) as ContainerEntrypoint and the job's
     command after its arguments as ContainerArguments, InstanceCount the job's nodes."""
     from sagemaker.core.resources import Tag, TrainingJob
@@ -49,10 +47,7 @@ def launch(
         StoppingCondition,
     )
 
-    try:
-        container = manifests.sagemaker_container(spec)
-    except ValueError as error:
-        raise JobError(f"{nodes_setting}{str(error).removeprefix('nodes')}") from None
+    container = manifests.sagemaker_container(spec)
     run_prefix = contract.run_prefix(spec.experiment, spec.name)
     try:
         job_name = names.training_job_name(outputs.team, spec.name)
@@ -133,14 +128,13 @@ class SageMakerTarget:
     config: TeamConfig
     timeout_s: float | None
     poll_interval_s: float = 15.0
-    nodes_setting: str = "training.smoke_nodes"  # where the job's node count came from, for an error
     name: str = "sagemaker"
     _job: Any = None
 
     def launch(self, spec: manifests.TrainingJobSpec, report: JobReport, show: Show) -> None:
         training = self.config.training
         show(f"creating SageMaker training job {spec.name} ({training.sagemaker_instance_type})")
-        self._job = launch(self.access, self.outputs, self.config, spec, nodes_setting=self.nodes_setting)
+        self._job = launch(self.access, self.outputs, self.config, spec)
         report.launched = {
             "training_job": names.training_job_name(self.outputs.team, spec.name),
             "instance_type": training.sagemaker_instance_type,

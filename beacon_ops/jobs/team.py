@@ -125,19 +125,15 @@ def check_request(request: TeamJobRequest, config: TeamConfig) -> None:
         raise JobError(f"--nodes: must be >= 1, got {request.nodes}")
     if request.gpus_per_node < 0:
         raise JobError(f"--gpus-per-node: must be >= 0, got {request.gpus_per_node}")
-    limit = config.compute.gpu_limit
-    if request.gpus_per_node > limit:
+    limit = config.compute.gpu_limit  # the EKS GPU pool's; SageMaker's instances are checked against EC2
+    if request.target == "eks" and request.gpus_per_node > limit:
         raise JobError(
             f"--gpus-per-node: {request.gpus_per_node} is more than the GPU pool's cap, compute.gpu_limit = {limit}"
         )
-    if request.nodes * request.gpus_per_node > limit:
+    if request.target == "eks" and request.nodes * request.gpus_per_node > limit:
         raise JobError(
             f"--nodes: {request.nodes} nodes of {request.gpus_per_node} GPUs is more than the GPU pool's cap, "
             f"compute.gpu_limit = {limit}: the last pods would never be scheduled"
-        )
-    if request.target == "sagemaker" and request.nodes != 1:
-        raise JobError(
-            f"--nodes: a SageMaker training job runs on one instance here, got {request.nodes} (use --target eks)"
         )
     check_image(request.image)
     for kind, value in (("experiment", request.experiment), ("run", request.run)):

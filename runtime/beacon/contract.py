@@ -39,6 +39,10 @@ INDEX = "index"  # what each group of event chunks holds, so a reader finds the 
 # Event chunks per index document: a 1,000,000-record run of 2,000 chunks has 31 of them, and a tail of 16.
 INDEX_GROUP = 64
 SAGEMAKER_VOLUME = "sagemaker-volume"  # SageMaker's checkpoint sync of the job's volume
+# In a SageMaker job's container arguments, where torchrun's rendezvous goes: `beacon.launch` replaces it
+# with this instance's, from the resource configuration SageMaker writes on every instance.
+SAGEMAKER_RENDEZVOUS = "--beacon-sagemaker-rendezvous"
+RENDEZVOUS_PORT = 29500  # where node 0's torchrun listens for the others, on EKS and SageMaker
 # History that must never be overwritten: create-only writes (If-None-Match: *).
 APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD, PARAMS)
 # What may be written without If-None-Match: checkpoints (versioning keeps old ones), the final

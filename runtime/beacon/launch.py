@@ -7,24 +7,127 @@
   handler would stop the workers and exit with an error however cleanly they drained; here SIGTERM
   is forwarded to the workers instead, torchrun waits for them as for any exit, and a worker that
   drained everything makes the container exit 0.
+- On SageMaker every instance runs the same arguments, so the job's say where the rendezvous goes
+  (`contract.SAGEMAKER_RENDEZVOUS`) and each instance fills in its own from the resource configuration
+  SageMaker writes: the node count and this node's rank from `hosts` and `current_host`, node 0 as the
+  first host, and its name and instance type for the ranks' evidence (`beacon.ranks.Placement`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun
 
+from beacon import contract
+
 # torchrun handles the rest; SIGTERM is ours to forward.
 SIGNALS_FOR_TORCHRUN = "SIGINT,SIGHUP,SIGQUIT"
 FORWARD_EVERY_S = 1.0
+# SageMaker's description of the job's instances, on every instance. The tests' stand-in instances point
+# BEACON_SAGEMAKER_RESOURCE_CONFIG at their own, and BEACON_RENDEZVOUS_HOST/PORT at 127.0.0.1 and a free port.
+SAGEMAKER_RESOURCE_CONFIG = "/opt/ml/input/config/resourceconfig.json"
+# "Hostname information may not be immediately available" (SageMaker's guide): node 0's name is retried
+# this long before torchrun, whose store would otherwise give up at the first failed lookup.
+RESOLVE_FOR_S = 300.0
+RESOLVE_EVERY_S = 2.0
+
+
+class LaunchError(Exception):
+    """Bad launch arguments or environment: one line, exit 2 (no retry fixes it)."""
+
+
+@dataclass(frozen=True)
+class SageMakerInstance:
+    """This instance's part in a SageMaker training job (`resourceconfig.json`)."""
+
+    hosts: tuple[str, ...]  # sorted as SageMaker sorts them; the same list on every instance
+    current: str
+    instance_type: str
+    interface: str
+
+    @classmethod
+    def read(cls, path: Path) -> SageMakerInstance:
+        try:
+            config = json.loads(path.read_text())
+            hosts, current = tuple(str(h) for h in config["hosts"]), str(config["current_host"])
+        except FileNotFoundError:
+            raise LaunchError(
+                f"{contract.SAGEMAKER_RENDEZVOUS}: {path} not found; the argument is for SageMaker training jobs"
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise LaunchError(f"{contract.SAGEMAKER_RENDEZVOUS}: {path}: no hosts and current_host ({error})") from None
+        if current not in hosts:
+            raise LaunchError(f"{contract.SAGEMAKER_RENDEZVOUS}: {path}: current_host {current!r} is not in {hosts}")
+        return cls(
+            hosts=tuple(sorted(hosts)),
+            current=current,
+            instance_type=str(config.get("current_instance_type", "")),
+            interface=str(config.get("network_interface_name", "")),
+        )
+
+    def rendezvous(self, *, host: str | None, port: int) -> list[str]:
+        """torchrun's rendezvous for this instance: standalone on one, static with node 0 as master on several."""
+        if len(self.hosts) == 1:
+            return ["--standalone"]
+        return [
+            f"--nnodes={len(self.hosts)}",
+            f"--node-rank={self.hosts.index(self.current)}",
+            f"--master-addr={host or self.hosts[0]}",
+            f"--master-port={port}",
+        ]
+
+    def environment(self) -> dict[str, str]:
+        """What the ranks inherit: where they run, and the interface nccl and gloo must use between instances."""
+        found = {"BEACON_NODE_NAME": self.current, "BEACON_INSTANCE_TYPE": self.instance_type}
+        if len(self.hosts) > 1 and self.interface:
+            found |= {"NCCL_SOCKET_IFNAME": self.interface, "GLOO_SOCKET_IFNAME": self.interface}
+        return {name: value for name, value in found.items() if value}
+
+
+def resolve(host: str, *, within_s: float = RESOLVE_FOR_S, every_s: float = RESOLVE_EVERY_S) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            socket.getaddrinfo(host, None)
+            return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"{contract.SAGEMAKER_RENDEZVOUS}: node 0's host {host!r} did not resolve within {within_s:.0f} s "
+                    f"({error})"
+                ) from None
+        time.sleep(every_s)
+
+
+def with_rendezvous(args: list[str], environ: MutableMapping[str, str]) -> list[str]:
+    """torchrun's arguments with this SageMaker instance's rendezvous in place of the marker; the ranks' placement
+    and network interface go into `environ` unless it names them already. Arguments without the marker: as given."""
+    if contract.SAGEMAKER_RENDEZVOUS not in args:
+        return args
+    instance = SageMakerInstance.read(Path(environ.get("BEACON_SAGEMAKER_RESOURCE_CONFIG", SAGEMAKER_RESOURCE_CONFIG)))
+    host = environ.get("BEACON_RENDEZVOUS_HOST")
+    port_text = environ.get("BEACON_RENDEZVOUS_PORT", str(contract.RENDEZVOUS_PORT))
+    if not port_text.isdigit():
+        raise LaunchError(f"BEACON_RENDEZVOUS_PORT: {port_text!r} is not a port number")
+    rendezvous = instance.rendezvous(host=host, port=int(port_text))
+    if len(instance.hosts) > 1:
+        resolve(host or instance.hosts[0])
+    for name, value in instance.environment().items():
+        environ.setdefault(name, value)
+    at = args.index(contract.SAGEMAKER_RENDEZVOUS)
+    return [*args[:at], *rendezvous, *args[at + 1 :]]
 
 
 def children(parent: int) -> list[int]:
@@ -68,6 +171,11 @@ class SigtermForwarder:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    try:
+        args = with_rendezvous(args, os.environ)
+    except LaunchError as error:
+        print(f"beacon.launch: {error}", file=sys.stderr)
+        return 2
     SigtermForwarder().install()
     try:
         torchrun([f"--signals-to-handle={SIGNALS_FOR_TORCHRUN}", *args])

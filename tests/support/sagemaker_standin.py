@@ -3,14 +3,18 @@
 moto stores a training job and at once reports it Completed, but never runs it. This proxy forwards
 every SageMaker call to moto and, for what moto cannot do:
 - CreateTrainingJob: records the request as sent, then runs the request's container entry point and
-  arguments as a local process, with the request's environment, /opt/ml/checkpoints mapped to a
-  directory, and credentials of the request's execution role (assumed through moto) in place of
-  SageMaker's. It does not sync the checkpoint directory to S3 or download an image.
-- DescribeTrainingJob: moto's answer, with the status of that local process (InProgress while it
-  runs; Completed, or Failed with the exit code, after).
-- StopTrainingJob (moto lacks it): SIGTERM to the process, as SageMaker sends.
-- The container's output goes to CloudWatch Logs in moto (/aws/sagemaker/TrainingJobs, a stream
-  per job) once the process ends, as SageMaker streams it.
+  arguments as one local process per instance (InstanceCount), each with the request's environment, its
+  own directory for /opt/ml/checkpoints (instances share no volume), its own resourceconfig.json
+  (algo-1, algo-2, ...; BEACON_SAGEMAKER_RESOURCE_CONFIG), the rendezvous on 127.0.0.1 at a free port
+  (BEACON_RENDEZVOUS_HOST/PORT: the algo-N names resolve only in SageMaker's network), and credentials
+  of the request's execution role (assumed through moto) in place of SageMaker's. It does not sync the
+  checkpoint directories to S3 or download an image.
+- DescribeTrainingJob: moto's answer, with the status of those processes: InProgress while any runs;
+  Completed when all exited 0; Failed with the first failing instance's exit code, once the others,
+  sent SIGTERM as SageMaker stops a job whose instance failed, have ended.
+- StopTrainingJob (moto lacks it): SIGTERM to every instance, as SageMaker sends.
+- Each instance's output goes to CloudWatch Logs in moto (/aws/sagemaker/TrainingJobs, a stream per
+  instance, `<job>/algo-N-<time>`) once the job ends, as SageMaker streams it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -39,27 +44,49 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
 @dataclass
-class LocalTrainingJob:
-    request: dict[str, Any]
+class Instance:
+    host: str  # algo-1, algo-2, ...
     process: subprocess.Popen[bytes]
     log_path: Path
+
+
+@dataclass
+class LocalTrainingJob:
+    request: dict[str, Any]
+    instances: list[Instance]
     ship_logs: Callable[[LocalTrainingJob], None]
     stopped: bool = False
+    torn_down: bool = False
     logs_shipped: bool = False
 
     @property
+    def process(self) -> subprocess.Popen[bytes]:
+        """algo-1's process: the one a one-instance job has."""
+        return self.instances[0].process
+
+    def signal_all(self, signum: int) -> None:
+        for instance in self.instances:
+            if instance.process.poll() is None:
+                os.killpg(instance.process.pid, signum)
+
+    @property
     def status(self) -> tuple[str, str, str]:
-        code = self.process.poll()
-        if code is not None and not self.logs_shipped:
-            self.ship_logs(self)  # SageMaker streams the container's output to CloudWatch Logs
-            self.logs_shipped = True
-        if code is None:
+        codes = [instance.process.poll() for instance in self.instances]
+        failed = [(i, code) for i, code in zip(self.instances, codes, strict=True) if code not in (None, 0)]
+        if failed and not self.stopped and not self.torn_down:
+            self.signal_all(signal.SIGTERM)  # one instance failed: SageMaker stops the job's other instances
+            self.torn_down = True
+        if any(code is None for code in codes):
             return ("Stopping", "Stopping", "") if self.stopped else ("InProgress", "Training", "")
+        if not self.logs_shipped:
+            self.ship_logs(self)  # SageMaker streams the containers' output to CloudWatch Logs
+            self.logs_shipped = True
         if self.stopped:
             return "Stopped", "Stopped", ""
-        if code == 0:
+        if not failed:
             return "Completed", "Completed", ""
-        return "Failed", "Failed", f"AlgorithmError: the container exited with code {code}"
+        instance, code = failed[0]
+        return "Failed", "Failed", f"AlgorithmError: the container on {instance.host} exited with code {code}"
 
 
 @dataclass
@@ -94,9 +121,9 @@ class SageMakerStandIn:
 
     def stop(self) -> None:
         for job in self.jobs.values():
-            if job.process.poll() is None:
-                os.killpg(job.process.pid, signal.SIGKILL)
-                job.process.wait()
+            job.signal_all(signal.SIGKILL)
+            for instance in job.instances:
+                instance.process.wait()
         self.server.shutdown()
         self.server.server_close()
 
@@ -108,7 +135,7 @@ class SageMakerStandIn:
         if action == "StopTrainingJob":
             job = self.jobs[params["TrainingJobName"]]
             job.stopped = True
-            os.killpg(job.process.pid, signal.SIGTERM)
+            job.signal_all(signal.SIGTERM)
             self.reply(request, 200, b"{}")
             return
         status, payload = self.forward(request, body)
@@ -143,39 +170,75 @@ class SageMakerStandIn:
 
     def run_container(self, params: dict[str, Any]) -> None:
         name = params["TrainingJobName"]
-        volume = self.workdir / name / "opt-ml-checkpoints"
-        volume.mkdir(parents=True)
         spec = params["AlgorithmSpecification"]
         command = [
             sys.executable if part == "python" else part
             for part in [*spec["ContainerEntrypoint"], *spec.get("ContainerArguments", [])]
         ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
-        env.update(
-            {k: v.replace(manifests.SAGEMAKER_VOLUME, str(volume)) for k, v in params.get("Environment", {}).items()}
-        )
-        env["BEACON_HEARTBEAT_FILE"] = str(self.workdir / name / "heartbeat")
+        resources = params["ResourceConfig"]
+        hosts = [f"algo-{n}" for n in range(1, int(resources.get("InstanceCount", 1)) + 1)]
+        port = free_port()
         credentials = self.role_credentials(params["RoleArn"])
-        env.update(
-            AWS_ENDPOINT_URL=self.endpoint_for_job,
-            AWS_ACCESS_KEY_ID=credentials["aws_access_key_id"],
-            AWS_SECRET_ACCESS_KEY=credentials["aws_secret_access_key"],
-        )
-        if credentials.get("aws_session_token"):
-            env["AWS_SESSION_TOKEN"] = credentials["aws_session_token"]
-        log_path = self.workdir / name / "container.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        instances = []
+        for host in hosts:
+            home = self.workdir / name / host
+            volume = home / "opt-ml-checkpoints"
+            volume.mkdir(parents=True)
+            resource_config = home / "resourceconfig.json"
+            resource_config.write_text(
+                json.dumps(
+                    {
+                        "current_host": host,
+                        "current_instance_type": resources["InstanceType"],
+                        "hosts": hosts,
+                        "network_interface_name": "lo",
+                    }
+                )
             )
-        self.jobs[name] = LocalTrainingJob(params, process, log_path, self.ship_logs)
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BEACON_"))}
+            env.update(
+                {
+                    k: v.replace(manifests.SAGEMAKER_VOLUME, str(volume))
+                    for k, v in params.get("Environment", {}).items()
+                }
+            )
+            env.update(
+                BEACON_HEARTBEAT_FILE=str(home / "heartbeat"),
+                BEACON_SAGEMAKER_RESOURCE_CONFIG=str(resource_config),
+                BEACON_RENDEZVOUS_HOST="127.0.0.1",
+                BEACON_RENDEZVOUS_PORT=str(port),
+                AWS_ENDPOINT_URL=self.endpoint_for_job,
+                AWS_ACCESS_KEY_ID=credentials["aws_access_key_id"],
+                AWS_SECRET_ACCESS_KEY=credentials["aws_secret_access_key"],
+            )
+            if credentials.get("aws_session_token"):
+                env["AWS_SESSION_TOKEN"] = credentials["aws_session_token"]
+            log_path = home / "container.log"
+            with log_path.open("wb") as log:
+                process = subprocess.Popen(
+                    command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            instances.append(Instance(host, process, log_path))
+        self.jobs[name] = LocalTrainingJob(params, instances, self.ship_logs)
+
+    def volume(self, job: str, host: str = "algo-1") -> Path:
+        """An instance's /opt/ml/checkpoints."""
+        return self.workdir / job / host / "opt-ml-checkpoints"
 
     def ship_logs(self, job: LocalTrainingJob) -> None:
-        group, stream = LOG_GROUP, f"{job.request['TrainingJobName']}/algo-1-{int(time.time())}"
+        group = LOG_GROUP
         with contextlib.suppress(self.logs.exceptions.ResourceAlreadyExistsException):
             self.logs.create_log_group(logGroupName=group)
-        self.logs.create_log_stream(logGroupName=group, logStreamName=stream)
-        lines = job.log_path.read_text(errors="replace").splitlines() or ["(no output)"]
-        now_ms = int(time.time() * 1000)
-        events = [{"timestamp": now_ms, "message": line} for line in lines[-1000:]]
-        self.logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=events)
+        for instance in job.instances:
+            stream = f"{job.request['TrainingJobName']}/{instance.host}-{int(time.time())}"
+            self.logs.create_log_stream(logGroupName=group, logStreamName=stream)
+            lines = instance.log_path.read_text(errors="replace").splitlines() or ["(no output)"]
+            now_ms = int(time.time() * 1000)
+            events = [{"timestamp": now_ms, "message": line} for line in lines[-1000:]]
+            self.logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=events)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

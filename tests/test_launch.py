@@ -1,0 +1,109 @@
+"""`beacon.launch` on SageMaker: every instance runs the same arguments, and each fills in its own rendezvous from
+the resource configuration SageMaker writes on it (`/opt/ml/input/config/resourceconfig.json`).
+
+The whole path, two stand-in instances running a team's job through `beacon run --target sagemaker --nodes 2`, is
+in tests/test_run_command.py; here, what each instance makes of its file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from beacon import contract
+from beacon.launch import LaunchError, SageMakerInstance, resolve, with_rendezvous
+
+from tests.support.synth import ROOT
+
+ARGS = [contract.SAGEMAKER_RENDEZVOUS, "--nproc-per-node=8", "train.py", "--lr", "3e-4"]
+
+
+def resource_config(tmp_path: Path, current: str, hosts: list[str], **extra: str) -> dict[str, str]:
+    path = tmp_path / f"{current}.json"
+    path.write_text(json.dumps({"current_host": current, "hosts": hosts, **extra}))
+    return {"BEACON_SAGEMAKER_RESOURCE_CONFIG": str(path)}
+
+
+def test_arguments_without_the_marker_are_torchruns_as_given() -> None:
+    environ: dict[str, str] = {}
+    assert with_rendezvous(["--standalone", "train.py"], environ) == ["--standalone", "train.py"] and environ == {}
+
+
+def test_one_instance_runs_standalone_and_names_its_host_and_instance_type_for_the_ranks(tmp_path: Path) -> None:
+    environ = resource_config(tmp_path, "algo-1", ["algo-1"], current_instance_type="ml.g5.48xlarge")
+    assert with_rendezvous(ARGS, environ) == ["--standalone", *ARGS[1:]]
+    assert environ["BEACON_NODE_NAME"] == "algo-1" and environ["BEACON_INSTANCE_TYPE"] == "ml.g5.48xlarge"
+    assert "NCCL_SOCKET_IFNAME" not in environ, "one instance: no traffic between instances"
+
+
+def test_each_of_two_instances_takes_its_node_rank_and_node_0_as_master(tmp_path: Path) -> None:
+    hosts = ["algo-2", "algo-1"]  # as written; SageMaker sorts them, and so does every instance
+    ranks = {}
+    for current in ("algo-1", "algo-2"):
+        environ = resource_config(tmp_path, current, hosts, network_interface_name="eth1")
+        environ |= {"BEACON_RENDEZVOUS_HOST": "127.0.0.1", "BEACON_RENDEZVOUS_PORT": "29777"}
+        args = with_rendezvous(ARGS, environ)
+        assert args[4:] == ARGS[1:], "the rest of torchrun's arguments and the team's command, unchanged"
+        ranks[current] = args[:4]
+        # nccl and gloo between instances go over the interface SageMaker names; the ranks say where they ran.
+        assert environ["NCCL_SOCKET_IFNAME"] == environ["GLOO_SOCKET_IFNAME"] == "eth1"
+        assert environ["BEACON_NODE_NAME"] == current
+    assert ranks["algo-1"] == ["--nnodes=2", "--node-rank=0", "--master-addr=127.0.0.1", "--master-port=29777"]
+    assert ranks["algo-2"] == ["--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1", "--master-port=29777"]
+    # Without the stand-in's override: node 0 is the first host, at the port the EKS Job's Service opens too.
+    instance = SageMakerInstance(hosts=("algo-1", "algo-2"), current="algo-2", instance_type="", interface="")
+    assert instance.rendezvous(host=None, port=contract.RENDEZVOUS_PORT) == [
+        "--nnodes=2",
+        "--node-rank=1",
+        "--master-addr=algo-1",
+        f"--master-port={contract.RENDEZVOUS_PORT}",
+    ]
+
+
+def test_the_teams_own_interface_setting_wins(tmp_path: Path) -> None:
+    environ = resource_config(tmp_path, "algo-1", ["algo-1", "algo-2"], network_interface_name="eth1")
+    environ |= {"BEACON_RENDEZVOUS_HOST": "127.0.0.1", "NCCL_SOCKET_IFNAME": "^lo,docker"}
+    with_rendezvous(ARGS, environ)
+    assert environ["NCCL_SOCKET_IFNAME"] == "^lo,docker" and environ["GLOO_SOCKET_IFNAME"] == "eth1"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "resourceconfig.json not found; the argument is for SageMaker training jobs"),
+        ("{not json", "no hosts and current_host"),
+        (json.dumps({"hosts": ["algo-1"]}), "no hosts and current_host ('current_host')"),
+        (json.dumps({"current_host": "algo-3", "hosts": ["algo-1"]}), "current_host 'algo-3' is not in ('algo-1',)"),
+    ],
+)
+def test_a_missing_or_bad_resource_configuration_is_one_line_naming_the_file(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    path = tmp_path / "resourceconfig.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(LaunchError, match=rf"^{contract.SAGEMAKER_RENDEZVOUS}: {path}") as raised:
+        with_rendezvous(ARGS, {"BEACON_SAGEMAKER_RESOURCE_CONFIG": str(path)})
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_node_0_that_never_resolves_is_named_after_the_wait() -> None:
+    with pytest.raises(LaunchError, match=r"node 0's host 'algo-1\.invalid' did not resolve within 0 s"):
+        resolve("algo-1.invalid", within_s=0.0, every_s=0.0)
+
+
+def test_the_launcher_exits_2_with_one_line_before_torchrun_when_the_configuration_is_missing(tmp_path: Path) -> None:
+    """Exit 2: the podFailurePolicy and SageMaker's failure reason see bad input, which no retry fixes."""
+    env = {**os.environ, "BEACON_SAGEMAKER_RESOURCE_CONFIG": str(tmp_path / "absent.json")}
+    done = subprocess.run(
+        [sys.executable, "-m", "beacon.launch", *ARGS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        f"beacon.launch: {contract.SAGEMAKER_RENDEZVOUS}: {tmp_path / 'absent.json'} not found; "
+        "the argument is for SageMaker training jobs"
+    ]
