@@ -7,6 +7,12 @@ broadcasts, DDP) on a "cpu:gloo,cuda:nccl" group. Each rank runs the real job wi
 so a host-device synchronisation on the training thread fails the check. The script then checks
 the loop finished and delivered, the checkpoint staging is pinned memory, and the heartbeat ran;
 it prints one JSON line and exits 0 only when all of that holds. Without a GPU it exits 1 with one line.
+
+With two GPUs or more it also forces an nccl timeout (issue 17: the evidence kept before anything is
+killed): two ranks on two GPUs, the recorder on as the stack's Job sets it, a short group timeout, and
+rank 1 missing one all_reduce. nccl's watchdog must dump rank 0's flight recorder where the Job points it
+(`flight-recorder-rank-<r>`), and the doctor's reader (PyTorch's analyser) must name rank 1 as the rank that
+did not join. With one GPU that part says it was skipped: nccl will not put two ranks on one GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +34,11 @@ import torch
 import torch.distributed as dist
 from beacon import contract
 from beacon.distributed import backend_for
+from beacon.flight_recorder import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
 from smoke_job.config import parse_args
 from smoke_job.job import Job
 
+from beacon_ops.doctor.flight_recorder import FlightRecorderReading, ranks_of, read_flight_recorder
 from beacon_ops.local.moto import ADMIN, REGION, EmbeddedAws
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +49,10 @@ BUCKET = "beacon-gpu-check"
 STEPS = 60
 CHECKPOINT_INTERVAL = 20
 RUN_TIMEOUT_S = 420
+TIMEOUT_WORKER = "--nccl-timeout-worker"
+NCCL_TIMEOUT_S = 10  # the group's timeout: the watchdog fires this long after rank 0 enters the lone all_reduce
+AGREED_ALL_REDUCES = 5  # both ranks issue these; rank 1 then misses number 6
+TIMEOUT_RUN_S = 240
 
 
 def guard_log(run: beacon.Run) -> dict[str, Any]:
@@ -105,6 +118,74 @@ def rank_worker(argv: list[str]) -> int:
     return int(summary["exit_code"])
 
 
+def nccl_timeout_worker(folder: Path) -> int:
+    """One of two ranks: a few all_reduces together, then rank 1 stays away from the next and rank 0 waits in it
+    until nccl's watchdog times the collective out, dumps the flight recorder and aborts the process."""
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", timeout=timedelta(seconds=NCCL_TIMEOUT_S), device_id=device)
+    tensor = torch.ones(1, device=device)
+    for _ in range(AGREED_ALL_REDUCES):
+        dist.all_reduce(tensor)
+    torch.cuda.synchronize()
+    if rank == 1:
+        time.sleep(NCCL_TIMEOUT_S * 12)  # away; torchrun stops it once rank 0 has failed
+        return 0
+    dist.all_reduce(tensor)
+    torch.cuda.synchronize()  # never returns: the watchdog aborts the process
+    print(f"rank 0's lone all_reduce completed: no timeout ({folder})", file=sys.stderr)
+    return 1
+
+
+def timeout_verdict(exit_code: int, reading: FlightRecorderReading | None) -> list[str]:
+    """What failed of the forced timeout, one phrase each; empty when the dump named rank 1."""
+    failed = []
+    if exit_code == 0:
+        failed.append("torchrun exited 0: the lone all_reduce did not time out")
+    if reading is None:
+        return [*failed, "no flight-recorder dump was written where the Job points nccl"]
+    if 0 not in ranks_of(reading.keys):
+        failed.append(f"no dump from rank 0, which timed out: {reading.line()}")
+    if reading.unread:
+        failed.append(f"dumps not analysed: {reading.unread}")
+    elif reading.mismatch is not None:
+        if 1 not in reading.mismatch.missing or reading.mismatch.operation != "nccl:all_reduce":
+            failed.append(f"the analyser did not name rank 1 missing an all_reduce: {reading.line()}")
+    elif 1 in ranks_of(reading.keys):
+        failed.append(f"both ranks dumped, yet no mismatch: {reading.line()}")
+    return failed
+
+
+def forced_nccl_timeout(gpus: int, env: dict[str, str]) -> dict[str, Any]:
+    if gpus < 2:
+        return {"status": f"skipped: nccl needs 2 GPUs for 2 ranks, found {gpus}"}
+    with tempfile.TemporaryDirectory(prefix="beacon-nccl-timeout-") as scratch:
+        folder = Path(scratch)
+        recorder = {  # as the stack's Job sets them (workloads/manifests.py)
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(folder / FLIGHT_RECORDER_PREFIX),
+        }
+        torchrun = str(Path(sys.executable).with_name("torchrun"))
+        command = [torchrun, "--standalone", "--nproc-per-node=2", "-m", "bench.gpu_check", TIMEOUT_WORKER, scratch]
+        started = time.monotonic()
+        done = subprocess.run(
+            command, cwd=ROOT, env={**env, **recorder}, capture_output=True, text=True, timeout=TIMEOUT_RUN_S
+        )
+        dumps = {path.name: path.read_bytes() for path in folder.glob(f"{FLIGHT_RECORDER_PREFIX}*")}
+        reading = read_flight_recorder(dumps, world_size=2)
+        failed = timeout_verdict(done.returncode, reading)
+    return {
+        "status": "passed" if not failed else "failed",
+        "failed": failed,
+        "seconds": round(time.monotonic() - started, 1),
+        "dumps": sorted(dumps),
+        "verdict": reading.line() if reading is not None else "",
+        "stderr_tail": done.stderr[-1500:] if failed else "",
+    }
+
+
 def verdicts(ranks: list[dict[str, Any]], gpus: int, heartbeat: Path, started: float, aws: Any, run: str) -> list[str]:
     """What failed, one short phrase each; empty when the check passed."""
     failed = []
@@ -143,6 +224,8 @@ def verdicts(ranks: list[dict[str, Any]], gpus: int, heartbeat: Path, started: f
 def main(argv: list[str]) -> int:
     if argv[:1] == [WORKER]:
         return rank_worker(argv[1:])
+    if argv[:1] == [TIMEOUT_WORKER]:
+        return nccl_timeout_worker(Path(argv[1]))
     if not torch.cuda.is_available():
         print(NO_GPU, file=sys.stderr)
         return 1
@@ -178,6 +261,8 @@ def main(argv: list[str]) -> int:
             failed = verdicts(ranks, gpus, work / "heartbeat", started, aws, run)
             if done.returncode != 0:
                 failed.insert(0, f"torchrun exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+            timeout = forced_nccl_timeout(gpus, env)
+            failed.extend(f"forced nccl timeout: {phrase}" for phrase in timeout.get("failed", []))
     finally:
         aws.stop()
     result = {
@@ -187,6 +272,7 @@ def main(argv: list[str]) -> int:
         "torch": torch.__version__,
         "failed": failed,
         "ranks": ranks,
+        "forced_nccl_timeout": timeout,
     }
     print(json.dumps(result))
     if failed:

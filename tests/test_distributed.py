@@ -118,3 +118,22 @@ def test_gpu_check_without_a_gpu_says_so_in_one_line_and_fails() -> None:
     )
     assert done.returncode == 1
     assert done.stderr.strip() == "no CUDA device: gpu-check needs one"
+
+
+def test_gpu_checks_forced_nccl_timeout_passes_only_when_the_dump_names_rank_1() -> None:
+    """The verdict of `make gpu-check`'s forced nccl timeout (it runs only with 2 GPUs): rank 0's dump must exist,
+    and PyTorch's analyser must name rank 1 as the rank that missed the all_reduce (or rank 1 left no dump)."""
+    from beacon_ops.doctor.flight_recorder import FlightRecorderReading, Mismatch
+    from bench.gpu_check import forced_nccl_timeout, timeout_verdict
+
+    keys = [f"flight-recorder-rank-{rank}" for rank in (0, 1)]
+    missed = Mismatch(operation="nccl:all_reduce", sequence_id=6, group="0:default_pg", joined=[0], missing=[1])
+    assert timeout_verdict(-6, FlightRecorderReading(keys, mismatch=missed, world_size=2)) == []
+    assert timeout_verdict(-6, FlightRecorderReading(keys[:1], world_size=2)) == [], "rank 1 left none: named absent"
+    assert timeout_verdict(-6, None) == ["no flight-recorder dump was written where the Job points nccl"]
+    assert timeout_verdict(0, FlightRecorderReading(keys, world_size=2)) == [
+        "torchrun exited 0: the lone all_reduce did not time out",
+        "both ranks dumped, yet no mismatch: flight recorder of rank(s) 0, 1: no mismatched collective",
+    ]
+    assert "no dump from rank 0" in timeout_verdict(-6, FlightRecorderReading(keys[1:], world_size=2))[0]
+    assert forced_nccl_timeout(1, {}) == {"status": "skipped: nccl needs 2 GPUs for 2 ranks, found 1"}
