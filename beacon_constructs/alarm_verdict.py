@@ -45,6 +45,9 @@ HANDLER = "beacon_ops.doctor.notify.handler"
 # The function's environment (beacon_ops.doctor.notify reads the same names).
 ENV_TEAM, ENV_BUCKET, ENV_TOPIC_ARN = "BEACON_TEAM", "BEACON_BUCKET", "BEACON_TOPIC_ARN"
 STATE_CHANGE = "CloudWatch Alarm State Change"
+# The diagnosis takes seconds; a run of several ranks whose evidence is still on its way is read again for up
+# to `notify.RANK_EVIDENCE_WAIT_S` (150 s), which the function's time must cover with room to publish.
+TIMEOUT_S = 240
 
 
 def stage_bundle(destination: Path) -> Path:
@@ -129,7 +132,7 @@ class AlarmVerdict(Construct):
             role=role,
             log_group=self.logs,
             memory_size=256,
-            timeout=Duration.seconds(60),
+            timeout=Duration.seconds(TIMEOUT_S),
             environment={ENV_TEAM: team, ENV_BUCKET: bucket.bucket_name, ENV_TOPIC_ARN: topic.topic_arn},
         )
         self.function.node.add_dependency(self.policy)

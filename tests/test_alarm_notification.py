@@ -28,7 +28,7 @@ from beacon.spool import Spool
 from beacon.telemetry import Telemetry
 from smoke_job.config import parse_args
 
-from beacon_constructs.alarm_verdict import BUNDLE, HANDLER, metrics_lost_pattern, stage_bundle
+from beacon_constructs.alarm_verdict import BUNDLE, HANDLER, TIMEOUT_S, metrics_lost_pattern, stage_bundle
 from beacon_ops.doctor import notify
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.flight_recorder import NO_TORCH
@@ -337,12 +337,13 @@ def test_while_the_run_still_hangs_rank_0s_live_snapshot_lets_the_notification_n
 
 
 def notify_as_the_function(
-    as_writer: WriterSession, topic: str, publisher: dict[str, str]
+    as_writer: WriterSession, topic: str, publisher: dict[str, str], sleep: Callable[[float], None] = time.sleep
 ) -> notify.Notification | None:
     """The run's metrics-lost alarm event, handled with the reader's rights and published as `publisher`."""
     event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.METRICS_LOST)})
     return notify.notify(
         event,
+        sleep=sleep,
         team=TEAM,
         bucket=as_writer.bucket,
         topic_arn=topic,
@@ -351,6 +352,69 @@ def notify_as_the_function(
         cloudwatch=as_writer.client("cloudwatch", as_writer.reader),
         sns=as_writer.aws.client("sns", **publisher),
     )
+
+
+def rank_0_froze(cloudwatch: Any) -> Callable[[Any, str, Path], None]:
+    """Rank 0 froze with the others: before it did, its heartbeat sent the cross-rank view (a run of several
+    ranks); it uploads nothing after, so the ranks' evidence is on the volume alone when the alarm fires."""
+
+    def upload(_s3: Any, _bucket: str, _ranks_dir: Path) -> None:
+        dimensions = contract.run_dimensions(TEAM, EXPERIMENT, RUN)
+        cloudwatch.put_metric_data(
+            Namespace=contract.metric_namespace(TEAM),
+            MetricData=[
+                {
+                    "MetricName": contract.RANK_STEP_SPREAD.name,
+                    "Dimensions": [{"Name": k, "Value": v} for k, v in dimensions.items()],
+                    "Value": 0.0,
+                    "StorageResolution": 1,
+                }
+            ],
+        )
+
+    return upload
+
+
+def test_when_rank_0_froze_the_function_reads_again_until_a_node_leaders_snapshot_names_the_rank(
+    as_writer: WriterSession,
+) -> None:
+    """A frozen rank 0 uploads nothing, and its silent alarm can fire before a node leader stands in for it
+    (`stall_dump_after`, 90 s as deployed). The function then reads the run again every 15 s, for 150 s at most,
+    while a run of several ranks has no rank named: here node 1's leader uploads its live snapshot during the
+    second wait, and the verdict names rank 3 from it."""
+    s3 = as_writer.client("s3")
+    seed_hung_run(s3, as_writer.bucket, as_writer.workdir, rank_0_froze(as_writer.client("cloudwatch")))
+    topic, _, _, publisher = topic_with_queue_as_admin(as_writer)
+    waits: list[float] = []
+
+    def node_leader_stands_in(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 2:
+            upload_rank_evidence(s3, bucket=as_writer.bucket, experiment=EXPERIMENT, run=RUN, attempt=0,
+                                 directory=as_writer.workdir / "ranks", live=0, node=1)  # fmt: skip
+
+    notification = notify_as_the_function(as_writer, topic, publisher, sleep=node_leader_stands_in)
+    assert waits == [notify.RANK_EVIDENCE_POLL_S] * 2, "read again until the snapshot was there, and no longer"
+    assert notification is not None and notification.message.startswith(
+        f"rank-hung: rank 3 on pod {STOPPED.pod}, node {STOPPED.node}"
+    ), notification
+    assert "ranks/attempt-00000/node-00001/live-00000/stacks-rank-00003.txt" in notification.message
+    assert "No rank named" not in notification.message
+
+
+def test_when_no_rank_evidence_comes_the_function_says_where_it_is_after_its_bounded_wait(
+    as_writer: WriterSession,
+) -> None:
+    froze = rank_0_froze(as_writer.client("cloudwatch"))
+    seed_hung_run(as_writer.client("s3"), as_writer.bucket, as_writer.workdir, froze)
+    topic, _, _, publisher = topic_with_queue_as_admin(as_writer)
+    waits: list[float] = []
+    notification = notify_as_the_function(as_writer, topic, publisher, sleep=waits.append)
+    assert sum(waits) == notify.RANK_EVIDENCE_WAIT_S and notify.RANK_EVIDENCE_WAIT_S + 60 <= TIMEOUT_S
+    assert notification is not None and notification.message.endswith(
+        "No rank named: its ranks' evidence did not reach S3 within 150 s of the alarm; it is on the run's volume "
+        "(`python -m beacon.sync` uploads it)."
+    ), notification
 
 
 def topic_with_queue_as_admin(as_writer: WriterSession) -> tuple[str, Any, str, dict[str, str]]:
@@ -467,6 +531,7 @@ def test_the_rule_sends_only_the_teams_metrics_lost_alarms_going_to_alarm_to_the
     properties = function["Properties"]
     assert properties["Handler"] == HANDLER == "beacon_ops.doctor.notify.handler"
     assert properties["Runtime"].startswith("python3.")
+    assert properties["Timeout"] == TIMEOUT_S >= notify.RANK_EVIDENCE_WAIT_S + 60, "its bounded wait, and time after"
     variables = properties["Environment"]["Variables"]
     assert set(variables) == {notify.ENV_TEAM, notify.ENV_BUCKET, notify.ENV_TOPIC_ARN}
     assert variables[notify.ENV_TEAM] == TEAM

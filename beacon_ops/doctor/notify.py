@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
-from datetime import datetime
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.doctor.diagnosis import FAIL, WARN, Diagnosis, DoctorInputs, diagnose
+from beacon_ops.evidence.reading import metric_samples
 
 log = logging.getLogger("beacon.alarm_verdict")
 
@@ -36,6 +39,12 @@ ALARM_SOURCE = "aws.cloudwatch"
 SUBJECT_LIMIT = 100
 MESSAGE_LIMIT = 256 * 1024
 STACK_FRAMES = 12  # of the stopped rank's main thread, innermost first
+# A frozen rank 0 uploads nothing, and its silent alarm can fire 75 s after the freeze; a node leader stands in
+# once rank 0's document is `stall_dump_after` (90 s as deployed) old, within one more pass (beacon.node_leader).
+# So a multi-rank run whose verdict names no rank yet is read again, every poll, this long at most: the verdict
+# then names the rank within three minutes of the freeze. A single-rank run (no RankStepSpread) is not waited on.
+RANK_EVIDENCE_WAIT_S = 150.0
+RANK_EVIDENCE_POLL_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,37 @@ def _fit(message: str) -> str:
     return encoded[: MESSAGE_LIMIT - len(cut.encode())].decode(errors="ignore") + cut
 
 
+def _several_ranks(inputs: DoctorInputs) -> bool:
+    """Rank 0 sent the cross-rank view (`RankStepSpread`): only a run of several ranks does."""
+    dimensions = contract.run_dimensions(inputs.team, inputs.experiment, inputs.run)
+    try:
+        return bool(
+            metric_samples(
+                inputs.cloudwatch, contract.RANK_STEP_SPREAD, dimensions, statistic="Maximum", now=inputs.now
+            )
+        )
+    except (ClientError, BotoCoreError) as error:
+        log.warning("cannot read %s: %s", contract.RANK_STEP_SPREAD.name, error)
+        return False
+
+
+def diagnose_naming_the_rank(
+    inputs: DoctorInputs, *, wait_s: float, poll_s: float, sleep: Callable[[float], None]
+) -> tuple[Diagnosis, float]:
+    """The diagnosis, read again while a run of several ranks has no rank named and its ranks' evidence may
+    still be on its way (a node leader standing in for a frozen rank 0); and the seconds waited for it."""
+    diagnosis = diagnose(inputs)
+    waited = 0.0
+    if diagnosis.stopped_rank is not None or diagnosis.healthy or not _several_ranks(inputs):
+        return diagnosis, waited
+    while diagnosis.stopped_rank is None and waited + poll_s <= wait_s:
+        sleep(poll_s)
+        waited += poll_s
+        later = None if inputs.now is None else inputs.now.astimezone(UTC) + timedelta(seconds=waited)
+        diagnosis = diagnose(replace(inputs, now=later))
+    return diagnosis, waited
+
+
 def notify(
     event: dict[str, Any],
     *,
@@ -165,6 +205,8 @@ def notify(
     cloudwatch: Any,
     sns: Any,
     now: datetime | None = None,
+    rank_wait_s: float = RANK_EVIDENCE_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Notification | None:
     """Publish the doctor's verdict on the run whose metrics-lost alarm this event reports; None (and
     nothing published) for any other event."""
@@ -182,8 +224,15 @@ def notify(
     else:
         try:
             inputs = DoctorInputs(team, alarmed.experiment, alarmed.run, bucket, region, s3, cloudwatch, now=now)
-            diagnosis = diagnose(inputs)
+            diagnosis, waited = diagnose_naming_the_rank(
+                inputs, wait_s=rank_wait_s, poll_s=RANK_EVIDENCE_POLL_S, sleep=sleep
+            )
             message = message_of(alarmed, diagnosis, bucket)
+            if waited and diagnosis.stopped_rank is None:
+                message += (
+                    f"\nNo rank named: its ranks' evidence did not reach S3 within {waited:.0f} s of the alarm; "
+                    "it is on the run's volume (`python -m beacon.sync` uploads it)."
+                )
         except (ClientError, BotoCoreError, ValueError) as error:
             log.exception("the diagnosis of %s/%s failed", alarmed.experiment, alarmed.run)
             diagnosis = None
