@@ -79,6 +79,29 @@ def test_a_long_checkpoint_or_evaluation_phase_is_not_a_stop(tmp_path: Path) -> 
     assert "--- rank" not in (tmp_path / "stacks-rank-00003.txt").read_text()
 
 
+def test_a_rank_still_in_its_checkpoint_past_the_phase_limit_dumps_where_it_hangs(tmp_path: Path) -> None:
+    """Clocks scaled: a 1 s phase limit and a 1.5 s stall dump (as deployed: 1,800 s and 90 s)."""
+    progress = ProgressClock(phase_limit=1.0)
+    progress.step_finished()
+    signal = signal_for(tmp_path, progress).start()
+
+    def save_checkpoint_over_a_dead_mount() -> None:
+        deadline = time.monotonic() + 10
+        while "--- rank" not in (tmp_path / "stacks-rank-00003.txt").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    try:
+        with progress.phase("checkpoint"):
+            save_checkpoint_over_a_dead_mount()
+            (document,) = read_ranks(tmp_path)
+    finally:
+        signal.stop()
+    assert document.phase == "checkpoint" and document.phase_limit == 1.0 and document.phase_seconds > 1.0
+    assert not document.working_in_phase(document.wall_time)
+    stacks = (tmp_path / "stacks-rank-00003.txt").read_text()
+    assert "in save_checkpoint_over_a_dead_mount" in stacks, "dumped inside the phase, once past its limit"
+
+
 def test_a_c_call_holding_the_gil_is_dumped_by_faulthandlers_watchdog(tmp_path: Path) -> None:
     """The rank's own thread cannot run while a C call holds the GIL (here a regular expression
     that backtracks for seconds); faulthandler's watchdog, a C thread, dumps anyway."""
@@ -373,3 +396,64 @@ def test_rank_0s_stall_clock_pauses_while_another_rank_is_in_a_named_phase() -> 
     follower.follow([dataclasses.replace(r, wall_time=now[0]) for r in training], now[0])
     now[0] = 200.0
     assert clock.current_phase() is None and clock.progress_age() == 40.0, "the clock runs again (200 - 160 s)"
+
+
+def test_a_phase_pauses_the_stall_clock_up_to_its_limit_and_no_longer() -> None:
+    """A rank hung inside its own checkpoint (a collective in the save, a dead mount) must not read as working
+    forever: past `phase_limit` the phase's time counts again, on its own clock and on rank 0's that follows it."""
+    now = [0.0]
+    clock = ProgressClock(now=lambda: now[0], phase_limit=600.0)
+    clock.step_finished()
+    clock.enter("checkpoint")
+    now[0] = 150.0
+    assert clock.in_phase_work() and clock.progress_age() == 0.0, "150 s of checkpoint: work"
+    assert clock.own_phase_seconds() == 150.0
+    now[0] = 700.0
+    assert not clock.in_phase_work() and clock.progress_age() == 100.0, "100 s past the 600 s limit"
+    clock.leave("checkpoint")
+    now[0] = 710.0
+    assert clock.progress_age() == 110.0, "a phase that ended past its limit excluded 600 s, no more"
+    clock.step_finished()
+    with clock.phase("evaluation"):
+        now[0] = 800.0
+        assert clock.progress_age() == 0.0 and clock.in_phase_work(), "the next phase has its own 600 s"
+
+    # Rank 0 follows rank 3's checkpoint while the document says it is within its limit, and no longer.
+    rank_0 = ProgressClock(now=lambda: now[0], phase_limit=600.0)
+    rank_0.step_finished()
+    follower = PhaseFollower(rank_0)
+    in_checkpoint = dataclasses.replace(progress_of(3, phase="checkpoint"), phase_seconds=500.0, phase_limit=600.0)
+    follower.follow([dataclasses.replace(in_checkpoint, wall_time=now[0])], now[0])
+    assert rank_0.current_phase() == ("rank 3 checkpoint", 0.0)
+    now[0] += 120.0  # its document, rewritten every pass, now says 620 s
+    later = dataclasses.replace(in_checkpoint, wall_time=now[0], phase_seconds=620.0)
+    follower.follow([later], now[0])
+    assert rank_0.current_phase() is None, "past its limit, rank 3's checkpoint is no longer work"
+    assert not later.working_in_phase(now[0]) and in_checkpoint.working_in_phase(in_checkpoint.wall_time)
+    assert dataclasses.replace(later, phase_limit=0.0).working_in_phase(now[0]), "an older document: unbounded"
+
+
+def test_a_rank_hung_in_its_checkpoint_past_the_phase_limit_is_named_hung_there() -> None:
+    ranks = [progress_of(0), progress_of(1), progress_of(2)]
+    overdue = dataclasses.replace(progress_of(3, phase="checkpoint"), phase_seconds=1900.0, phase_limit=1800.0)
+    stacks = {r: dump(r, *WAITING) for r in range(3)} | {3: dump(3, "/app/train.py:save_checkpoint")}
+    verdict = which_rank([*ranks, overdue], stacks)
+    assert verdict is not None and (verdict.rank, verdict.how, verdict.phase) == (3, "hung", "checkpoint")
+    assert verdict.waiting == {"all_reduce": [0, 1, 2]}
+    within = dataclasses.replace(overdue, phase_seconds=150.0)
+    assert which_rank([*ranks, within], stacks) is None, "150 s of its 1,800: working"
+
+
+def test_a_node_leader_counts_another_ranks_checkpoint_as_work_up_to_its_phase_limit() -> None:
+    from beacon.node_leader import NodeLeader
+    from beacon.settings import RunSettings
+
+    settings = RunSettings(experiment="e", run="r", bucket="b", alarms=False, stall_dump_after=90.0)
+    leader = NodeLeader(None, settings=settings, rank=2, node_rank=1, progress=ProgressClock())
+    waiting = [dataclasses.replace(progress_of(r), progress_age=400.0, wall_time=1000.0) for r in range(3)]
+    checkpoint = dataclasses.replace(
+        progress_of(3, phase="checkpoint"), wall_time=1000.0, phase_seconds=150.0, phase_limit=1800.0
+    )
+    assert not leader.stalled([*waiting, checkpoint], 1000.0), "the others wait out rank 3's 150 s checkpoint"
+    overdue = dataclasses.replace(checkpoint, phase_seconds=1850.0)
+    assert leader.stalled([*waiting, overdue], 1000.0), "past its limit, rank 3 stopped in its checkpoint"

@@ -11,7 +11,6 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from beacon.contract import Phase
 from beacon.ranks import RankProgress
 
 # A rank whose document is this much older than the newest one stopped writing it: dead or frozen.
@@ -144,11 +143,12 @@ def which_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict
     dead = [r for r in ranks if not r.ended and (others_ended or newest - r.wall_time > STALE_AFTER_S)]
     failed = [r for r in ranks if r.ended.startswith("failed")]
     in_collective = {rank for group in waiting.values() for rank in group}
-    # A rank in a named phase (a 150 s checkpoint or evaluation) is working, not hung, while the others wait.
+    # A rank in a named phase (a 150 s checkpoint or evaluation) is working, not hung, while the others wait;
+    # past its phase limit it is hung in that phase.
     hung = [
         r
         for r in ranks
-        if r.rank not in in_collective and r.rank in stacks and main[r.rank] and r.phase == Phase.TRAINING
+        if r.rank not in in_collective and r.rank in stacks and main[r.rank] and not r.working_in_phase(newest)
     ]
     # What each rank that dumped its stacks waits in: its collective, else its innermost frame (DDP's
     # gradient all-reduce runs in C++ inside backward: no collective frame shows).

@@ -545,6 +545,9 @@ STALLED_BUDGET_S = 180
 HEARTBEAT_PERIOD_S = 30  # high-resolution metrics allow 10, 20 or 30 s periods
 SILENT_EVALUATION_PERIODS = 3  # last beat, then 3 empty periods: ALARM by last beat + 120 s
 STALL_THRESHOLD_S = 90  # ProgressAge above this is not progress (checkpoint time excluded)
+# A named phase pauses the stall clock this long at most: a rank hung inside its checkpoint or evaluation
+# (a collective in a save, a dead mount) then reads as stalled once the phase is this old (`RunSettings.phase_limit`).
+PHASE_LIMIT_S = 1800
 STALLED_EVALUATION_PERIODS = 2  # beat after threshold + 2 periods: ALARM by stall + 165 s
 DELIVERY_PERIOD_S = 60
 DELIVERY_EVALUATION_PERIODS = 3

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from beacon import contract
-from beacon.contract import Phase
 from beacon.progress import ProgressClock
 from beacon.ranks import (
     PHASE_FRESH_S,
@@ -114,12 +113,12 @@ class NodeLeader:
     def stalled(self, ranks: list[RankProgress], now: float) -> bool:
         view = CrossRankView.of(ranks, now)
         working = any(
-            r.phase != Phase.TRAINING and not r.ended and now - r.wall_time < PHASE_FRESH_S for r in ranks
-        )  # a 150 s checkpoint on a rank it sees is work, as rank 0's clock counts it
+            r.working_in_phase(now) and not r.ended and now - r.wall_time < PHASE_FRESH_S for r in ranks
+        )  # a 150 s checkpoint on a rank it sees is work, as rank 0's clock counts it, up to the phase limit
         return (
             view is not None
             and not working
-            and self.progress.current_phase() is None
+            and not self.progress.in_phase_work()
             and view.slowest_progress_age >= self.stalled_after
         )
 

@@ -3,6 +3,9 @@ time spent in a named phase (setup, evaluation, a checkpoint): a long one is wor
 
 The current phase is published too, so the heartbeat can say what a job that takes no steps is
 doing: the contract's (`contract.Phase`) or a team's own name (`run.phase("warmup")`).
+
+A phase pauses the clock for `phase_limit` seconds at most (`contract.PHASE_LIMIT_S`): past it, the time
+counts again, so a rank hung inside its own checkpoint or evaluation reads as stalled, not as working forever.
 """
 
 from __future__ import annotations
@@ -12,14 +15,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from beacon.contract import Phase
+from beacon.contract import PHASE_LIMIT_S, Phase
 
 
 class ProgressClock:
     """The loop marks steps and enters and leaves phases; the heartbeat thread reads the age."""
 
-    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, now: Callable[[], float] = time.monotonic, *, phase_limit: float = PHASE_LIMIT_S) -> None:
         self._now = now
+        self.phase_limit = phase_limit
         self._lock = threading.Lock()
         self._last_step = now()
         self._excluded = 0.0  # seconds in phases since the last step
@@ -56,7 +60,7 @@ class ProgressClock:
             else:
                 return 0.0
             if not self._phases and self._paused_since is not None:
-                self._excluded += now - self._paused_since
+                self._excluded += min(now - self._paused_since, self.phase_limit)
                 self._paused_since = None
             return now - started
 
@@ -88,10 +92,21 @@ class ProgressClock:
             phase, started, _ = self._phases[-1]
             return phase, self._now() - started
 
+    def own_phase_seconds(self) -> float:
+        """Seconds this rank has been in its innermost own phase; 0 while it trains."""
+        with self._lock:
+            started = next((s for _, s, followed in reversed(self._phases) if not followed), None)
+            return 0.0 if started is None else self._now() - started
+
+    def in_phase_work(self) -> bool:
+        """A phase is open and has paused the clock for less than `phase_limit`: the rank is working, not stalled."""
+        with self._lock:
+            return self._paused_since is not None and self._now() - self._paused_since < self.phase_limit
+
     def progress_age(self) -> float:
         with self._lock:
             now = self._now()
-            in_phase = now - self._paused_since if self._paused_since is not None else 0.0
+            in_phase = min(now - self._paused_since, self.phase_limit) if self._paused_since is not None else 0.0
             return max(0.0, now - self._last_step - self._excluded - in_phase)
 
     # The checkpoint window, as the alarm simulation (beacon/simulate.py) drives it.

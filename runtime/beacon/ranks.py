@@ -95,6 +95,15 @@ class RankProgress:
     # empty while it runs, and forever if it was killed outright: its silence is then the sign.
     ended: str = ""
     node_rank: int = -1  # torchrun's GROUP_RANK: which node's leader uploads this rank's files (-1: unknown)
+    phase_seconds: float = 0.0  # how long it has been in its own phase when written (0 while training)
+    phase_limit: float = 0.0  # its RunSettings.phase_limit (0: an older document, its phases unbounded)
+
+    def working_in_phase(self, now: float) -> bool:
+        """In a named phase still within its limit at `now`: working (a 150 s checkpoint), not hung; past it,
+        a rank that never left its checkpoint or evaluation reads as stopped there."""
+        if self.phase == Phase.TRAINING:
+            return False
+        return not self.phase_limit or self.phase_seconds + max(0.0, now - self.wall_time) < self.phase_limit
 
     @classmethod
     def from_document(cls, body: bytes) -> RankProgress:
@@ -199,7 +208,7 @@ class RankSignal:
             self._arm_watchdog()
             self.write()
             step, age = self.progress.dispatched_step, self.progress.progress_age()
-            if age >= self.stall_dump_after and self._dumped_for != step and self.progress.current_phase() is None:
+            if age >= self.stall_dump_after and self._dumped_for != step and not self.progress.in_phase_work():
                 self._dumped_for = step
                 self.dump_stacks(f"no progress for {age:.0f} s after step {step}")
             self._keep_flight_recorder()
@@ -229,6 +238,8 @@ class RankSignal:
             stacks_dumped=self.dumps,
             ended=ended,
             node_rank=self.node_rank,
+            phase_seconds=self.progress.own_phase_seconds(),
+            phase_limit=self.progress.phase_limit,
             **asdict(self.placement),
         )
         temporary = self.document.with_name(f".{self.document.name}.tmp")
@@ -287,7 +298,7 @@ class PhaseFollower:
             r.rank: f"rank {r.rank} {r.phase}"
             for r in ranks
             if r.rank != self.own_rank
-            and r.phase != Phase.TRAINING
+            and r.working_in_phase(now)
             and not r.ended
             and now - r.wall_time < self.fresh_for
         }

@@ -389,7 +389,7 @@ def init(
             die_with_parent(signal.SIGTERM)  # a killed launcher: drain, rather than run on as an orphan
         liveness.start()  # every rank's own sign of life, from before setup until the drain is over
         settings = settings.with_run(world.broadcast(settings.run or generated_run_id()))
-        progress = ProgressClock()
+        progress = ProgressClock(phase_limit=settings.phase_limit)
         progress.enter(Phase.SETUP)  # left at the first log: a long setup is work, not a stall
         if settings.telemetry:
             rank_signal = RankSignal(

@@ -46,6 +46,8 @@ class RunSettings:
     shutdown_budget: float = 60.0  # seconds to drain after the loop ends (SIGTERM included)
     # A rank whose progress (phases excluded) is this old dumps its stacks beside its progress signal.
     stall_dump_after: float = float(contract.STALL_THRESHOLD_S)
+    # A named phase (checkpoint, evaluation, a team's own) pauses the stall clock this long at most.
+    phase_limit: float = float(contract.PHASE_LIMIT_S)
     alarms: bool = True  # create this run's alarms from the team's template, delete them on exit
     allow_ephemeral_spool: bool = False  # a spool on tmpfs/overlay/emptyDir: local development only
     telemetry: bool = True  # every sink on; off only to measure overhead
@@ -71,6 +73,7 @@ class RunSettings:
             "heartbeat_interval",
             "shutdown_budget",
             "stall_dump_after",
+            "phase_limit",
             "tensorboard_points_per_s",
         ):
             value = getattr(self, name)

@@ -525,7 +525,7 @@ class Telemetry(NullTelemetry):
         view = CrossRankView.of(ranks, now)
         stalled = (
             view is not None
-            and self.progress.current_phase() is None
+            and not self.progress.in_phase_work()
             # the ranks dump their stacks at stall_dump_after, each within one pass of its signal thread
             and view.slowest_progress_age
             >= self.config.stall_dump_after + rank_signal_interval(self.config.heartbeat_interval)
