@@ -12,7 +12,7 @@ from beacon import contract
 from beacon_ops.doctor.after_run import verify_and_diagnose
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.evidence.alarms import AlarmSet
-from beacon_ops.evidence.reading import MetricsReadOnce
+from beacon_ops.evidence.reading import MetricsReadOnce, read_run
 from beacon_ops.evidence.verify import Expected, read_and_verify
 from beacon_ops.local.long_run import Attempt, write_long_run
 from tests.support.moto_server import REGION, MotoServer
@@ -87,3 +87,40 @@ def test_a_run_verification_cannot_read_is_still_diagnosed_by_the_doctors_own_re
     assert verdict.unreadable.startswith("verification could not read the run as the reader role:")
     assert "NoSuchBucket" in verdict.unreadable and verdict.verification is None
     assert verdict.diagnosis is not None and verdict.diagnosis.diagnosis == "no-bucket", verdict.diagnosis
+
+
+def test_a_final_state_an_earlier_attempt_wrote_is_not_the_runs_while_a_later_attempt_runs(
+    moto_server: MotoServer,
+) -> None:
+    """Attempt 0 was preempted and wrote its final state; attempt 1 resumed from step 40 and is running (or was
+    then killed outright, which writes nothing). The status key still holds attempt 0's: the doctor must not say
+    "preempted" or "heartbeat stopped on purpose" of the run, and verification must not count it as ended."""
+    s3 = moto_server.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    write_long_run(s3, bucket=BUCKET, experiment="smoke", run="resumed", attempts=[Attempt(0, 50), Attempt(40, 5)],
+                   final=False)  # fmt: skip
+    preempted = {"state": "preempted", "attempt": 0, "signal": "SIGTERM", "last_step": 49, "ended_at": 1000.0}
+    s3.put_object(Bucket=BUCKET, Key=contract.final_status_key("smoke", "resumed"), Body=json.dumps(preempted))
+    for at, started in (("1", "1970-01-01T00:15:00+00:00"), ("2", "1970-01-01T00:17:00+00:00")):
+        preflight = {"host": f"train-{at}", "started_at": started, "spool_dir": "/spool", "spool_filesystem": "nfs4"}
+        s3.put_object(
+            Bucket=BUCKET, Key=contract.preflight_key("smoke", "resumed", f"{at}.json"), Body=json.dumps(preflight)
+        )
+
+    evidence = read_run(s3, BUCKET, "smoke", "resumed")
+    assert evidence.final is None and evidence.superseded_final == preempted and evidence.final_state is None
+    inputs = DoctorInputs(team="demo", experiment="smoke", run="resumed", bucket=BUCKET, region=REGION, s3=s3,
+                          cloudwatch=moto_server.client("cloudwatch"))  # fmt: skip
+    verdicts = {v.check: v for v in diagnose(inputs, evidence=evidence).verdicts}
+    assert verdicts["job"].verdict == "running", verdicts["job"]
+    assert "an earlier attempt ended preempted at step 49" in verdicts["job"].evidence
+    assert verdicts["liveness"].verdict != "finished", verdicts["liveness"]
+
+    # An old final state without its attempt: the newer preflight alone shows it was superseded.
+    del preempted["attempt"]
+    s3.put_object(Bucket=BUCKET, Key=contract.final_status_key("smoke", "resumed"), Body=json.dumps(preempted))
+    assert read_run(s3, BUCKET, "smoke", "resumed").final is None
+    # The running attempt's own end, written after its preflight: the run's final state.
+    finished = {"state": "finished", "attempt": 1, "last_step": 44, "ended_at": 1100.0}
+    s3.put_object(Bucket=BUCKET, Key=contract.final_status_key("smoke", "resumed"), Body=json.dumps(finished))
+    assert read_run(s3, BUCKET, "smoke", "resumed").final == finished

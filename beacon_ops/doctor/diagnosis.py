@@ -325,11 +325,18 @@ def _job_state(evidence: RunEvidence, inputs: DoctorInputs) -> Verdict:
     restarted = f", restarted {attempts - 1} time(s)" if attempts > 1 else ""
     if evidence.final is not None:
         return _final_state(evidence, restarted)
+    earlier = evidence.superseded_final
+    before = (
+        f"; an earlier attempt ended {earlier.get('state')} at step {earlier.get('last_step')}, and a later one "
+        "started since without a final state yet"
+        if earlier is not None
+        else ""
+    )
     return Verdict(
         "job",
         OK if attempts == 1 else WARN,
         "running",
-        f"{attempts} attempt(s) started{restarted}",
+        f"{attempts} attempt(s) started{restarted}{before}",
         "" if attempts == 1 else "the orchestrator restarted the job: check its events and exit codes",
     )
 

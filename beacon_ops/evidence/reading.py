@@ -23,6 +23,9 @@ class RunEvidence:
     chunk_keys: list[str] = field(default_factory=list)
     preflights: list[dict[str, Any]] = field(default_factory=list)
     final: dict[str, Any] | None = None
+    # A final state an earlier attempt wrote, a later attempt having started since (`final` is then None): the
+    # status key is rewritten by each attempt's end, so until the running one ends it still holds the last one's.
+    superseded_final: dict[str, Any] | None = None
     checkpoints: list[str] = field(default_factory=list)
     tensorboard_files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -213,12 +216,32 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
             evidence.checkpoints.append(key)
         elif kind == contract.TENSORBOARD:
             evidence.tensorboard_files.append(key)
+    if evidence.final is not None and final_superseded(evidence.final, evidence):
+        evidence.superseded_final, evidence.final = evidence.final, None
     sources = rank_sources(prefix, keys)
     merged = merge_rank_files([{key.rsplit("/", 1)[1]: (key, _read(s3, bucket, key)) for key in k} for k, _ in sources])
     evidence.rank_files = {name: body for name, (_, body) in merged.items()}
     evidence.rank_file_keys = {name: key for name, (key, _) in merged.items()}
     evidence.rank_files_from = ", ".join(where for _, where in sources if where)
     return evidence
+
+
+def final_superseded(final: dict[str, Any], evidence: RunEvidence) -> bool:
+    """Whether a later attempt started after `final` was written: its records name a later attempt, or its
+    preflight (each attempt writes one as it starts) is newer than the final state's end."""
+    attempt = final.get("attempt")
+    attempts = {r.attempt for r in evidence.records} | evidence.attempts_indexed
+    if isinstance(attempt, int) and any(a > attempt for a in attempts):
+        return True
+    ended = final.get("ended_at")
+    for preflight in evidence.preflights:
+        try:
+            started = datetime.fromisoformat(str(preflight.get("started_at"))).timestamp()
+        except ValueError:
+            continue
+        if isinstance(ended, int | float) and started > ended:
+            return True
+    return False
 
 
 def _indexed(s3: Any, bucket: str, prefix: str, keys: list[str]) -> list[contract.ChunkSummary]:

@@ -300,6 +300,7 @@ class Run:
     def _final_record(self, report: FinishReport) -> dict[str, Any]:
         return {
             "state": report.state.value,
+            "attempt": self.attempt,  # a later attempt supersedes it (`beacon_ops.evidence.reading`)
             "error": report.error,
             "signal": self.stop_signal,
             "run": self.settings.run,
