@@ -34,6 +34,7 @@ from bench.wandb_log import read_offline_run
 from tests.conftest import WriterSession
 from tests.support.job_harness import JobHarness, delivered_records
 from tests.support.synth import ROOT
+from tests.test_sync import aged
 
 # A team's loop. It pauses (reads a line) after PAUSE_AT once that step is mirrored, so the test can
 # stop the tracker at a known point; a second start of the same run id logs only what is left.
@@ -230,10 +231,8 @@ def test_a_tracker_outage_never_blocks_the_loop_and_a_later_start_mirrors_what_i
     assert tracked.status == "FINISHED"
 
 
-def test_killed_between_a_send_and_the_cursor_write_the_restart_sends_nothing_twice(
-    harness: JobHarness, tracker: MlflowServer, tmp_path: Path
-) -> None:
-    env = mlflow_env(harness, tracker, "mirror-kill")
+def killed_between_send_and_cursor(tmp_path: Path, env: dict[str, str]) -> None:
+    """A 30-step loop SIGKILLed at its mirror's second send, before the cursor counts it."""
     killed = run_loop(
         tmp_path,
         # The checkout first on the path: a site-packages `tests` would shadow tests.support.
@@ -242,6 +241,13 @@ def test_killed_between_a_send_and_the_cursor_write_the_restart_sends_nothing_tw
         pause_at=9,
     )
     assert killed.returncode == -9, killed.stderr[-3000:]
+
+
+def test_killed_between_a_send_and_the_cursor_write_the_restart_sends_nothing_twice(
+    harness: JobHarness, tracker: MlflowServer, tmp_path: Path
+) -> None:
+    env = mlflow_env(harness, tracker, "mirror-kill")
+    killed_between_send_and_cursor(tmp_path, env)
     tracked = Tracked(tracker, "mirror-kill")
     held, recorded = tracked.seq_tag, cursor(harness, "mirror-kill", "mlflow")["seq"]
     assert held > recorded, "killed inside the window: MLflow holds a batch the cursor does not count"
@@ -254,6 +260,54 @@ def test_killed_between_a_send_and_the_cursor_write_the_restart_sends_nothing_tw
     assert mirror["sent"] == 29 - held, "and sent only what MLflow did not hold"
     assert tracked.steps("loss") == list(range(30)), "every step exactly once"
     assert tracked.status == "FINISHED"
+
+
+def test_beacon_sync_brings_a_killed_jobs_tracker_up_to_its_spool_once_and_closes_it_failed(
+    harness: JobHarness, tracker: MlflowServer, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """SIGKILL between a send and its cursor write leaves a stranded spool: records only on the volume (no chunk
+    sealed yet), MLflow one batch ahead of the cursor, no final state. `python -m beacon.sync` pushes the spool to S3
+    and replays the rest to MLflow from what MLflow says it holds: every durable step once in both, and the run
+    `FAILED` (it ended without a final state), where trackers leave a killed run RUNNING. A second sync sends
+    nothing."""
+    env = mlflow_env(harness, tracker, "mirror-stranded")
+    killed_between_send_and_cursor(tmp_path, env)
+    tracked = Tracked(tracker, "mirror-stranded")
+    assert tracked.status == "RUNNING", "killed: the tracker's own run says it still runs"
+    directory = aged(harness.workdir / "spool" / "lib" / "mirror-stranded")
+
+    def sync(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "beacon.sync", str(directory), *extra],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    first = sync()
+    assert first.returncode == 0, first.stdout + first.stderr[-3000:]
+    assert "mlflow: " in first.stdout and "final state failed" in first.stdout, first.stdout
+    delivered = delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "mirror-stranded")
+    durable = sorted(r.step for r in delivered)
+    assert durable == list(range(len(durable))) and len(durable) >= 10, "the spool's durable steps, once, in S3"
+    assert tracked.steps("loss") == durable, "every durable step once in MLflow too"
+    assert tracked.status == "FAILED"
+    aged(directory)  # the first sync wrote it: a second one waits as for a job
+    again = sync()
+    assert again.returncode == 0 and "mlflow: 0 record(s) mirrored, 0 behind" in again.stdout, again.stdout
+    assert tracked.steps("loss") == durable
+
+
+def test_beacon_sync_names_a_trackers_missing_setting_in_one_line(harness: JobHarness, tmp_path: Path) -> None:
+    directory = tmp_path / "spool" / "lib" / "no-uri"
+    (directory / MIRRORS_DIR).mkdir(parents=True)
+    (directory / MIRRORS_DIR / "mlflow.json").write_text('{"seq": 4, "final_state": null}')
+    env = {k: v for k, v in environment(harness, "no-uri").items() if k != "BEACON_MLFLOW_TRACKING_URI"}
+    done = subprocess.run(
+        [sys.executable, "-m", "beacon.sync", str(directory)], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("python -m beacon.sync: error: ") and "BEACON_MLFLOW_TRACKING_URI" in line, line
 
 
 # --- W&B, offline -------------------------------------------------------------------------------------

@@ -1,34 +1,49 @@
 """`python -m beacon.sync <spool dir>`: push a stranded spool (a dead pod's volume, a restored
-SageMaker checkpoint directory) to S3, idempotently.
+SageMaker checkpoint directory) to S3 and to the run's tracker mirrors, idempotently.
 
 Run it where the writer's identity is (a pod with the training service account mounting the volume,
 or any shell holding the writer role). The spool directory is `<spool root>/<experiment>/<run>`.
 What S3 already holds byte for byte is acknowledged, not sent again; a chunk S3 holds with other
 bytes is a conflict, refused with one line naming the run; the torn tail of the open chunk was never
-durable and is cut, as a restarted job would. Exit codes: 0 synced, 2 bad input, 3 refused.
+durable and is cut, as a restarted job would. Exit codes: 0 synced, 2 bad input, 3 refused (or a tracker
+that did not take everything in time: its cursor keeps the rest for the next sync).
+
+Then each tracker the job mirrored to (a cursor under `<spool dir>/mirrors/`, or `--mirror NAME`) gets what
+its cursor had not reached, exactly once (the mirror worker asks the tracker what it holds), and the run's final
+state: the one the job wrote to S3, else `failed` (it ended without one). Tracker settings come from the same
+BEACON_* variables the job read (BEACON_MLFLOW_TRACKING_URI, BEACON_WANDB_PROJECT, ...).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import aws, contract
+from beacon.contract import FinalState
 from beacon.index import IndexWriter
+from beacon.mirrors import Mirror, RunInfo
+from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, MirrorWorker, s3_chunks
+from beacon.preflight import PreflightError
 from beacon.ranks import upload_rank_evidence
 from beacon.reconcile import RunConflictError, reconcile
+from beacon.settings import SettingsError
 from beacon.spool import OPEN, STATE, Spool
 
 # A spool written this recently may still belong to a live job: two writers would race.
 QUIET_S = 60.0
+MIRROR_TIMEOUT_S = 300.0  # per tracker: what it has not taken by then stays behind its cursor for the next sync
 EXIT_BAD_INPUT, EXIT_REFUSED = 2, 3
 
 
@@ -44,9 +59,54 @@ class SyncReport:
     already_in_s3: int = 0
     records_sent: int = 0
     rank_files: int = 0  # progress documents and dumps the dead job's ranks left under `ranks/`
+    final_state: str = ""  # what the trackers were told
+    mirrors: dict[str, MirrorReport] = field(default_factory=dict)
 
 
-def sync_spool(directory: Path, *, s3: Any, bucket: str, quiet_s: float = QUIET_S) -> SyncReport:
+def mirrored_trackers(directory: Path) -> list[str]:
+    """The trackers the job mirrored this run to: a cursor each under `mirrors/`."""
+    return sorted(p.stem for p in (directory / MIRRORS_DIR).glob("*.json"))
+
+
+def _final_state(s3: Any, bucket: str, experiment: str, run: str) -> FinalState:
+    try:
+        body = s3.get_object(Bucket=bucket, Key=contract.final_status_key(experiment, run))["Body"].read()
+        return FinalState(json.loads(body).get("state", FinalState.FINISHED))
+    except ClientError as error:
+        if error.response["Error"]["Code"] not in ("NoSuchKey", "404"):
+            raise
+    except ValueError:
+        pass
+    return FinalState.FAILED  # the job ended without a final state: killed, or its node lost
+
+
+def _mirror(
+    mirror: Mirror, *, spool: Spool, s3: Any, bucket: str, info: RunInfo, state: FinalState, timeout_s: float
+) -> MirrorReport:
+    """Replay what the tracker's cursor has not reached, then the final state, on a worker as the job runs it."""
+    worker = MirrorWorker(
+        mirror,
+        run=info,
+        spool=spool,
+        fetch=s3_chunks(s3, bucket, info.experiment, info.run),
+        wake=threading.Event(),
+        spool_finished=lambda: True,  # nothing writes this spool any more
+    )
+    worker.start()
+    worker.finishing(state)
+    return worker.join(timeout_s)
+
+
+def sync_spool(
+    directory: Path,
+    *,
+    s3: Any,
+    bucket: str,
+    quiet_s: float = QUIET_S,
+    mirrors: Sequence[Mirror] = (),
+    team: str = "",
+    mirror_timeout_s: float = MIRROR_TIMEOUT_S,
+) -> SyncReport:
     directory = directory.resolve()
     if not directory.is_dir():
         raise SyncRefused(f"spool dir {directory}: not a directory")
@@ -91,6 +151,14 @@ def sync_spool(directory: Path, *, s3: Any, bucket: str, quiet_s: float = QUIET_
             s3, bucket=bucket, experiment=experiment, run=run, attempt=max(spool.last_attempt, 0),
             directory=directory / contract.RANKS,
         )  # fmt: skip
+        if mirrors:
+            state = _final_state(s3, bucket, experiment, run)
+            report.final_state = state.value
+            info = RunInfo(team, experiment, run, directory / MIRRORS_DIR)
+            for mirror in mirrors:
+                report.mirrors[mirror.name] = _mirror(
+                    mirror, spool=spool, s3=s3, bucket=bucket, info=info, state=state, timeout_s=mirror_timeout_s
+                )
     except RunConflictError as error:
         raise SyncRefused(str(error)) from None
     except (ClientError, BotoCoreError) as error:
@@ -111,12 +179,31 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("BEACON_REGION") or os.environ.get("AWS_REGION") or "us-east-1",
         help="AWS region [AWS_REGION]",
     )
+    parser.add_argument(
+        "--mirror",
+        action="append",
+        dest="mirrors",
+        metavar="TRACKER",
+        help="a tracker to mirror to (repeatable) [the trackers with a cursor under <spool dir>/mirrors/]",
+    )
+    parser.add_argument("--no-mirrors", action="store_true", help="push to S3 only")
     args = parser.parse_args(argv)
     if not args.bucket:
         print("python -m beacon.sync: error: --bucket: required (or set BEACON_BUCKET)", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        report = sync_spool(args.spool_dir, s3=aws.client("s3", args.region), bucket=args.bucket)
+        mirrors = [] if args.no_mirrors else _mirrors_of(args.spool_dir, args.mirrors, args.bucket)
+    except (SettingsError, PreflightError) as error:
+        print(f"python -m beacon.sync: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        report = sync_spool(
+            args.spool_dir,
+            s3=aws.client("s3", args.region),
+            bucket=args.bucket,
+            mirrors=mirrors,
+            team=os.environ.get("BEACON_TEAM", ""),
+        )
     except SyncRefused as error:
         print(f"beacon sync: {error}", file=sys.stderr)
         return EXIT_REFUSED
@@ -125,7 +212,26 @@ def main(argv: list[str] | None = None) -> int:
         f"({report.records_sent} records), {report.already_in_s3} already in s3://{args.bucket}; "
         f"{report.rank_files} rank file(s)"
     )
-    return 0
+    for name, mirrored in report.mirrors.items():
+        closed = f"final state {report.final_state}" if mirrored.closed else "not closed"
+        print(f"beacon sync: {name}: {mirrored.sent} record(s) mirrored, {mirrored.behind} behind, {closed}")
+    return 0 if all(m.closed for m in report.mirrors.values()) else EXIT_REFUSED
+
+
+def _mirrors_of(directory: Path, named: list[str] | None, bucket: str) -> list[Mirror]:
+    """The trackers to mirror to, built from the BEACON_* settings the job read; one line naming the setting when
+    one is missing or unusable."""
+    from beacon.mirrors import build
+    from beacon.settings import RunSettings
+
+    trackers = tuple(named or mirrored_trackers(directory))
+    if not trackers:
+        return []
+    resolved = directory.resolve()
+    settings = RunSettings.resolve(
+        experiment=resolved.parent.name, run=resolved.name, bucket=bucket, mirrors=trackers, alarms=False
+    )
+    return [build(name, settings) for name in trackers]
 
 
 if __name__ == "__main__":
