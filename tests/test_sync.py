@@ -131,6 +131,26 @@ def test_bad_input_is_one_line_naming_the_path(
     assert expected in line and str(target.resolve()) in line
 
 
+def test_beacon_sync_is_the_same_push_through_the_operators_command(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    directory = stranded_spool(tmp_path / "volume", "stranded-cli", 12)
+    env = {**harness.env(), "BEACON_BUCKET": harness.bucket}
+    done = subprocess.run(
+        [sys.executable, "-m", "beacon_ops.cli", "sync", str(directory), "--no-mirrors"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert "2 chunk(s) uploaded (12 records)" in done.stdout
+    steps = sorted(r.step for r in delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "stranded-cli"))
+    assert steps == list(range(12))
+    missing = subprocess.run(
+        [sys.executable, "-m", "beacon_ops.cli", "sync", str(tmp_path / "nowhere" / "smoke" / "r")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert missing.returncode == 3 and missing.stderr.strip().splitlines()[-1].endswith("not a directory")
+
+
 def test_a_spool_a_live_job_may_still_write_is_left_alone(harness: JobHarness, tmp_path: Path) -> None:
     directory = stranded_spool(tmp_path / "volume", "live-1", 5)
     (directory / "open.jsonl").touch()  # written just now

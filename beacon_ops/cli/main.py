@@ -23,6 +23,7 @@ from beacon_ops.cli.doctor import doctor
 from beacon_ops.cli.local import local
 from beacon_ops.cli.run import run
 from beacon_ops.cli.smoke import smoke
+from beacon_ops.cli.sync import sync
 from beacon_ops.cli.tensorboard import tensorboard
 
 app = typer.Typer(
@@ -53,7 +54,7 @@ def main_options(
 
 
 # In the order `beacon --help` has always listed them.
-for command in (doctor, tensorboard, smoke, run, local):
+for command in (doctor, tensorboard, smoke, run, local, sync):
     app.command()(command)
 
 
