@@ -257,3 +257,27 @@ def test_a_record_is_strict_json_and_reads_back_what_was_logged() -> None:
     again = contract.Record.from_line(line)
     assert math.isnan(again.metrics["loss"]) and again.metrics["up"] == math.inf and again.metrics["down"] == -math.inf
     assert (again.step, again.seq, again.metrics["lr"]) == (7, 3, 0.5)
+
+
+def test_the_bundled_smoke_job_uses_only_the_public_api() -> None:
+    """Its imports of Beacon are `beacon`'s public names (and its public modules, `beacon.contract`), and what it
+    uses of a Run is public: a team can do all it does."""
+    import ast
+
+    public = {*beacon.__all__, "contract"}
+    used: set[str] = set()
+    for path in sorted((ROOT / "runtime" / "smoke_job").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "beacon":
+                assert node.module == "beacon", f"{path.name}: from {node.module} import ..."
+                used |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.Import):
+                assert all(a.name == "beacon" or not a.name.startswith("beacon.") for a in node.names), path.name
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = ast.unparse(node.value)
+                assert owner == "self" or not owner.endswith("run"), f"{path.name}: {owner}.{node.attr}"
+            elif isinstance(node, ast.Attribute) and ast.unparse(node.value) == "beacon":
+                used.add(node.attr)
+    assert used <= public, sorted(used - public)
+    assert {"init", "RunSettings"} <= used

@@ -85,7 +85,11 @@ class FinishReport:
 
 
 class Run:
-    """One training run as Beacon sees it. Made by `init`; used from the training thread."""
+    """One training run as Beacon sees it. Made by `init`; used from the training thread.
+
+    Besides its methods, public: `world` (rank, local rank, size, device), `resume_step`, `attempt`,
+    `is_writer`, and `stop`, the event SIGTERM or SIGINT sets (`run.stop.wait(s)` is a sleep a stop ends;
+    `should_stop()` asks every rank)."""
 
     def __init__(
         self,

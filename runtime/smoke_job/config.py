@@ -11,10 +11,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
-from beacon import contract
-from beacon.settings import ENV_PREFIX, RunSettings, generated_run_id
+from beacon import RunSettings, contract
 
-__all__ = ["JobConfig", "build_parser", "generated_run_id", "parse_args"]
+__all__ = ["JobConfig", "build_parser", "parse_args"]
+
+ENV_PREFIX = "BEACON_"  # every setting of the run, and of this job, as an environment variable
 
 
 @dataclass(frozen=True)
