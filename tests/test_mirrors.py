@@ -310,6 +310,66 @@ def test_beacon_sync_names_a_trackers_missing_setting_in_one_line(harness: JobHa
     assert line.startswith("python -m beacon.sync: error: ") and "BEACON_MLFLOW_TRACKING_URI" in line, line
 
 
+RESUMING_LOOP = """
+import sys
+import torch
+import beacon
+
+run = beacon.init("lib")
+for step in range(run.resume_step, int(sys.argv[1])):
+    run.log({"loss": 1.0 / (step + 1) + run.attempt}, step)  # each attempt's values told apart
+    if step == 9:
+        run.checkpoint({"w": torch.zeros(1)}, step)
+run.finish()
+"""
+
+
+def test_a_restart_that_goes_back_to_its_checkpoint_is_sent_beside_the_earlier_attempt_and_named_superseded(
+    harness: JobHarness, tracker: MlflowServer, tmp_path: Path
+) -> None:
+    """Attempt 0 logs steps 0-14 and checkpoints at 9; a second start of the run resumes at 10 and logs 10-24 as
+    attempt 1, so attempt 0's 10-14 are superseded. Neither tracker can take points back: MLflow keeps both values
+    at 10-14, W&B goes on at its next step with `beacon_step`; both runs name the superseded range, and hold
+    every record once."""
+    script = tmp_path / "resuming.py"
+    script.write_text(RESUMING_LOOP)
+    env = environment(harness, "mirror-resume", BEACON_MIRRORS="mlflow,wandb", BEACON_MLFLOW_TRACKING_URI=tracker.url,
+                      BEACON_WANDB_MODE="offline")  # fmt: skip
+    for steps in (15, 25):
+        done = subprocess.run([sys.executable, str(script), str(steps)], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    tracked = Tracked(tracker, "mirror-resume")
+    points = tracked.client.get_metric_history(tracked.run.info.run_id, "loss")
+    by_step: dict[int, list[float]] = {}
+    for point in points:
+        by_step.setdefault(point.step, []).append(round(point.value - 1.0 / (point.step + 1)))
+    assert {step: sorted(attempts) for step, attempts in by_step.items()} == {
+        **{step: [0] for step in range(10)},
+        **{step: [0, 1] for step in range(10, 15)},
+        **{step: [1] for step in range(15, 25)},
+    }, "every record once; at 10-14 attempt 0's beside attempt 1's"
+    tags = tracked.client.get_run(tracked.run.info.run_id).data.tags
+    assert tags["beacon.superseded.attempt-00000"] == "10-14" and tags["beacon.last"] == "1:24"
+    assert tracked.status == "FINISHED"
+
+    mirrors = harness.workdir / "spool" / "lib" / "mirror-resume" / MIRRORS_DIR
+    rows = [
+        row
+        for log in sorted(mirrors.glob("wandb/offline-run-*/run-lib.mirror-resume.wandb"))
+        for row in read_offline_run(log).history
+        if "loss" in row
+    ]
+    assert sorted((row["beacon_attempt"], row["beacon_step"]) for row in rows) == [
+        *((0, step) for step in range(15)),
+        *((1, step) for step in range(10, 25)),
+    ], "every record once, each with its own step and attempt"
+    second = read_offline_run(sorted(mirrors.glob("wandb/offline-run-*/*.wandb"))[-1])
+    assert second.summary["beacon_superseded"] == {"attempt-00000": "10-14"}, second.summary
+    assert second.summary["beacon_last"] == [1, 24] and second.summary[STATE_KEY] == "finished"
+
+
 # --- W&B, offline -------------------------------------------------------------------------------------
 def test_wandb_offline_run_holds_every_step_once_and_the_final_state(harness: JobHarness, tmp_path: Path) -> None:
     env = environment(harness, "mirror-wandb", BEACON_MIRRORS="wandb", BEACON_WANDB_MODE="offline")
@@ -381,6 +441,9 @@ class FlakyTracker:
     def close(self, state: FinalState) -> None:
         self.threads.add(threading.current_thread().name)
         self.closed = state
+
+    def held_through(self, record: Record) -> None:
+        self.threads.add(threading.current_thread().name)
 
 
 def worker_for(tracker: FlakyTracker, spool: Spool, tmp_path: Path, done: threading.Event) -> MirrorWorker:

@@ -45,6 +45,37 @@ class Mirror(Protocol):
     def close(self, state: FinalState) -> None:
         """Tell the tracker how the run ended; only once everything durable was sent."""
 
+    def held_through(self, record: Record) -> None:
+        """The last record the tracker holds, as the spool knows it (after `open`): where a restart that goes
+        back over steps it holds begins, when the tracker itself could not say (offline)."""
+
+
+class History:
+    """Where a tracker's run stands across attempts: the last (attempt, step) it holds, and the ranges a restart
+    went through again. Trackers cannot rewind (MLflow keeps every point; W&B's rewind is a preview), so a
+    restart's records are sent beside the earlier attempt's, and the superseded range is named on the run
+    (`superseded_ranges`): `attempt-00000: 10-14` says attempt 0's steps 10 to 14 are not the model's history."""
+
+    def __init__(self, last: tuple[int, int] | None = None, superseded: dict[str, str] | None = None) -> None:
+        self.last = last
+        self.superseded = dict(superseded or {})
+
+    def held(self, record: Record) -> bool:
+        """Already in the tracker: at or before the last (attempt, step) it holds (records come in that order)."""
+        return self.last is not None and (record.attempt, record.step) <= self.last
+
+    def held_through(self, record: Record) -> None:
+        if self.last is None:
+            self.last = (record.attempt, record.step)
+
+    def take(self, record: Record) -> bool:
+        """Note `record` as sent; True when it starts a restart's pass over steps the tracker holds already."""
+        rewound = self.last is not None and record.attempt > self.last[0] and record.step <= self.last[1]
+        if rewound and self.last is not None:
+            self.superseded[f"attempt-{self.last[0]:05d}"] = f"{record.step}-{self.last[1]}"
+        self.last = (record.attempt, record.step)
+        return rewound
+
 
 def build(name: str, settings: RunSettings) -> Mirror:
     """The mirror `name` (one of `settings.TRACKERS`), its package checked but not imported yet."""

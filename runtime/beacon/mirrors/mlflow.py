@@ -6,6 +6,10 @@ after a crash between a send and the cursor write, `open` reads it and nothing i
 MLflow's SQL store writes a batch's metrics before its tags and ignores a point it already holds
 (same key, step, timestamp and value), so even a server dying between the two re-sends nothing
 that shows twice. `mlflow` is imported only here, when the mirror opens.
+
+Across restarts: MLflow cannot take points back, so a restart's pass over steps an earlier attempt logged
+adds its values beside the earlier ones (both show at those steps), and the run gets a tag per superseded
+range, `beacon.superseded.attempt-00000 = 10-14`, with `beacon.last` (attempt:step) to carry it over.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from beacon.contract import FinalState, Record
-from beacon.mirrors import RunInfo
+from beacon.mirrors import History, RunInfo
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric
@@ -27,8 +31,10 @@ log = logging.getLogger("beacon.mirrors.mlflow")
 RUN_TAG = "beacon.run"  # <experiment>/<run>: how a restart finds its MLflow run
 SEQ_TAG = "beacon.mirrored_seq"  # the last sequence number MLflow holds, set with the metrics
 TEAM_TAG = "beacon.team"
-# log_batch takes at most 1000 entities (metrics + tags) per request; one tag rides along.
-MAX_METRICS_PER_REQUEST = 999
+LAST_TAG = "beacon.last"  # <attempt>:<step> of the last record MLflow holds
+SUPERSEDED_TAG = "beacon.superseded."  # + attempt-<k>: the steps of attempt k a restart went through again
+# log_batch takes at most 1000 entities (metrics + tags) per request; a few tags ride along.
+MAX_METRICS_PER_REQUEST = 960
 STATUS = {FinalState.FINISHED: "FINISHED", FinalState.FAILED: "FAILED", FinalState.PREEMPTED: "KILLED"}
 
 
@@ -47,6 +53,8 @@ class MlflowMirror:
         self._client: MlflowClient | None = None
         self._run_id = ""
         self._refused: set[str] = set()
+        self._history = History()
+        self._rewound = False  # a batch went back over steps held: its superseded ranges go with it
 
     def open(self, run: RunInfo) -> int:
         from mlflow.tracking import MlflowClient
@@ -58,7 +66,12 @@ class MlflowMirror:
         found = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_TAG}` = '{identity}'", max_results=1)
         if found:
             self._run_id = found[0].info.run_id
-            held = int(found[0].data.tags.get(SEQ_TAG, "-1"))
+            tags = found[0].data.tags
+            held = int(tags.get(SEQ_TAG, "-1"))
+            attempt, _, step = tags.get(LAST_TAG, "").partition(":")
+            superseded = {k.removeprefix(SUPERSEDED_TAG): v for k, v in tags.items() if k.startswith(SUPERSEDED_TAG)}
+            last = (int(attempt), int(step)) if attempt.isdigit() and step.lstrip("-").isdigit() else None
+            self._history = History(last, superseded)
             client.update_run(self._run_id, status="RUNNING")  # this start of the run is running
             log.info("mirroring to MLflow run %s, which holds records through seq %d", self._run_id, held)
         else:
@@ -86,6 +99,10 @@ class MlflowMirror:
         batch: list[Metric] = []
         complete: int | None = None  # the last record whose every metric is in `batch`
         for record in records:
+            if self._history.take(record):
+                self._rewound = True
+                log.info("attempt %d goes through steps from %d again: %s", record.attempt, record.step,
+                         self._history.superseded)  # fmt: skip
             timestamp = int(record.wall_time * 1000)
             for name, value in record.metrics.items():
                 if not mlflow_accepts(name):
@@ -104,12 +121,20 @@ class MlflowMirror:
         if not metrics and seq is None:
             return
         tags = [RunTag(SEQ_TAG, str(seq))] if seq is not None else []
+        if seq is not None and self._history.last is not None:
+            tags.append(RunTag(LAST_TAG, f"{self._history.last[0]}:{self._history.last[1]}"))
+            if self._rewound:  # once per restart that went back: the ranges are few
+                tags += [RunTag(SUPERSEDED_TAG + k, v) for k, v in self._history.superseded.items()]
+                self._rewound = False
         self._opened().log_batch(self._run_id, metrics=metrics, tags=tags)
 
     def _refuse(self, name: str) -> None:
         if name not in self._refused:
             self._refused.add(name)
             log.warning("metric %r is not mirrored to MLflow: MLflow refuses the name (S3 keeps it)", name)
+
+    def held_through(self, record: Record) -> None:
+        self._history.held_through(record)
 
     def close(self, state: FinalState) -> None:
         self._opened().set_terminated(self._run_id, status=STATUS[state])

@@ -1,9 +1,14 @@
 """The W&B mirror: `run.log` with each record's own step and wall time, into a run whose id is Beacon's.
 
 `wandb.init(id=..., resume="allow")` makes every start of a Beacon run feed one W&B run. Online,
-a resumed run tells where it is: the last sequence number in its summary, and its next step (W&B
-drops a step below it, so nothing shows twice). Offline (`wandb_mode="offline"`) there is no server
-to ask, and the cursor alone decides; the run's files stay on the spool's volume for `wandb sync`.
+a resumed run tells where it is: the last sequence number in its summary, and the last (attempt, step) it
+holds, so nothing shows twice. Offline (`wandb_mode="offline"`) there is no server to ask, and the cursor
+alone decides; the run's files stay on the spool's volume for `wandb sync`.
+
+Across restarts: W&B's own step only grows (its rewind is a preview), so every row also carries
+`beacon_step` and `beacon_attempt`. A restart's pass over steps an earlier attempt logged goes on at W&B's
+next step with its own `beacon_step`: plotted against `beacon_step`, both attempts show, and the summary's
+`beacon_superseded` names the earlier attempt's superseded range (`{"attempt-00000": "10-14"}`).
 A send returns once wandb's own process has the points (its local log); wandb uploads them itself.
 `wandb` is imported only here, when the mirror opens.
 """
@@ -16,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from beacon.contract import FinalState, Record
-from beacon.mirrors import RunInfo
+from beacon.mirrors import History, RunInfo
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run as WandbRun
@@ -25,6 +30,9 @@ log = logging.getLogger("beacon.mirrors.wandb")
 
 SEQ_KEY = "beacon_mirrored_seq"  # in the run's summary: the last sequence number W&B holds
 STATE_KEY = "beacon_final_state"  # in the summary too: finished, failed or preempted, as Beacon says
+LAST_KEY = "beacon_last"  # in the summary: [attempt, step] of the last record W&B holds
+SUPERSEDED_KEY = "beacon_superseded"  # in the summary: {"attempt-<k>": "<first>-<last>"}
+STEP_KEY, ATTEMPT_KEY = "beacon_step", "beacon_attempt"  # in every row
 EXIT_CODE = {FinalState.FINISHED: 0, FinalState.FAILED: 1, FinalState.PREEMPTED: 143}  # 143: SIGTERM
 
 
@@ -42,6 +50,7 @@ class WandbMirror:
         self.finish_timeout = finish_timeout
         self._run: WandbRun | None = None
         self._next_step = 0  # W&B drops a step below its current one
+        self._history = History()
 
     def open(self, run: RunInfo) -> int | None:
         import wandb
@@ -72,19 +81,35 @@ class WandbMirror:
         if not opened.resumed:
             return None if self.mode == "offline" else -1
         self._next_step = opened.step
+        last: Any = opened.summary.get(LAST_KEY)  # type: ignore[no-untyped-call]
+        superseded: Any = opened.summary.get(SUPERSEDED_KEY)  # type: ignore[no-untyped-call]
+        self._history = History(
+            (int(last[0]), int(last[1])) if last else None, dict(superseded) if superseded else None
+        )
         held: Any = opened.summary.get(SEQ_KEY)  # type: ignore[no-untyped-call]
         log.info("mirroring to W&B run %s (resumed at step %d)", opened.id, self._next_step)
         return int(held) if held is not None else None
 
     def send(self, records: Sequence[Record]) -> None:
         run = self._opened()
+        rewound = False
         for record in records:
-            if record.step < self._next_step:
-                continue  # a resumed run already holds this step
-            run.log({**record.metrics, "_timestamp": record.wall_time}, step=record.step, commit=True)
-            self._next_step = record.step + 1
+            if self._history.held(record):
+                continue  # a resumed run already holds this record
+            rewound |= self._history.take(record)
+            step = max(record.step, self._next_step)  # a restart's pass goes on at W&B's next step
+            row = {**record.metrics, STEP_KEY: record.step, ATTEMPT_KEY: record.attempt, "_timestamp": record.wall_time}
+            run.log(row, step=step, commit=True)
+            self._next_step = step + 1
         if records:
             run.summary[SEQ_KEY] = records[-1].seq
+            if self._history.last is not None:
+                run.summary[LAST_KEY] = list(self._history.last)
+            if rewound:
+                run.summary[SUPERSEDED_KEY] = dict(self._history.superseded)
+
+    def held_through(self, record: Record) -> None:
+        self._history.held_through(record)
 
     def close(self, state: FinalState) -> None:
         run = self._opened()

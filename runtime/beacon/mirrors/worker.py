@@ -298,6 +298,8 @@ class MirrorWorker:
             )
             self._advance(held)
         self.report.resumed_after = self.cursor.seq
+        if self.cursor.seq >= 0 and (last := self.reader.read(self.cursor.seq, 1)):
+            self.mirror.held_through(last[0])
 
     def _send_next(self) -> bool:
         records = self.reader.read(self.cursor.seq + 1, BATCH_RECORDS)
