@@ -196,7 +196,7 @@ class ArtifactStore(Construct):
         self.verdict_role = iam.Role(
             self,
             "VerdictRole",
-            description="Beacon alarm verdict function: read run evidence under experiments/",
+            description="Beacon alarm verdict function: read what a diagnosis reads of a run under experiments/",
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
         )
         self.verdict_policy = iam.Policy(
@@ -207,7 +207,11 @@ class ArtifactStore(Construct):
                 iam.PolicyStatement(
                     sid="ReadRunEvidence",
                     actions=list(VERDICT_OBJECT_ACTIONS),
-                    resources=[self.experiments_arn],
+                    # a diagnosis reads these kinds of a run, never its model (checkpoints) or its TensorBoard
+                    resources=[
+                        self.bucket.arn_for_objects(f"{contract.EXPERIMENTS_PREFIX}*/*/{kind}/*")
+                        for kind in contract.DIAGNOSED_KINDS
+                    ],
                 ),
                 self._list_experiments_statement("ListRunEvidence"),
                 self._key_via_s3_statement("DecryptViaS3", ["kms:Decrypt"]),
@@ -293,6 +297,12 @@ class ArtifactStore(Construct):
                 policy,
                 prefix_finding,
                 "Runs create keys at run time; the grant is limited to the experiments/ prefix of this bucket.",
+            )
+        for kind in contract.DIAGNOSED_KINDS:
+            acknowledge(
+                self.verdict_policy,
+                f"IAM5[Resource::<{bucket_id}.Arn>/{contract.EXPERIMENTS_PREFIX}*/*/{kind}/*]",
+                f"Runs create keys at run time; the function reads their {kind}/ objects alone, as a diagnosis does.",
             )
         acknowledge(
             self.reader_policy,

@@ -43,6 +43,9 @@ SAGEMAKER_VOLUME = "sagemaker-volume"  # SageMaker's checkpoint sync of the job'
 # with this instance's, from the resource configuration SageMaker writes on every instance.
 SAGEMAKER_RENDEZVOUS = "--beacon-sagemaker-rendezvous"
 RENDEZVOUS_PORT = 29500  # where node 0's torchrun listens for the others, on EKS and SageMaker
+# What a diagnosis reads of a run (the doctor, the alarm's function): its records, their index, its preflights,
+# its final state and its ranks' evidence; never its checkpoints (the model), TensorBoard files or hyperparameters.
+DIAGNOSED_KINDS = (EVENTS, INDEX, PREFLIGHT, STATUS, RANKS)
 # History that must never be overwritten: create-only writes (If-None-Match: *).
 APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD, PARAMS)
 # What may be written without If-None-Match: checkpoints (versioning keeps old ones), the final
