@@ -57,3 +57,40 @@ def test_a_cycle_of_many_steps_spools_each_once_in_order_across_record_slices(tm
     assert len(drawn) == 50 and drawn[-1] == count - 1 and drawn == sorted(set(drawn)), "thinned evenly, the last kept"
     assert sink.tensorboard.thinned == count - 50
     sink.spool.close()
+
+
+def test_log_reads_no_value_on_the_training_thread_only_the_spool_thread_does(tmp_path: Path) -> None:
+    """A CUDA tensor's value is a host-device synchronisation to read: `run.log` must leave it to the spool
+    thread. Here a value that records which thread reads it (`make gpu-check` proves the same with sync-debug
+    mode "error" on a GPU)."""
+    import threading
+
+    reads: list[str] = []
+
+    class OnTheDevice:
+        """A one-element tensor as Beacon sees it: `numel`, `detach`, `item`."""
+
+        def numel(self) -> int:
+            return 1
+
+        def detach(self) -> OnTheDevice:
+            return self
+
+        def item(self) -> float:
+            reads.append(threading.current_thread().name)
+            return 0.5
+
+        def __float__(self) -> float:
+            return self.item()
+
+    sink = telemetry(tmp_path)
+    for step in range(3):
+        sink.log(step, {"loss": OnTheDevice(), "lr": 0.1})
+    assert reads == [], "log appends to a queue and reads nothing"
+    spool_thread = threading.Thread(target=sink._persist, kwargs={"final": True}, name="beacon-spool")
+    spool_thread.start()
+    spool_thread.join(timeout=60)
+    assert reads and set(reads) == {"beacon-spool"}, reads
+    (chunk,) = sink.spool.pending()
+    assert [r.metrics["loss"] for r in records_of(chunk.body())] == [0.5, 0.5, 0.5]
+    sink.spool.close()

@@ -19,6 +19,7 @@ from beacon.spool import Spool
 from beacon.telemetry import Telemetry
 from smoke_job.config import parse_args
 
+from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.rank_verdict import which_rank
 from beacon_ops.evidence.reading import rank_keys, read_run
 from tests.support.job_harness import keys_under
@@ -164,12 +165,31 @@ def test_a_stall_that_ends_and_comes_back_is_a_new_episode_with_its_own_snapshot
     assert snapshots.due(stalled=True, state=("a",)) == 1
 
 
-def test_a_single_rank_run_never_snapshots(aws: MotoServer, tmp_path: Path) -> None:
+def test_a_single_rank_run_snapshots_its_own_stall_and_sends_no_cross_rank_metrics(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    """One rank, stuck in forward 100 s: its own stack (where it hangs) reaches S3 while it hangs, and the doctor
+    shows it; the two cross-rank metrics are for runs of several ranks."""
     sink = rank_0(aws, tmp_path)
-    sink.ranks_dir = None  # world size 1
-    write_ranks(tmp_path / "ranks", hung())
+    assert not sink.cross_rank_metrics  # world size 1, as `beacon.run` builds it
+    alone = replace(document(0, age=100.0), world_size=1)
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / rank_document_name(0)).write_text(json.dumps(asdict(alone)))
+    (tmp_path / "ranks" / stacks_name(0)).write_text(stack_dump(0, FORWARD))
     beat(sink)
-    assert ranks_keys(aws) == []
+    assert ranks_keys(aws) == snapshot_keys(0, contract.LIVE_SNAPSHOT_COMPLETE, rank_document_name(0), stacks_name(0))
+    listed = aws.client("cloudwatch").list_metrics(Namespace=contract.metric_namespace("demo"))["Metrics"]
+    assert not {m["MetricName"] for m in listed} & {m.name for m in contract.RANK_METRICS}
+    evidence = read_run(aws.client("s3"), BUCKET, EXPERIMENT, RUN)
+    documents, stacks = evidence.ranks()
+    verdict = which_rank(documents, stacks)
+    assert verdict is not None and (verdict.rank, verdict.how) == (0, "hung")
+    assert verdict.where == "/app/model.py:41 in forward" and verdict.stack[0] == verdict.where
+    inputs = DoctorInputs("demo", EXPERIMENT, RUN, BUCKET, "us-east-1", aws.client("s3"), aws.client("cloudwatch"))
+    (named,) = [v for v in diagnose(inputs, evidence=evidence).verdicts if v.check == "rank"]
+    assert named.verdict == "hung" and named.evidence.startswith("rank 0 on pod train-0, node node-0"), named
+    assert "stacks-rank-00000.txt (live snapshot: rank 0 uploaded it while the run hung)" in named.fix
+    assert which_rank([replace(alone, ended="finished")], stacks) is None, "a run that finished hangs nowhere"
 
 
 # --- reading: the end of the attempt wins; else the newest complete snapshot of the newest attempt ------

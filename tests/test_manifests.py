@@ -187,3 +187,15 @@ def test_every_rank_knows_its_pod_and_node_and_keeps_its_flight_recorder_under_t
     ranks = f"{manifests.ARTIFACTS_MOUNT}/spool/{env['BEACON_EXPERIMENT']}/{env['BEACON_RUN_ID']}/ranks/"
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == env["TORCH_FR_DUMP_TEMP_FILE"] == ranks + "flight-recorder-rank-"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+
+
+def test_a_rank_whose_c_call_holds_the_gil_dumps_its_stacks_before_the_liveness_probe_gives_up() -> None:
+    """A C call holding the GIL stops every Python thread: the rank's signal thread, and the thread touching its
+    liveness file. faulthandler's watchdog (a C thread) dumps `stall_dump_after` plus one pass after the signal
+    thread last ran; the probe fails `HEARTBEAT_TOLERANCE_S` after the file was last touched (which is no earlier):
+    the dump must come first, or the kill takes the evidence with it."""
+    from beacon.ranks import rank_signal_interval
+
+    for heartbeat in (1.0, 15.0, 60.0):
+        watchdog = contract.STALL_THRESHOLD_S + rank_signal_interval(heartbeat)
+        assert watchdog < manifests.HEARTBEAT_TOLERANCE_S, (heartbeat, watchdog)

@@ -193,6 +193,25 @@ def test_on_node_local_directories_node_1s_leader_uploads_its_ranks_and_the_doct
     assert named.fix.startswith(f"its stack: ranks/{live}stacks-rank-00003.txt (live snapshot: node 1's leader")
 
 
+def test_an_earlier_jobs_restored_documents_are_not_this_attempts_and_node_1_uploads_its_own_ranks(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    """A rerun on SageMaker restores every node's files of the earlier job on every node: node 1's directory holds
+    rank 0's and rank 1's documents of an hour ago (ended), beside its own ranks 2-3, which stall now. Rank 0's old
+    last word must not read as rank 0 covering the directory, nor as rank 0 gone silent: the leader uploads its own
+    node's ranks, and nothing of the earlier job."""
+    leader = leader_of_node_1(aws, tmp_path)
+    now = time.time()
+    earlier = [replace(doc(r, written=now - 3600), ended="finished") for r in (0, 1)]
+    write(leader.directory, [*earlier, doc(2, written=now), doc(3, written=now)])
+    assert leader.look(now) == 0
+    live = "attempt-00000/node-00001/live-00000/"
+    assert node_keys(aws) == sorted(live + n for n in (".complete", "rank-00002.json", "rank-00003.json",
+                                                       "stacks-rank-00002.txt", "stacks-rank-00003.txt"))  # fmt: skip
+    assert {r.rank for r in read_ranks(leader.directory, since=now - 60)} == {2, 3}
+    assert {r.rank for r in read_ranks(leader.directory)} == {0, 1, 2, 3}
+
+
 def test_on_a_shared_volume_with_rank_0_alive_a_node_leader_uploads_nothing_until_its_last_word_is_missing(
     aws: MotoServer, tmp_path: Path
 ) -> None:

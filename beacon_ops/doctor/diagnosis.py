@@ -564,7 +564,7 @@ def _stopped_rank(evidence: RunEvidence, recorder: FlightRecorderReading | None)
     """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps; and the
     first collective they did not all join, where their flight recorders say."""
     documents, stacks = evidence.ranks()
-    if len(documents) < 2:
+    if len(documents) < 2 and which_rank(documents, stacks) is None:
         return Verdict(
             "rank", INFO, "not applicable", "no per-rank evidence (a single rank, or none uploaded yet)"
         ), None

@@ -11,7 +11,8 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from beacon.ranks import RankProgress
+from beacon.contract import FinalState
+from beacon.ranks import STALL_DUMP, RankProgress
 
 # A rank whose document is this much older than the newest one stopped writing it: dead or frozen.
 STALE_AFTER_S = 30.0
@@ -123,6 +124,19 @@ class RankVerdict:
         return text
 
 
+def _the_only_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict | None:
+    """A run of one rank: no other to compare with, but a stall's stack dump says where it hangs."""
+    if not ranks or ranks[0].ended == FinalState.FINISHED or STALL_DUMP not in stacks.get(ranks[0].rank, ""):
+        return None
+    only = ranks[0]
+    frames = main_thread_of(stacks[only.rank])
+    where = user_frame(frames)
+    return RankVerdict(
+        rank=only.rank, how="hung", step=only.step, phase=only.phase, pod=only.pod, node=only.node,
+        instance=only.instance, where=str(where) if where else "", stack=[str(f) for f in frames], ended=only.ended,
+    )  # fmt: skip
+
+
 def rank_list(ranks: list[int]) -> str:
     """Ranks for a verdict's line: all of them up to 8, else the first and last."""
     return ", ".join(str(r) for r in ranks) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]}"
@@ -131,7 +145,7 @@ def rank_list(ranks: list[int]) -> str:
 def which_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict | None:
     """The rank that stopped the run, or None when no rank stands out (every one progressing)."""
     if len(ranks) < 2 and max((r.world_size for r in ranks), default=1) < 2:
-        return None
+        return _the_only_rank(ranks, stacks)
     newest = max(r.wall_time for r in ranks)
     main = {r.rank: main_thread_of(stacks.get(r.rank, "")) for r in ranks}
     waiting: dict[str, list[int]] = defaultdict(list)

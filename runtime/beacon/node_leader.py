@@ -34,6 +34,7 @@ from beacon.ranks import (
     evidence_state,
     rank_signal_interval,
     read_ranks,
+    this_attempts_documents_since,
     upload_rank_evidence,
 )
 from beacon.settings import RunSettings
@@ -89,6 +90,7 @@ class NodeLeader:
         self.stalled_after = settings.stall_dump_after + rank_signal_interval(settings.heartbeat_interval)
         self.attempt = 0
         self.live_snapshots = LiveSnapshots()
+        self._ranks_since = this_attempts_documents_since()  # restored or left-over documents are not this attempt's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="beacon-node-evidence", daemon=True)
 
@@ -110,6 +112,12 @@ class NodeLeader:
             at_end=at_end,
         )  # fmt: skip
 
+    @staticmethod
+    def _own(share: Share, ranks: list[RankProgress]) -> Share:
+        """Every file of the directory, read as this attempt's ranks' files: a restore's or an earlier
+        world's are not this node's."""
+        return Share(frozenset(r.rank for r in ranks), share.reason) if share.ranks is None else share
+
     def stalled(self, ranks: list[RankProgress], now: float) -> bool:
         view = CrossRankView.of(ranks, now)
         working = any(
@@ -125,8 +133,8 @@ class NodeLeader:
     def look(self, now: float | None = None) -> int | None:
         """One pass: the number of the live snapshot uploaded, or None."""
         now = time.time() if now is None else now
-        ranks = read_ranks(self.directory)
-        share = self._share(ranks, now, at_end=False)
+        ranks = read_ranks(self.directory, since=self._ranks_since)
+        share = self._own(self._share(ranks, now, at_end=False), ranks)
         stalled = share.ranks != frozenset() and self.stalled(ranks, now)
         state = (evidence_state(self.directory, ranks), share.ranks) if stalled else None
         snapshot = self.live_snapshots.due(stalled=stalled, state=state)
@@ -148,7 +156,8 @@ class NodeLeader:
         self._stop.set()
         if self._thread.ident is not None:
             self._thread.join(timeout=self.settings.heartbeat_interval + 30)
-        share = self._share(read_ranks(self.directory), time.time(), at_end=True)
+        ranks = read_ranks(self.directory, since=self._ranks_since)
+        share = self._own(self._share(ranks, time.time(), at_end=True), ranks)
         if share.ranks != frozenset():
             log.info("node %d: the ranks' evidence to s3://%s/%s (%s)", self.node_rank, self.settings.bucket,
                      self._key(None), share.reason)  # fmt: skip

@@ -41,6 +41,7 @@ log = logging.getLogger("beacon.ranks")
 
 RANK_SIGNAL_INTERVAL_S = 5.0  # how often each rank rewrites its progress document, at most
 PHASE_FRESH_S = 60.0  # a document older than this no longer says which phase its rank is in
+STALL_DUMP = "no progress for"  # how a stall's stack dump is headed (a SIGTERM's says what it received)
 
 
 def rank_signal_interval(heartbeat_interval: float) -> float:
@@ -110,15 +111,30 @@ class RankProgress:
         return cls(**json.loads(body))
 
 
-def read_ranks(directory: Path) -> list[RankProgress]:
-    """Every rank's latest document under `directory` (a run's `ranks/`), in rank order."""
+# The ranks of an attempt start together (torchrun restarts its workers together, and a rank that dies takes
+# the others' collectives with it): a document written this long before a reader's own start is an earlier
+# attempt's. A restore brings such documents back (a rerun on SageMaker restores every node's files on every
+# node), and a rank of the earlier attempt that is gone (a smaller world) leaves its own behind.
+EARLIER_ATTEMPT_SLACK_S = 60.0
+
+
+def read_ranks(directory: Path, *, since: float = 0.0) -> list[RankProgress]:
+    """Every rank's latest document under `directory` (a run's `ranks/`), in rank order; with `since` (wall
+    time), only those written since (this attempt's, to a reader that started at `since` + the slack)."""
     found = []
     for path in sorted(directory.glob("rank-*.json")):
         try:
-            found.append(RankProgress.from_document(path.read_bytes()))
+            document = RankProgress.from_document(path.read_bytes())
         except (OSError, ValueError, TypeError):  # being replaced, or torn by a dead node: the next read
             continue
+        if document.wall_time >= since:
+            found.append(document)
     return found
+
+
+def this_attempts_documents_since() -> float:
+    """For a reader starting now: the wall time before which a document is an earlier attempt's."""
+    return time.time() - EARLIER_ATTEMPT_SLACK_S
 
 
 @dataclass(frozen=True)
@@ -210,7 +226,7 @@ class RankSignal:
             step, age = self.progress.dispatched_step, self.progress.progress_age()
             if age >= self.stall_dump_after and self._dumped_for != step and not self.progress.in_phase_work():
                 self._dumped_for = step
-                self.dump_stacks(f"no progress for {age:.0f} s after step {step}")
+                self.dump_stacks(f"{STALL_DUMP} {age:.0f} s after step {step}")
             self._keep_flight_recorder()
         self._keep_flight_recorder()  # one a SIGTERM asked for just before the stop
 

@@ -607,6 +607,6 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
         spool=spool,
         run_alarms=alarms,
     )
-    if world.size > 1:
-        telemetry.ranks_dir = settings.run_ranks_dir
+    telemetry.ranks_dir = settings.run_ranks_dir
+    telemetry.cross_rank_metrics = world.size > 1
     return telemetry, spool.last_step

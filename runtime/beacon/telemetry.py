@@ -36,6 +36,7 @@ from beacon.ranks import (
     evidence_state,
     rank_signal_interval,
     read_ranks,
+    this_attempts_documents_since,
     upload_rank_evidence,
 )
 from beacon.reconcile import RunConflictError
@@ -152,8 +153,12 @@ class Telemetry(NullTelemetry):
         self.spool = spool
         self.run_alarms = run_alarms
         self.report = DeliveryReport()
-        # Every rank's progress documents, for the cross-rank view (None with a single rank).
+        # Every rank's progress documents: the cross-rank view, and the live snapshots while a rank stalls.
         self.ranks_dir: Path | None = None
+        # Rank 0 of several ranks sends the cross-rank view (two custom metrics); a run of one rank does not,
+        # but its own stall is snapshotted alike (its stack, where it hangs, reaches S3 while it hangs).
+        self.cross_rank_metrics = False
+        self._ranks_since = this_attempts_documents_since()  # an earlier attempt's documents are not this one's
         self._phases_of_other_ranks = PhaseFollower(progress)
         # While a rank stalls, the ranks' evidence goes to S3 at once (not only at the attempt's end), from
         # a thread of its own so that a slow S3 never delays a heartbeat.
@@ -487,7 +492,7 @@ class Telemetry(NullTelemetry):
 
     def beat(self, *, final: bool = False) -> None:
         now = time.time()
-        ranks = read_ranks(self.ranks_dir) if self.ranks_dir is not None else []
+        ranks = read_ranks(self.ranks_dir, since=self._ranks_since) if self.ranks_dir is not None else []
         data, window = self._metric_batch(now, ranks)
         if not final:  # whatever CloudWatch answers: the evidence does not go through it
             self._snapshot_if_stalled(ranks, now)
@@ -602,7 +607,7 @@ class Telemetry(NullTelemetry):
             datum(contract.STEPS_PER_SECOND, run_dims, Value=(steps - last_steps) / max(mono - last_mono, 1e-6)),
         ]
         phase = self.progress.current_phase()  # setup, evaluation, checkpoint: work, not a stall
-        if self.ranks_dir is not None and (view := CrossRankView.of(ranks, now)) is not None:
+        if self.cross_rank_metrics and self.ranks_dir is not None and (view := CrossRankView.of(ranks, now)):
             data.append(datum(contract.SLOWEST_RANK_PROGRESS_AGE, run_dims, Value=view.slowest_progress_age))
             data.append(datum(contract.RANK_STEP_SPREAD, run_dims, Value=float(view.step_spread)))
         if phase is not None:
