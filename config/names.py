@@ -36,10 +36,24 @@ def training_job_prefix(team: str) -> str:
     return f"{team}-run-"
 
 
-def training_job_name(team: str, run: str) -> str:
-    """The SageMaker training job of a run; ValueError when the two do not fit SageMaker's 63 characters."""
-    name = f"{training_job_prefix(team)}{run}"
-    if len(name) > TRAINING_JOB_NAME_LIMIT:
-        room = TRAINING_JOB_NAME_LIMIT - len(training_job_prefix(team))
+# SageMaker never reuses a training job's name, and a run resumes under its own id: each rerun of a run on
+# SageMaker is a job of its own, `<prefix><run>-R<n>`. Run ids are lowercase, so no run's first job is another's
+# rerun; its checkpoint sync (the run's prefix) brings the earlier job's spool and checkpoints back.
+RERUN_MARK = "-R"
+MAX_RERUNS = 99
+
+
+def training_job_name(team: str, run: str, rerun: int = 0) -> str:
+    """The SageMaker training job of a run (`rerun` n > 0: its n-th rerun); ValueError when the two do not fit
+    SageMaker's 63 characters with room for the reruns' mark."""
+    room = TRAINING_JOB_NAME_LIMIT - len(training_job_prefix(team)) - len(f"{RERUN_MARK}{MAX_RERUNS}")
+    if len(run) > room:
         raise ValueError(f"run {run!r}: a SageMaker job of team {team!r} takes a run id of at most {room} characters")
-    return name
+    if not 0 <= rerun <= MAX_RERUNS:
+        raise ValueError(f"run {run!r}: rerun {rerun} is not 0-{MAX_RERUNS}")
+    return f"{training_job_prefix(team)}{run}{f'{RERUN_MARK}{rerun}' if rerun else ''}"
+
+
+def training_job_names(team: str, run: str) -> list[str]:
+    """A run's training jobs in the order they are made: its first, then each rerun's."""
+    return [training_job_name(team, run, rerun) for rerun in range(MAX_RERUNS + 1)]

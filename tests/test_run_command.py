@@ -19,7 +19,7 @@ from beacon import contract
 
 from beacon_ops.jobs.flow import JobError
 from beacon_ops.jobs.team import TeamJobRequest, check_sagemaker_gpus, instance_gpus
-from config import TeamConfig
+from config import TeamConfig, names
 from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam, fake_cluster
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.support.moto_server import REGION
@@ -275,3 +275,28 @@ def test_run_sagemaker_on_two_instances_rendezvous_from_each_instances_resource_
     keys = {item["Key"].split("/ranks/", 1)[1] for item in listed.get("Contents", [])}
     assert "attempt-00000/rank-00000.json" in keys and "attempt-00000/node-00001/rank-00001.json" in keys, keys
     assert not any(key.startswith("attempt-00000/node-00001/rank-00000") for key in keys)
+
+
+def test_a_rerun_of_a_run_on_sagemaker_is_a_job_of_its_own_and_the_doctor_reads_the_newest(
+    deployed: DeployedTeam, sagemaker: SageMakerStandIn, tmp_path: Path
+) -> None:
+    """SageMaker never reuses a training job's name, and a run resumes under its own id: the second
+    `beacon run --run R` is job `<prefix>R-R1` (the stand-in refuses a used name as SageMaker does), and
+    `beacon doctor --run R --target sagemaker` reads that one."""
+    run = "plain-ddp-again"
+    for attempt in range(2):
+        done = run_cli(
+            deployed,
+            *("--target", "sagemaker", "--image", ":v1", "--experiment", EXPERIMENT, "--run", run),
+            *("--report", str(tmp_path / f"report-{attempt}.json")),
+            command=TEAM_JOB,
+            env={"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url},
+        )
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    first, second = (read_report(tmp_path / f"report-{n}.json")["launched"]["training_job"] for n in range(2))
+    assert first == names.training_job_name(TEAM, run) and second == f"{first}-R1"
+    assert sorted(sagemaker.jobs) == [first, second] and sagemaker.calls.count("CreateTrainingJob") == 3
+    doctor = deployed.cli("--run", run, "--experiment", EXPERIMENT, "--target", "sagemaker", "--json", verb="doctor",
+                          extra_env={"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url}, timeout=120)  # fmt: skip
+    assert doctor.returncode in (0, 1), doctor.stdout[-2000:] + doctor.stderr[-2000:]
+    assert json.loads(doctor.stdout)["training_job"]["name"] == second

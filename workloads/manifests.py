@@ -462,8 +462,9 @@ def smoke_job(spec: SmokeJobSpec) -> list[dict[str, Any]]:
 
 
 # --- the same job as a SageMaker training job ------------------------------------------------
-# SageMaker syncs this directory to the checkpoint S3 URI while the job runs and restores it on a
-# restart (spot interruption): on SageMaker it is the persistent volume the spool needs.
+# SageMaker syncs this directory to the checkpoint S3 URI while the job runs, and brings it back at the start
+# of the run's next job (a rerun, `names.training_job_names`): on SageMaker it is the persistent volume the
+# spool needs.
 SAGEMAKER_VOLUME = "/opt/ml/checkpoints"
 SAGEMAKER_VOLUME_KIND = contract.SAGEMAKER_VOLUME  # under the run prefix, beside what the job writes itself
 

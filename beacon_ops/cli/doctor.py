@@ -29,7 +29,7 @@ from beacon_ops.doctor.diagnosis import FAIL, OK, WARN, Diagnosis, DoctorInputs,
 from beacon_ops.doctor.eks_state import read_job
 from beacon_ops.doctor.log_reader import eks_job_logs, read_log_verdicts, sagemaker_job_logs
 from beacon_ops.doctor.orchestrator import OrchestratorState, pod_nodes
-from beacon_ops.doctor.sagemaker_state import TrainingJobReading, read_training_job
+from beacon_ops.doctor.sagemaker_state import TrainingJobReading, newest_training_job, read_training_job
 from beacon_ops.doctor.verdict import Verdict
 from beacon_ops.jobs.eks import cluster_api
 from beacon_ops.jobs.flow import JobError
@@ -155,9 +155,10 @@ def doctor(
             except ValueError as error:
                 raise fail("doctor", str(error), as_json=as_json) from None
     training_job_name = job
+    run_jobs: list[str] = []
     if target is Where.SAGEMAKER and run is not None:
         try:
-            training_job_name = names.training_job_name(team, run)
+            run_jobs = names.training_job_names(team, run)
         except ValueError as error:
             raise fail("doctor", f"--run: {error}", as_json=as_json) from None
     config = team_or_fail("doctor", team, as_json=as_json)
@@ -168,6 +169,8 @@ def doctor(
     training_job: TrainingJobReading | None = None
     platform: OrchestratorState | TrainingJobReading
     if target is Where.SAGEMAKER:
+        if run_jobs:  # the run's newest job: a rerun has a name of its own
+            training_job_name = newest_training_job(session.client("sagemaker", **reader), run_jobs)
         assert training_job_name is not None
         training_job, logs = read_sagemaker(session, reader, training_job_name)
         beacon_run, platform = training_job.beacon, training_job

@@ -48,6 +48,17 @@ class TrainingJobReading:
         return dict((self.description or {}).get(BEACON_ENVIRONMENT, {}))
 
 
+def newest_training_job(sagemaker: Any, names: list[str]) -> str:
+    """The newest of a run's training jobs (`names` in the order they are made: its first, then its reruns'): the
+    last one SageMaker describes before one it does not know; the first name when it knows none, or says nothing."""
+    newest = names[0]
+    for name in names:
+        if isinstance(_describe(sagemaker, name), Verdict):
+            break
+        newest = name
+    return newest
+
+
 def read_training_job(sagemaker: Any, name: str) -> TrainingJobReading:
     """DescribeTrainingJob's answer (what the doctor keeps of it) and its verdict; or a verdict saying why none."""
     found = _describe(sagemaker, name)

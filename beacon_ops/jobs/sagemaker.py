@@ -50,10 +50,11 @@ def launch(access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manif
     container = manifests.sagemaker_container(spec)
     run_prefix = contract.run_prefix(spec.experiment, spec.name)
     try:
-        job_name = names.training_job_name(outputs.team, spec.name)
+        job_names = names.training_job_names(outputs.team, spec.name)
     except ValueError as error:
         raise JobError(f"--run: {error}") from None
-    try:
+
+    def create(job_name: str) -> Any:
         return TrainingJob.create(
             training_job_name=job_name,
             role_arn=outputs.writer_role_arn,
@@ -86,8 +87,22 @@ def launch(access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manif
             session=access.operator,
             region=outputs.region,
         )
-    except (ClientError, BotoCoreError) as error:
-        raise JobError(f"SageMaker refused training job {job_name}: {error}") from None
+
+    for job_name in job_names:  # a rerun of the run: the next name SageMaker has not used
+        try:
+            return create(job_name)
+        except ClientError as error:
+            if not name_taken(error):
+                raise JobError(f"SageMaker refused training job {job_name}: {error}") from None
+        except BotoCoreError as error:
+            raise JobError(f"SageMaker refused training job {job_name}: {error}") from None
+    raise JobError(f"--run: {spec.name!r} ran {len(job_names)} times on SageMaker already; give a new run id")
+
+
+def name_taken(error: ClientError) -> bool:
+    """SageMaker's answer to a training job name it has used: names are unique in an account and region."""
+    detail = error.response.get("Error", {})
+    return detail.get("Code") == "ResourceInUse" or "must be unique" in str(detail.get("Message", ""))
 
 
 def wait(job: Any, report: JobReport, delivery: Delivery, *, timeout_s: float, poll_s: float, show: Show) -> None:
@@ -136,7 +151,7 @@ class SageMakerTarget:
         show(f"creating SageMaker training job {spec.name} ({training.sagemaker_instance_type})")
         self._job = launch(self.access, self.outputs, self.config, spec)
         report.launched = {
-            "training_job": names.training_job_name(self.outputs.team, spec.name),
+            "training_job": self._job.training_job_name,  # a rerun of the run has a name of its own
             "instance_type": training.sagemaker_instance_type,
             "max_runtime_seconds": training.sagemaker_max_runtime_seconds,
             "image": spec.image,
@@ -148,7 +163,7 @@ class SageMakerTarget:
         wait(self._job, report, delivery, timeout_s=bound, poll_s=self.poll_interval_s, show=show)
 
     def collect_logs(self, report: JobReport) -> None:
-        collect_logs(self.access, report, names.training_job_name(self.outputs.team, report.run))
+        collect_logs(self.access, report, str(self._job.training_job_name))
 
     def cleanup(self, report: JobReport) -> None:
         if report.platform_state not in TERMINAL:  # timed out or interrupted: no instance left billing

@@ -81,7 +81,8 @@ def run_id_limit(team: str, target: str) -> int:
     """How long a run id may be: a Kubernetes Job's name, or what the team's prefix leaves of SageMaker's."""
     if target != "sagemaker":
         return RUN_ID_LIMIT
-    return min(RUN_ID_LIMIT, names.TRAINING_JOB_NAME_LIMIT - len(names.training_job_prefix(team)))
+    reruns = len(f"{names.RERUN_MARK}{names.MAX_RERUNS}")
+    return min(RUN_ID_LIMIT, names.TRAINING_JOB_NAME_LIMIT - len(names.training_job_prefix(team)) - reruns)
 
 
 def instance_gpus(ec2: Any, sagemaker_instance_type: str) -> int | None:

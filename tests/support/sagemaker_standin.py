@@ -13,6 +13,7 @@ every SageMaker call to moto and, for what moto cannot do:
   Completed when all exited 0; Failed with the first failing instance's exit code, once the others,
   sent SIGTERM as SageMaker stops a job whose instance failed, have ended.
 - StopTrainingJob (moto lacks it): SIGTERM to every instance, as SageMaker sends.
+- A CreateTrainingJob with a name already used is refused with ResourceInUse, as SageMaker refuses it.
 - Each instance's output goes to CloudWatch Logs in moto (/aws/sagemaker/TrainingJobs, a stream per
   instance, `<job>/algo-N-<time>`) once the job ends, as SageMaker streams it.
 """
@@ -137,6 +138,13 @@ class SageMakerStandIn:
             job.stopped = True
             job.signal_all(signal.SIGTERM)
             self.reply(request, 200, b"{}")
+            return
+        if action == "CreateTrainingJob" and params["TrainingJobName"] in self.jobs:  # moto would take it again
+            message = (
+                "Training job names must be unique within an AWS account and region, and a training job with this "
+                f"name already exists ({params['TrainingJobName']})"
+            )
+            self.reply(request, 400, json.dumps({"__type": "ResourceInUse", "message": message}).encode())
             return
         status, payload = self.forward(request, body)
         if status == 200 and action == "CreateTrainingJob":
