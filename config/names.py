@@ -46,7 +46,7 @@ MAX_RERUNS = 99
 def training_job_name(team: str, run: str, rerun: int = 0) -> str:
     """The SageMaker training job of a run (`rerun` n > 0: its n-th rerun); ValueError when the two do not fit
     SageMaker's 63 characters with room for the reruns' mark."""
-    room = TRAINING_JOB_NAME_LIMIT - len(training_job_prefix(team)) - len(f"{RERUN_MARK}{MAX_RERUNS}")
+    room = TRAINING_JOB_NAME_LIMIT - len(training_job_prefix(team)) - len(f"{RERUN_MARK}{rerun}" if rerun else "")
     if len(run) > room:
         raise ValueError(f"run {run!r}: a SageMaker job of team {team!r} takes a run id of at most {room} characters")
     if not 0 <= rerun <= MAX_RERUNS:
@@ -55,5 +55,9 @@ def training_job_name(team: str, run: str, rerun: int = 0) -> str:
 
 
 def training_job_names(team: str, run: str) -> list[str]:
-    """A run's training jobs in the order they are made: its first, then each rerun's."""
-    return [training_job_name(team, run, rerun) for rerun in range(MAX_RERUNS + 1)]
+    """A run's training jobs in the order they are made: its first, then each rerun's (a run id too long to leave
+    room for the reruns' mark, from before there were reruns, has its first alone)."""
+    first = training_job_name(team, run)
+    room = TRAINING_JOB_NAME_LIMIT - len(first)
+    reruns = [rerun for rerun in range(1, MAX_RERUNS + 1) if len(f"{RERUN_MARK}{rerun}") <= room]
+    return [first, *(training_job_name(team, run, rerun) for rerun in reruns)]

@@ -417,6 +417,20 @@ def test_when_no_rank_evidence_comes_the_function_says_where_it_is_after_its_bou
     ), notification
 
 
+def test_the_wait_for_rank_evidence_stays_within_what_lambda_says_the_function_has_left() -> None:
+    class Context:
+        def __init__(self, remaining_ms: int) -> None:
+            self.remaining_ms = remaining_ms
+
+        def get_remaining_time_in_millis(self) -> int:
+            return self.remaining_ms
+
+    assert notify.rank_wait_for(Context(TIMEOUT_S * 1000)) == notify.RANK_EVIDENCE_WAIT_S
+    assert notify.rank_wait_for(Context(100_000)) == 100 - notify.AFTER_THE_WAIT_S
+    assert notify.rank_wait_for(Context(30_000)) == 0.0, "no time to wait: the verdict as it stands"
+    assert notify.rank_wait_for(None) == notify.RANK_EVIDENCE_WAIT_S
+
+
 def topic_with_queue_as_admin(as_writer: WriterSession) -> tuple[str, Any, str, dict[str, str]]:
     """The topic and queue, the run's own alarms (as the job creates them), and an identity that may only
     publish, set up by the admin."""

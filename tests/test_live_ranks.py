@@ -190,6 +190,11 @@ def test_a_single_rank_run_snapshots_its_own_stall_and_sends_no_cross_rank_metri
     assert named.verdict == "hung" and named.evidence.startswith("rank 0 on pod train-0, node node-0"), named
     assert "stacks-rank-00000.txt (live snapshot: rank 0 uploaded it while the run hung)" in named.fix
     assert which_rank([replace(alone, ended="finished")], stacks) is None, "a run that finished hangs nowhere"
+    assert which_rank([replace(alone, ended="failed: RuntimeError")], stacks) is None, "the failure is the cause"
+    assert which_rank([replace(alone, step=60)], stacks) is None, "stepped on since that stall: it passed"
+    killed = {0: stacks[0] + "--- rank 0 pid 100 at 2.0, step 50: received SIGTERM\n" + stacks[0].split("\n", 1)[1]}
+    after = which_rank([replace(alone, ended="preempted")], killed)
+    assert after is not None and after.how == "hung" and after.ended == "preempted", "hung, then the probe's kill"
 
 
 # --- reading: the end of the attempt wins; else the newest complete snapshot of the newest attempt ------

@@ -417,6 +417,13 @@ def test_a_phase_pauses_the_stall_clock_up_to_its_limit_and_no_longer() -> None:
     with clock.phase("evaluation"):
         now[0] = 800.0
         assert clock.progress_age() == 0.0 and clock.in_phase_work(), "the next phase has its own 600 s"
+    setup = ProgressClock(now=lambda: now[0], phase_limit=600.0)
+    setup.enter("setup")
+    now[0] += 3600.0
+    assert setup.in_phase_work() and setup.progress_age() == 0.0, "an hour of setup (a large model loading): work"
+    assert dataclasses.replace(progress_of(3, phase="setup"), phase_seconds=3600.0, phase_limit=600.0).working_in_phase(
+        0.0
+    )
 
     # Rank 0 follows rank 3's checkpoint while the document says it is within its limit, and no longer.
     rank_0 = ProgressClock(now=lambda: now[0], phase_limit=600.0)

@@ -19,7 +19,7 @@ from beacon import contract
 
 from beacon_ops.jobs.flow import JobError
 from beacon_ops.jobs.team import TeamJobRequest, check_sagemaker_gpus, instance_gpus
-from config import TeamConfig, names
+from config import TeamConfig, load_team, names
 from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam, fake_cluster
 from tests.support.fake_kubernetes import FakeKubernetes
 from tests.support.moto_server import REGION
@@ -300,3 +300,42 @@ def test_a_rerun_of_a_run_on_sagemaker_is_a_job_of_its_own_and_the_doctor_reads_
                           extra_env={"AWS_ENDPOINT_URL_SAGEMAKER": sagemaker.url}, timeout=120)  # fmt: skip
     assert doctor.returncode in (0, 1), doctor.stdout[-2000:] + doctor.stderr[-2000:]
     assert json.loads(doctor.stdout)["training_job"]["name"] == second
+
+
+def test_a_rerun_waits_for_the_runs_earlier_job_to_end() -> None:
+    """Two jobs of one run at once would write one spool and one run's records: a used name whose job still runs
+    stops the rerun, naming the job; one that ended lets the next name go."""
+    from botocore.exceptions import ClientError
+
+    from beacon_ops.jobs.sagemaker import first_free
+
+    taken = ClientError({"Error": {"Code": "ResourceInUse", "Message": "names must be unique"}}, "CreateTrainingJob")
+    made: list[str] = []
+
+    def create(name: str) -> str:
+        if name in ("demo-run-r", "demo-run-r-R1"):
+            raise taken
+        made.append(name)
+        return name
+
+    assert first_free(["demo-run-r", "demo-run-r-R1", "demo-run-r-R2"], create, lambda _n: "Stopped") == "demo-run-r-R2"
+    with pytest.raises(JobError, match=r"training job demo-run-r-R1 of this run is InProgress; rerun it once it ended"):
+        first_free(
+            ["demo-run-r", "demo-run-r-R1", "demo-run-r-R2"],
+            create,
+            lambda n: "Failed" if n == "demo-run-r" else "InProgress",
+        )
+    assert made == ["demo-run-r-R2"]
+
+
+def test_a_runs_sagemaker_jobs_are_named_apart_from_every_other_runs() -> None:
+    """Reruns carry an uppercase mark no run id has: `r` and its reruns never meet `r-r1`'s jobs. A new run id
+    leaves room for 99 reruns; one from before reruns, too long for the mark, still names its first job."""
+    assert names.training_job_names(TEAM, "r")[:3] == ["demo-run-r", "demo-run-r-R1", "demo-run-r-R2"]
+    assert not set(names.training_job_names(TEAM, "r")) & set(names.training_job_names(TEAM, "r-r1"))
+    limit = names.TRAINING_JOB_NAME_LIMIT - len(names.training_job_prefix(TEAM))
+    assert names.training_job_names(TEAM, "a" * limit) == [f"demo-run-{'a' * limit}"]
+    with pytest.raises(JobError, match=r"--run: run 'a+': a SageMaker job of team 'demo' takes a run id of at most 50"):
+        from beacon_ops.jobs.team import check_request
+
+        check_request(TeamJobRequest(image=":v1", command=TEAM_JOB, run="a" * 52, target="sagemaker"), load_team(TEAM))

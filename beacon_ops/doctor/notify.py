@@ -45,6 +45,7 @@ STACK_FRAMES = 12  # of the stopped rank's main thread, innermost first
 # then names the rank within three minutes of the freeze. A single-rank run (no RankStepSpread) is not waited on.
 RANK_EVIDENCE_WAIT_S = 150.0
 RANK_EVIDENCE_POLL_S = 15.0
+AFTER_THE_WAIT_S = 60.0  # the last reading and the publish, within the function's timeout
 
 
 @dataclass(frozen=True)
@@ -182,11 +183,15 @@ def diagnose_naming_the_rank(
 ) -> tuple[Diagnosis, float]:
     """The diagnosis, read again while a run of several ranks has no rank named and its ranks' evidence may
     still be on its way (a node leader standing in for a frozen rank 0); and the seconds waited for it."""
+    started = time.monotonic()
     diagnosis = diagnose(inputs)
     waited = 0.0
     if diagnosis.stopped_rank is not None or diagnosis.healthy or not _several_ranks(inputs):
         return diagnosis, waited
-    while diagnosis.stopped_rank is None and waited + poll_s <= wait_s:
+    # Sleeps and readings together stay within `wait_s`: the function's own time bounds it (`handler`).
+    while (
+        diagnosis.stopped_rank is None and waited + poll_s <= wait_s and time.monotonic() - started + poll_s <= wait_s
+    ):
         sleep(poll_s)
         waited += poll_s
         later = None if inputs.now is None else inputs.now.astimezone(UTC) + timedelta(seconds=waited)
@@ -245,6 +250,15 @@ def notify(
     return notification
 
 
+def rank_wait_for(context: object) -> float:
+    """How long the function may wait for a run's ranks' evidence: what Lambda says it has left, less a reading and
+    the publish after the last wait (`RANK_EVIDENCE_WAIT_S` at most)."""
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if remaining is None:
+        return RANK_EVIDENCE_WAIT_S
+    return max(0.0, min(RANK_EVIDENCE_WAIT_S, float(remaining()) / 1000 - AFTER_THE_WAIT_S))
+
+
 def handler(event: dict[str, Any], context: object) -> dict[str, Any]:
     """The Lambda entry point: clients from the function's role, names from its environment."""
     import boto3  # Lambda's Python runtime provides it; imported here so tests need no environment
@@ -261,5 +275,6 @@ def handler(event: dict[str, Any], context: object) -> dict[str, Any]:
         s3=session.client("s3"),
         cloudwatch=session.client("cloudwatch"),
         sns=session.client("sns"),
+        rank_wait_s=rank_wait_for(context),
     )
     return {"published": notification is not None, "subject": notification.subject if notification else ""}

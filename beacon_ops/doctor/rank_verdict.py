@@ -36,6 +36,8 @@ COLLECTIVES = (
 FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 SECTION = re.compile(r"^--- rank (?P<rank>\d+) .*?: (?P<reason>.*)$")
 DUMPED_AT = re.compile(r"^--- rank \d+ pid \d+ at (?P<at>[0-9.]+),", re.MULTILINE)
+# `beacon.ranks`' stall dump: "--- rank 3 pid 1 at 1.0, step 50: no progress for 95 s after step 50"
+STALL_HEADER = re.compile(rf"step (?P<step>-?\d+): {STALL_DUMP} ")
 
 
 @dataclass(frozen=True)
@@ -124,12 +126,27 @@ class RankVerdict:
         return text
 
 
+def stall_dumps(dump: str) -> list[tuple[int, str]]:
+    """Each stall's section of a stacks file (its step, its text), oldest first; a SIGTERM's are left out."""
+    found = []
+    for section in dump.split("--- rank ")[1:]:
+        header = section.split("\n", 1)[0]
+        if (match := STALL_HEADER.search(header)) is not None:
+            found.append((int(match["step"]), "--- rank " + section))
+    return found
+
+
 def _the_only_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict | None:
-    """A run of one rank: no other to compare with, but a stall's stack dump says where it hangs."""
-    if not ranks or ranks[0].ended == FinalState.FINISHED or STALL_DUMP not in stacks.get(ranks[0].rank, ""):
+    """A run of one rank: no other to compare with, but a stall's stack dump says where it hangs, while its
+    document is still at that stall's step (the stacks file keeps earlier attempts' and passing stalls' dumps)
+    and it did not end on its own (finished, or failed: the failure is the cause)."""
+    if not ranks or ranks[0].ended.startswith((FinalState.FINISHED, FinalState.FAILED)):
         return None
     only = ranks[0]
-    frames = main_thread_of(stacks[only.rank])
+    stalls = stall_dumps(stacks.get(only.rank, ""))
+    if not stalls or stalls[-1][0] != only.step:
+        return None
+    frames = main_thread_of(stalls[-1][1])
     where = user_frame(frames)
     return RankVerdict(
         rank=only.rank, how="hung", step=only.step, phase=only.phase, pod=only.pod, node=only.node,

@@ -8,6 +8,7 @@ the job's progress lines, and a bounded run time.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,15 +89,35 @@ def launch(access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manif
             region=outputs.region,
         )
 
-    for job_name in job_names:  # a rerun of the run: the next name SageMaker has not used
+    sagemaker = access.operator.client("sagemaker", region_name=outputs.region)
+
+    def status_of(job_name: str) -> str:
+        try:
+            return str(sagemaker.describe_training_job(TrainingJobName=job_name)["TrainingJobStatus"])
+        except (ClientError, BotoCoreError):
+            return ""
+
+    return first_free(job_names, create, status_of)
+
+
+def first_free(job_names: list[str], create: Callable[[str], Any], status_of: Callable[[str], str]) -> Any:
+    """The run's next job: the first name SageMaker has not used (a rerun of the run), once every earlier job of
+    the run ended: two jobs of one run at once would write one spool, one prefix and one run's records."""
+    for job_name in job_names:
         try:
             return create(job_name)
         except ClientError as error:
             if not name_taken(error):
                 raise JobError(f"SageMaker refused training job {job_name}: {error}") from None
+            status = status_of(job_name)
+            if status not in TERMINAL:
+                raise JobError(
+                    f"--run: training job {job_name} of this run is {status or 'not known to have ended'}; rerun "
+                    f"it once it ended, or stop it: aws sagemaker stop-training-job --training-job-name {job_name}"
+                ) from None
         except BotoCoreError as error:
             raise JobError(f"SageMaker refused training job {job_name}: {error}") from None
-    raise JobError(f"--run: {spec.name!r} ran {len(job_names)} times on SageMaker already; give a new run id")
+    raise JobError(f"--run: it ran {len(job_names)} times on SageMaker already; give a new run id")
 
 
 def name_taken(error: ClientError) -> bool:

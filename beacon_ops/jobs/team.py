@@ -144,7 +144,7 @@ def check_request(request: TeamJobRequest, config: TeamConfig) -> None:
         raise JobError(f"--run: {request.run!r} is {len(request.run)} characters; a Job name takes {RUN_ID_LIMIT}")
     if request.run is not None and request.target == "sagemaker":
         try:
-            names.training_job_name(config.team, request.run)
+            names.training_job_name(config.team, request.run, names.MAX_RERUNS)  # with room for its reruns
         except ValueError as error:
             raise JobError(f"--run: {error}") from None
 

@@ -6,6 +6,7 @@ doing: the contract's (`contract.Phase`) or a team's own name (`run.phase("warmu
 
 A phase pauses the clock for `phase_limit` seconds at most (`contract.PHASE_LIMIT_S`): past it, the time
 counts again, so a rank hung inside its own checkpoint or evaluation reads as stalled, not as working forever.
+Setup is not limited: loading a large model or compiling may take longer, and a run is not yet stepping.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class ProgressClock:
         """End the innermost open `phase`; return its length in seconds (0 if it was not open)."""
         with self._lock:
             now = self._now()
+            limit = self._limit()  # of the stretch that ends if this is its last phase
             for index in range(len(self._phases) - 1, -1, -1):
                 if self._phases[index][0] == phase:
                     started = self._phases.pop(index)[1]
@@ -60,7 +62,7 @@ class ProgressClock:
             else:
                 return 0.0
             if not self._phases and self._paused_since is not None:
-                self._excluded += min(now - self._paused_since, self.phase_limit)
+                self._excluded += min(now - self._paused_since, limit)
                 self._paused_since = None
             return now - started
 
@@ -98,15 +100,19 @@ class ProgressClock:
             started = next((s for _, s, followed in reversed(self._phases) if not followed), None)
             return 0.0 if started is None else self._now() - started
 
+    def _limit(self) -> float:
+        """How long the open phases may pause the clock: `phase_limit`, unless the outermost is setup."""
+        return float("inf") if self._phases and self._phases[0][0] == Phase.SETUP else self.phase_limit
+
     def in_phase_work(self) -> bool:
-        """A phase is open and has paused the clock for less than `phase_limit`: the rank is working, not stalled."""
+        """A phase is open and has paused the clock for less than its limit: the rank is working, not stalled."""
         with self._lock:
-            return self._paused_since is not None and self._now() - self._paused_since < self.phase_limit
+            return self._paused_since is not None and self._now() - self._paused_since < self._limit()
 
     def progress_age(self) -> float:
         with self._lock:
             now = self._now()
-            in_phase = min(now - self._paused_since, self.phase_limit) if self._paused_since is not None else 0.0
+            in_phase = min(now - self._paused_since, self._limit()) if self._paused_since is not None else 0.0
             return max(0.0, now - self._last_step - self._excluded - in_phase)
 
     # The checkpoint window, as the alarm simulation (beacon/simulate.py) drives it.

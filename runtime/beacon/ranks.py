@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -104,11 +104,18 @@ class RankProgress:
         a rank that never left its checkpoint or evaluation reads as stopped there."""
         if self.phase == Phase.TRAINING:
             return False
-        return not self.phase_limit or self.phase_seconds + max(0.0, now - self.wall_time) < self.phase_limit
+        return (
+            self.phase == Phase.SETUP
+            or not self.phase_limit
+            or self.phase_seconds + max(0.0, now - self.wall_time) < self.phase_limit
+        )
 
     @classmethod
     def from_document(cls, body: bytes) -> RankProgress:
-        return cls(**json.loads(body))
+        """A document of this or another Beacon version: fields it does not know are left out (a function deployed
+        from older code still reads a newer job's documents)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(body).items() if k in known})
 
 
 # The ranks of an attempt start together (torchrun restarts its workers together, and a rank that dies takes

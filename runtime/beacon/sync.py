@@ -68,14 +68,19 @@ def mirrored_trackers(directory: Path) -> list[str]:
     return sorted(p.stem for p in (directory / MIRRORS_DIR).glob("*.json"))
 
 
-def _final_state(s3: Any, bucket: str, experiment: str, run: str) -> FinalState:
+def _final_state(s3: Any, bucket: str, experiment: str, run: str, attempt: int) -> FinalState:
+    """The final state the job wrote for this spool's attempt; `failed` when it wrote none (an earlier attempt's
+    does not count: the status key is rewritten by each attempt's end)."""
     try:
         body = s3.get_object(Bucket=bucket, Key=contract.final_status_key(experiment, run))["Body"].read()
-        return FinalState(json.loads(body).get("state", FinalState.FINISHED))
+        final = json.loads(body)
+        if int(final.get("attempt", 0)) < attempt:
+            return FinalState.FAILED
+        return FinalState(final.get("state", FinalState.FINISHED))
     except ClientError as error:
         if error.response["Error"]["Code"] not in ("NoSuchKey", "404"):
             raise
-    except ValueError:
+    except (ValueError, TypeError):
         pass
     return FinalState.FAILED  # the job ended without a final state: killed, or its node lost
 
@@ -152,7 +157,7 @@ def sync_spool(
             directory=directory / contract.RANKS,
         )  # fmt: skip
         if mirrors:
-            state = _final_state(s3, bucket, experiment, run)
+            state = _final_state(s3, bucket, experiment, run, max(spool.last_attempt, 0))
             report.final_state = state.value
             info = RunInfo(team, experiment, run, directory / MIRRORS_DIR)
             for mirror in mirrors:

@@ -549,15 +549,18 @@ class Telemetry(NullTelemetry):
             contract.live_rank_evidence_key(self.config.experiment, self.config.run, self.attempt, snapshot, ""),
         )
         self._snapshot_thread = threading.Thread(
-            target=self._upload_snapshot, args=(self.ranks_dir, snapshot), name="beacon-rank-snapshot", daemon=True
+            target=self._upload_snapshot,
+            args=(self.ranks_dir, snapshot, frozenset(r.rank for r in ranks)),  # this attempt's ranks' files
+            name="beacon-rank-snapshot",
+            daemon=True,
         )
         self._snapshot_thread.start()
 
-    def _upload_snapshot(self, directory: Path, snapshot: int) -> None:
+    def _upload_snapshot(self, directory: Path, snapshot: int, ranks: frozenset[int]) -> None:
         try:
             upload_rank_evidence(
                 self.s3, bucket=self.config.bucket, experiment=self.config.experiment, run=self.config.run,
-                attempt=self.attempt, directory=directory, live=snapshot,
+                attempt=self.attempt, directory=directory, live=snapshot, ranks=ranks,
             )  # fmt: skip
         except Exception:  # evidence helps; it never stops the heartbeat or training
             log.exception("live snapshot %d of the ranks' evidence failed", snapshot)
@@ -650,9 +653,10 @@ class Telemetry(NullTelemetry):
         """Every rank's last word, stack dumps and flight-recorder dumps, from the run's ranks directory
         to S3, create-only under the attempt. When rank 0 is the rank that stopped, or the directory is
         node-local (SageMaker), the other nodes' leaders upload theirs (`beacon.node_leader`)."""
+        ranks = frozenset(r.rank for r in read_ranks(directory, since=self._ranks_since))  # not a restore's
         upload_rank_evidence(
             self.s3, bucket=self.config.bucket, experiment=self.config.experiment, run=self.config.run,
-            attempt=attempt, directory=directory,
+            attempt=attempt, directory=directory, ranks=ranks,
         )  # fmt: skip
 
     def publish_hyperparams(self, document: bytes) -> None:

@@ -54,7 +54,6 @@ class MlflowMirror:
         self._run_id = ""
         self._refused: set[str] = set()
         self._history = History()
-        self._rewound = False  # a batch went back over steps held: its superseded ranges go with it
 
     def open(self, run: RunInfo) -> int:
         from mlflow.tracking import MlflowClient
@@ -96,37 +95,43 @@ class MlflowMirror:
     def send(self, records: Sequence[Record]) -> None:
         from mlflow.entities import Metric
 
+        # Where the run stands once these records are in, kept batch by batch as MLflow takes them.
+        history = History(self._history.last, self._history.superseded)
         batch: list[Metric] = []
         complete: int | None = None  # the last record whose every metric is in `batch`
+        through = self._history.last  # its (attempt, step)
         for record in records:
-            if self._history.take(record):
-                self._rewound = True
+            if history.take(record):
                 log.info("attempt %d goes through steps from %d again: %s", record.attempt, record.step,
-                         self._history.superseded)  # fmt: skip
+                         history.superseded)  # fmt: skip
             timestamp = int(record.wall_time * 1000)
             for name, value in record.metrics.items():
                 if not mlflow_accepts(name):
                     self._refuse(name)
                     continue
                 if len(batch) == MAX_METRICS_PER_REQUEST:
-                    self._log_batch(batch, complete)
+                    self._log_batch(batch, complete, through, history)
                     batch, complete = [], None
                 batch.append(Metric(name, value, timestamp, record.step))
-            complete = record.seq
-        self._log_batch(batch, complete)
+            complete, through = record.seq, (record.attempt, record.step)
+        self._log_batch(batch, complete, through, history)
 
-    def _log_batch(self, metrics: list[Metric], seq: int | None) -> None:
+    def _log_batch(
+        self, metrics: list[Metric], seq: int | None, through: tuple[int, int] | None, history: History
+    ) -> None:
         from mlflow.entities import RunTag
 
         if not metrics and seq is None:
             return
         tags = [RunTag(SEQ_TAG, str(seq))] if seq is not None else []
-        if seq is not None and self._history.last is not None:
-            tags.append(RunTag(LAST_TAG, f"{self._history.last[0]}:{self._history.last[1]}"))
-            if self._rewound:  # once per restart that went back: the ranges are few
-                tags += [RunTag(SUPERSEDED_TAG + k, v) for k, v in self._history.superseded.items()]
-                self._rewound = False
+        if seq is not None and through is not None:
+            tags.append(RunTag(LAST_TAG, f"{through[0]}:{through[1]}"))
+        new = {k: v for k, v in history.superseded.items() if self._history.superseded.get(k) != v}
+        tags += [RunTag(SUPERSEDED_TAG + k, v) for k, v in new.items()]  # a restart's range, once
         self._opened().log_batch(self._run_id, metrics=metrics, tags=tags)
+        self._history.superseded.update(new)  # MLflow holds them now
+        if seq is not None:
+            self._history.last = through
 
     def _refuse(self, name: str) -> None:
         if name not in self._refused:

@@ -81,7 +81,10 @@ class WandbMirror:
         if not opened.resumed:
             return None if self.mode == "offline" else -1
         self._next_step = opened.step
-        last: Any = opened.summary.get(LAST_KEY)  # type: ignore[no-untyped-call]
+        # Its last row's own keys (a summary keeps each key's last value, row by row), else the last batch's mark.
+        attempt: Any = opened.summary.get(ATTEMPT_KEY)  # type: ignore[no-untyped-call]
+        step: Any = opened.summary.get(STEP_KEY)  # type: ignore[no-untyped-call]
+        last: Any = [attempt, step] if attempt is not None and step is not None else opened.summary.get(LAST_KEY)  # type: ignore[no-untyped-call]
         superseded: Any = opened.summary.get(SUPERSEDED_KEY)  # type: ignore[no-untyped-call]
         self._history = History(
             (int(last[0]), int(last[1])) if last else None, dict(superseded) if superseded else None
@@ -96,11 +99,12 @@ class WandbMirror:
         for record in records:
             if self._history.held(record):
                 continue  # a resumed run already holds this record
-            rewound |= self._history.take(record)
+            after = History(self._history.last, self._history.superseded)
+            rewound |= after.take(record)
             step = max(record.step, self._next_step)  # a restart's pass goes on at W&B's next step
             row = {**record.metrics, STEP_KEY: record.step, ATTEMPT_KEY: record.attempt, "_timestamp": record.wall_time}
             run.log(row, step=step, commit=True)
-            self._next_step = step + 1
+            self._history, self._next_step = after, step + 1  # W&B has the row: it is held now
         if records:
             run.summary[SEQ_KEY] = records[-1].seq
             if self._history.last is not None:
