@@ -3,8 +3,9 @@ state change to a small function, and the function publishes the doctor's verdic
 topic (`beacon_ops.doctor.notify`).
 
 No loop: the rule matches the team's metrics-lost alarms going to ALARM, and the function only publishes.
-It reads the run's evidence and publishes to the one topic; nothing else (no write, no delete, no other
-topic, no other bucket, no Kubernetes API).
+It reads the alarmed run's evidence, in a session of the artifact store's verdict reader role whose policy
+names that run alone, and publishes to the one topic; nothing else (no write, no delete, no other run, no
+other topic, no other bucket, no Kubernetes API).
 
 Packaged without Docker: at synth the bundle's sources are copied into a staging directory under the
 app's output directory, and that directory is the function's asset. Lambda's Python runtime brings boto3.
@@ -44,6 +45,7 @@ BUNDLE = (
 HANDLER = "beacon_ops.doctor.notify.handler"
 # The function's environment (beacon_ops.doctor.notify reads the same names).
 ENV_TEAM, ENV_BUCKET, ENV_TOPIC_ARN = "BEACON_TEAM", "BEACON_BUCKET", "BEACON_TOPIC_ARN"
+ENV_READER_ROLE_ARN = "BEACON_READER_ROLE_ARN"
 STATE_CHANGE = "CloudWatch Alarm State Change"
 # The diagnosis takes seconds; a run of several ranks whose evidence is still on its way is read again for up
 # to `notify.RANK_EVIDENCE_WAIT_S` (150 s), which the function's time must cover with room to publish.
@@ -83,6 +85,7 @@ class AlarmVerdict(Construct):
         topic_key: kms.IKey,
         bucket: s3.IBucket,
         role: iam.IRole,
+        reader_role: iam.IRole,
         alarm_arns: list[str],
         log_retention_days: int,
     ) -> None:
@@ -133,7 +136,12 @@ class AlarmVerdict(Construct):
             log_group=self.logs,
             memory_size=256,
             timeout=Duration.seconds(TIMEOUT_S),
-            environment={ENV_TEAM: team, ENV_BUCKET: bucket.bucket_name, ENV_TOPIC_ARN: topic.topic_arn},
+            environment={
+                ENV_TEAM: team,
+                ENV_BUCKET: bucket.bucket_name,
+                ENV_TOPIC_ARN: topic.topic_arn,
+                ENV_READER_ROLE_ARN: reader_role.role_arn,  # taken per alarm, scoped to the alarmed run
+            },
         )
         self.function.node.add_dependency(self.policy)
         self.rule = events.Rule(

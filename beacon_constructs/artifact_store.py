@@ -193,16 +193,38 @@ class ArtifactStore(Construct):
 
         # The monitoring stack's alarm-verdict function: it reads a run's evidence here, and the monitoring
         # stack grants it the rest (its topic, its logs, the team's alarms), as it grants the writer its alarms.
+        # The alarm's function runs as `verdict_role`, which reads nothing in the bucket itself: for each alarm it
+        # takes `verdict_reader_role` in a session whose policy (beacon_ops.doctor.notify.run_session_policy)
+        # narrows these rights to the alarmed run's evidence, so a diagnosis can read that run and no other.
         self.verdict_role = iam.Role(
             self,
             "VerdictRole",
-            description="Beacon alarm verdict function: read what a diagnosis reads of a run under experiments/",
+            description="Beacon alarm verdict function: takes the reader role scoped to the alarmed run",
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+        )
+        self.verdict_reader_role = iam.Role(
+            self,
+            "VerdictReaderRole",
+            description="Beacon alarm verdict function's reading: what a diagnosis reads of a run, one run a session",
+            assumed_by=iam.ArnPrincipal(self.verdict_role.role_arn),
+            max_session_duration=Duration.hours(1),
         )
         self.verdict_policy = iam.Policy(
             self,
             "VerdictPolicy",
             roles=[self.verdict_role],
+            statements=[
+                iam.PolicyStatement(
+                    sid="TakeTheReaderRoleForOneRun",
+                    actions=["sts:AssumeRole"],
+                    resources=[self.verdict_reader_role.role_arn],
+                )
+            ],
+        )
+        self.verdict_reader_policy = iam.Policy(
+            self,
+            "VerdictReaderPolicy",
+            roles=[self.verdict_reader_role],
             statements=[
                 iam.PolicyStatement(
                     sid="ReadRunEvidence",
@@ -292,7 +314,7 @@ class ArtifactStore(Construct):
     def _acknowledge_findings(self) -> None:
         bucket_id = Stack.of(self).resolve(Stack.of(self).get_logical_id(self.bucket.node.default_child))  # type: ignore[arg-type]
         prefix_finding = f"IAM5[Resource::<{bucket_id}.Arn>/{contract.EXPERIMENTS_PREFIX}*]"
-        for policy in (self.writer_policy, self.reader_policy, self.verdict_policy):
+        for policy in (self.writer_policy, self.reader_policy):
             acknowledge(
                 policy,
                 prefix_finding,
@@ -300,9 +322,9 @@ class ArtifactStore(Construct):
             )
         for kind in contract.DIAGNOSED_KINDS:
             acknowledge(
-                self.verdict_policy,
+                self.verdict_reader_policy,
                 f"IAM5[Resource::<{bucket_id}.Arn>/{contract.EXPERIMENTS_PREFIX}*/*/{kind}/*]",
-                f"Runs create keys at run time; the function reads their {kind}/ objects alone, as a diagnosis does.",
+                f"Runs create keys at run time; a session reads one run's {kind}/ objects alone (its session policy).",
             )
         acknowledge(
             self.reader_policy,

@@ -87,6 +87,7 @@ def build_app(app: App, config: TeamConfig) -> BeaconStacks:
         writer_role=artifacts.store.writer_role,
         bucket=artifacts.store.bucket,
         verdict_role=artifacts.store.verdict_role,
+        verdict_reader_role=artifacts.store.verdict_reader_role,
         env=env,
         description=describe("alarms, dashboard, alarm topic and the alarm's verdict"),
     )

@@ -23,6 +23,7 @@ class MonitoringStack(Stack):
         writer_role: iam.IRole,
         bucket: s3.IBucket,
         verdict_role: iam.IRole,
+        verdict_reader_role: iam.IRole,
         **kwargs: object,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)  # type: ignore[arg-type]
@@ -43,6 +44,7 @@ class MonitoringStack(Stack):
             topic_key=self.monitoring.topic_key,
             bucket=bucket,
             role=verdict_role,
+            reader_role=verdict_reader_role,
             alarm_arns=self.monitoring.own_alarm_arns,
             log_retention_days=config.monitoring.log_retention_days,
         )

@@ -26,9 +26,17 @@ from beacon.ranks import Placement, RankSignal, stacks_name, upload_rank_evidenc
 from beacon.run_alarms import RunAlarms
 from beacon.spool import Spool
 from beacon.telemetry import Telemetry
+from moto.sts.models import sts_backends
 from smoke_job.config import parse_args
 
-from beacon_constructs.alarm_verdict import BUNDLE, HANDLER, TIMEOUT_S, metrics_lost_pattern, stage_bundle
+from beacon_constructs.alarm_verdict import (
+    BUNDLE,
+    ENV_READER_ROLE_ARN,
+    HANDLER,
+    TIMEOUT_S,
+    metrics_lost_pattern,
+    stage_bundle,
+)
 from beacon_ops.doctor import notify
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.flight_recorder import NO_TORCH
@@ -36,6 +44,7 @@ from config import names
 from tests.conftest import WriterSession
 from tests.support.moto_server import REGION, MotoServer
 from tests.support.policy_eval import ACCOUNT, Decision, Deployment, Request, merge
+from tests.support.strict_s3 import SessionGate
 from tests.support.synth import ROOT, Synthesized
 from tests.test_flight_recorder import hide_the_analyser
 
@@ -204,10 +213,33 @@ def delivered(sqs: Any, queue: str) -> list[dict[str, Any]]:
     return [json.loads(m["Body"]) for m in messages]
 
 
+def reading_as_aws_would_decide(demo: Synthesized, monkeypatch: pytest.MonkeyPatch, role_arn: str) -> list[SessionGate]:
+    """The handler's reader sessions, each S3 read decided as AWS would for the session it took: the synthesized
+    reader role's policies and the session policy the handler sent to STS (moto keeps it, and ignores it)."""
+    gates: list[SessionGate] = []
+    run_reader = notify.run_reader
+
+    def gated_reader(session: Any, *, role_arn: str, bucket: str, region: str) -> Callable[[str, str], Any]:
+        s3_for_run = run_reader(session, role_arn=role_arn, bucket=bucket, region=region)
+
+        def gated(experiment: str, run: str) -> Any:
+            client = s3_for_run(experiment, run)
+            taken = sts_backends[role_arn.split(":")[4]]["aws"].assumed_roles[-1]
+            assert (taken.role_arn, taken.session_name) == (role_arn, notify.reader_session_name(run))
+            gates.append(SessionGate.of(demo.templates, TEAM, bucket, "ArtifactStoreVerdictReaderRole", taken.policy))
+            return gates[-1].install(client)
+
+        return gated
+
+    monkeypatch.setattr(notify, "run_reader", gated_reader)
+    return gates
+
+
 def test_the_notification_names_the_rank_its_step_phase_place_and_hanging_frame_and_who_waits(
-    as_writer: WriterSession, monkeypatch: pytest.MonkeyPatch
+    demo: Synthesized, as_writer: WriterSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through the Lambda entry point, with its environment, against the embedded AWS."""
+    """Through the Lambda entry point, with its environment, against the embedded AWS; the evidence read in a
+    session of the reader role that may read this run alone, every read decided as AWS would."""
     seed_hung_run(as_writer.client("s3"), as_writer.bucket, as_writer.workdir)
     aws = as_writer.aws
     aws.reset_auth_only()  # the admin sets up the alarms and the topic; the function's rights are tested below
@@ -229,11 +261,17 @@ def test_the_notification_names_the_rank_its_step_phase_place_and_hanging_frame_
         notify.ENV_TEAM: TEAM,
         notify.ENV_BUCKET: as_writer.bucket,
         notify.ENV_TOPIC_ARN: topic,
+        notify.ENV_READER_ROLE_ARN: reader_role_of(Deployment(demo.templates), TEAM),
     }.items():
         monkeypatch.setenv(name, value)
+    gates = reading_as_aws_would_decide(demo, monkeypatch, reader_role_of(Deployment(demo.templates), TEAM))
 
     result = notify.handler(alarm_event(composite), None)
 
+    (gate,) = gates
+    assert gate.refused == [], "every read the diagnosis makes is allowed to a session of the alarmed run"
+    evidence = contract.rank_evidence_key(EXPERIMENT, RUN, 0, stacks_name(3))
+    assert any(line.startswith(f"s3:GetObject {gate.policy_bucket_arn}/{evidence} ") for line in gate.allowed)
     assert result["published"]
     (message,) = delivered(sqs, queue)
     assert message["Subject"] == f"Beacon {TEAM}: {EXPERIMENT}/{RUN} rank-hung"
@@ -348,7 +386,7 @@ def notify_as_the_function(
         bucket=as_writer.bucket,
         topic_arn=topic,
         region=REGION,
-        s3=as_writer.client("s3", as_writer.reader),
+        s3_for_run=lambda *_: as_writer.client("s3", as_writer.reader),
         cloudwatch=as_writer.client("cloudwatch", as_writer.reader),
         sns=as_writer.aws.client("sns", **publisher),
     )
@@ -466,7 +504,7 @@ def run_notify(team_aws: tuple[MotoServer, str, str, Any, str], event: dict[str,
         bucket=bucket,
         topic_arn=topic,
         region=REGION,
-        s3=aws.client("s3"),
+        s3_for_run=lambda *_: aws.client("s3"),
         cloudwatch=aws.client("cloudwatch"),
         sns=aws.client("sns"),
     )
@@ -547,7 +585,8 @@ def test_the_rule_sends_only_the_teams_metrics_lost_alarms_going_to_alarm_to_the
     assert properties["Runtime"].startswith("python3.")
     assert properties["Timeout"] == TIMEOUT_S >= notify.RANK_EVIDENCE_WAIT_S + 60, "its bounded wait, and time after"
     variables = properties["Environment"]["Variables"]
-    assert set(variables) == {notify.ENV_TEAM, notify.ENV_BUCKET, notify.ENV_TOPIC_ARN}
+    assert set(variables) == {notify.ENV_TEAM, notify.ENV_BUCKET, notify.ENV_TOPIC_ARN, notify.ENV_READER_ROLE_ARN}
+    assert ENV_READER_ROLE_ARN == notify.ENV_READER_ROLE_ARN
     assert variables[notify.ENV_TEAM] == TEAM
     assert variables[notify.ENV_TOPIC_ARN] == {"Ref": demo.template("monitoring").one_of_type("AWS::SNS::Topic")[0]}
     assert "Layers" not in properties and "VpcConfig" not in properties, "no Kubernetes API, nothing but AWS APIs"
@@ -560,8 +599,15 @@ def aws(demo: Synthesized, vision: Synthesized) -> Deployment:
 
 
 def role_of(aws: Deployment, team: str) -> str:
+    """The function's own role (Lambda's execution role)."""
     name = names.stack_name(team, "artifacts")
     return aws.arn(name, aws.find(name, "AWS::IAM::Role", "ArtifactStoreVerdictRole"))
+
+
+def reader_role_of(aws: Deployment, team: str) -> str:
+    """The role the function takes, per alarm, in a session scoped to the alarmed run."""
+    name = names.stack_name(team, "artifacts")
+    return aws.arn(name, aws.find(name, "AWS::IAM::Role", "ArtifactStoreVerdictReaderRole"))
 
 
 def arn_of(aws: Deployment, team: str, component: str, kind: str, prefix: str = "") -> str:
@@ -585,18 +631,43 @@ def decision(aws: Deployment, action: str, resource: str, principal: str, **cont
     return aws.decide(Request(action, resource, principal, {**TLS, **context})).decision
 
 
+def session_of(aws: Deployment, experiment: str = EXPERIMENT, run: str = RUN) -> tuple[str, dict[str, Any]]:
+    """The reader role, and the session policy the function takes it with for this run's alarm."""
+    bucket = arn_of(aws, TEAM, "artifacts", "AWS::S3::Bucket", "ArtifactStoreBucket")
+    return reader_role_of(aws, TEAM), notify.run_session_policy(bucket.split(":::", 1)[1], experiment, run)
+
+
 def test_the_function_may_read_the_runs_evidence_and_publish_to_its_topic(aws: Deployment) -> None:
     role = role_of(aws, TEAM)
     functions = aws.templates[names.stack_name(TEAM, "monitoring")].of_type("AWS::Lambda::Function")
     (function,) = [f for k, f in functions.items() if k.startswith("AlarmVerdict")]
     assert aws.resolve(names.stack_name(TEAM, "monitoring"), function["Properties"]["Role"]) == role
+    reader, session_policy = session_of(aws)
+    variables = function["Properties"]["Environment"]["Variables"]
+    assert aws.resolve(names.stack_name(TEAM, "monitoring"), variables[notify.ENV_READER_ROLE_ARN]) == reader
     bucket = arn_of(aws, TEAM, "artifacts", "AWS::S3::Bucket", "ArtifactStoreBucket")
     bucket_key = arn_of(aws, TEAM, "artifacts", "AWS::KMS::Key", "ArtifactStoreKey")
-    evidence = f"{bucket}/{contract.rank_evidence_key(EXPERIMENT, RUN, 0, stacks_name(3))}"
     s3 = {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}
     sns = {"kms:ViaService": f"sns.{REGION}.amazonaws.com"}
-    allowed = [
-        ("s3:GetObject", evidence, {}),
+    as_the_function = [
+        ("sts:AssumeRole", reader, {}),
+        ("cloudwatch:GetMetricStatistics", "*", {}),
+        (
+            "cloudwatch:DescribeAlarms",
+            f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:"
+            + contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.SILENT),
+            {},
+        ),
+        ("sns:Publish", topic_of(aws, TEAM), {}),
+        ("kms:GenerateDataKey", arn_of(aws, TEAM, "monitoring", "AWS::KMS::Key", "MonitoringTopicKey"), sns),
+        ("kms:Decrypt", arn_of(aws, TEAM, "monitoring", "AWS::KMS::Key", "MonitoringTopicKey"), sns),
+        ("logs:PutLogEvents", own_logs(aws, TEAM).replace(":*", ":log-stream:2026/12/01/[$LATEST]abc"), {}),
+    ]
+    for action, resource, context in as_the_function:
+        explanation = aws.decide(Request(action, resource, role, {**TLS, **context}))
+        assert explanation.decision is Decision.ALLOW, f"{action} {resource} -> {explanation}"
+    in_the_runs_session = [
+        ("s3:GetObject", f"{bucket}/{contract.rank_evidence_key(EXPERIMENT, RUN, 0, stacks_name(3))}", {}),
         # a live snapshot, uploaded while the run hangs: under the run's prefix like the rest
         ("s3:GetObject", f"{bucket}/{contract.live_rank_evidence_key(EXPERIMENT, RUN, 0, 2, stacks_name(3))}", {}),
         # a node leader's (rank 0 stopped, or node-local ranks directories)
@@ -610,21 +681,11 @@ def test_the_function_may_read_the_runs_evidence_and_publish_to_its_topic(aws: D
         ("s3:GetObject", f"{bucket}/{contract.preflight_key(EXPERIMENT, RUN, '1-abc.json')}", {}),
         ("s3:GetObject", f"{bucket}/{contract.final_status_key(EXPERIMENT, RUN)}", {}),
         ("s3:ListBucket", bucket, {"s3:prefix": contract.run_prefix(EXPERIMENT, RUN)}),
+        ("s3:ListBucket", bucket, {"s3:prefix": contract.run_prefix(EXPERIMENT, RUN) + "ranks/"}),
         ("kms:Decrypt", bucket_key, s3),
-        ("cloudwatch:GetMetricStatistics", "*", {}),
-        (
-            "cloudwatch:DescribeAlarms",
-            f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:"
-            + contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.SILENT),
-            {},
-        ),
-        ("sns:Publish", topic_of(aws, TEAM), {}),
-        ("kms:GenerateDataKey", arn_of(aws, TEAM, "monitoring", "AWS::KMS::Key", "MonitoringTopicKey"), sns),
-        ("kms:Decrypt", arn_of(aws, TEAM, "monitoring", "AWS::KMS::Key", "MonitoringTopicKey"), sns),
-        ("logs:PutLogEvents", own_logs(aws, TEAM).replace(":*", ":log-stream:2026/12/01/[$LATEST]abc"), {}),
     ]
-    for action, resource, context in allowed:
-        explanation = aws.decide(Request(action, resource, role, {**TLS, **context}))
+    for action, resource, context in in_the_runs_session:
+        explanation = aws.decide(Request(action, resource, reader, {**TLS, **context}), session_policy)
         assert explanation.decision is Decision.ALLOW, f"{action} {resource} -> {explanation}"
 
 
@@ -635,19 +696,11 @@ def test_the_function_may_do_nothing_else(aws: Deployment) -> None:
     evidence = f"{bucket}/{contract.rank_evidence_key(EXPERIMENT, RUN, 0, stacks_name(3))}"
     bucket_key = arn_of(aws, TEAM, "artifacts", "AWS::KMS::Key", "ArtifactStoreKey")
     refused = [
-        ("s3:PutObject", evidence, {}),
-        ("s3:DeleteObject", evidence, {}),
-        ("s3:DeleteObjectVersion", evidence, {}),
-        ("s3:GetObject", f"{bucket}/not-experiments/x", {}),
-        # what a diagnosis never reads: the run's model, its TensorBoard files, its hyperparameters
-        ("s3:GetObject", f"{bucket}/{contract.checkpoint_key(EXPERIMENT, RUN, 100)}", {}),
-        ("s3:GetObject", f"{bucket}/{contract.tensorboard_key(EXPERIMENT, RUN, 'events.out.tfevents.1')}", {}),
-        ("s3:GetObject", f"{bucket}/{contract.hyperparams_key(EXPERIMENT, RUN)}", {}),
-        ("s3:GetObject", f"{other_bucket}/{contract.rank_evidence_key(EXPERIMENT, RUN, 0, stacks_name(3))}", {}),
-        ("s3:ListBucket", bucket, {"s3:prefix": ""}),
-        ("s3:ListBucket", other_bucket, {"s3:prefix": contract.run_prefix(EXPERIMENT, RUN)}),
-        ("kms:Decrypt", bucket_key, {}),  # only through S3
-        ("kms:Encrypt", bucket_key, {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}),
+        ("s3:GetObject", evidence, {}),  # its own role reads nothing: only a session scoped to the run does
+        ("s3:ListBucket", bucket, {"s3:prefix": contract.run_prefix(EXPERIMENT, RUN)}),
+        ("kms:Decrypt", bucket_key, {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}),
+        ("sts:AssumeRole", role_of(aws, "vision"), {}),
+        ("sts:AssumeRole", reader_role_of(aws, "vision"), {}),
         ("sns:Publish", topic_of(aws, "vision"), {}),
         ("sns:Subscribe", topic_of(aws, TEAM), {}),
         ("cloudwatch:PutMetricData", "*", {}),
@@ -661,6 +714,66 @@ def test_the_function_may_do_nothing_else(aws: Deployment) -> None:
     for action, resource, context in refused:
         explanation = aws.decide(Request(action, resource, role, {**TLS, **context}))
         assert explanation.decision is not Decision.ALLOW, f"{action} {resource} -> {explanation}"
+    reader, session_policy = session_of(aws)
+    another_run = f"{bucket}/{contract.rank_evidence_key(EXPERIMENT, RUN + '-2', 0, stacks_name(3))}"
+    assert aws.decide(Request("s3:GetObject", another_run, reader, TLS)).decision is Decision.ALLOW, (
+        "the role alone reads any run's evidence: the session policy is what narrows it to the alarmed run"
+    )
+    refused_in_the_session = [
+        ("s3:GetObject", another_run, {}),
+        ("s3:GetObject", f"{bucket}/{contract.events_key('other', RUN, 0)}", {}),
+        ("s3:ListBucket", bucket, {"s3:prefix": contract.run_prefix(EXPERIMENT, RUN + "-2")}),
+        ("s3:ListBucket", bucket, {"s3:prefix": f"{contract.EXPERIMENTS_PREFIX}{EXPERIMENT}/"}),
+        ("s3:ListBucket", bucket, {"s3:prefix": ""}),
+        ("s3:PutObject", evidence, {}),
+        ("s3:DeleteObject", evidence, {}),
+        ("s3:DeleteObjectVersion", evidence, {}),
+        ("s3:GetObject", f"{bucket}/not-experiments/x", {}),
+        # what a diagnosis never reads: the run's model, its TensorBoard files, its hyperparameters
+        ("s3:GetObject", f"{bucket}/{contract.checkpoint_key(EXPERIMENT, RUN, 100)}", {}),
+        ("s3:GetObject", f"{bucket}/{contract.tensorboard_key(EXPERIMENT, RUN, 'events.out.tfevents.1')}", {}),
+        ("s3:GetObject", f"{bucket}/{contract.hyperparams_key(EXPERIMENT, RUN)}", {}),
+        ("s3:GetObject", f"{other_bucket}/{contract.rank_evidence_key(EXPERIMENT, RUN, 0, stacks_name(3))}", {}),
+        ("s3:ListBucket", other_bucket, {"s3:prefix": contract.run_prefix(EXPERIMENT, RUN)}),
+        ("kms:Decrypt", bucket_key, {}),  # only through S3
+        ("kms:Encrypt", bucket_key, {"kms:ViaService": f"s3.{REGION}.amazonaws.com"}),
+        ("sns:Publish", topic_of(aws, TEAM), {}),
+        ("cloudwatch:GetMetricStatistics", "*", {}),
+    ]
+    for action, resource, context in refused_in_the_session:
+        explanation = aws.decide(Request(action, resource, reader, {**TLS, **context}), session_policy)
+        assert explanation.decision is not Decision.ALLOW, f"{action} {resource} -> {explanation}"
+
+
+def test_only_the_functions_role_may_take_the_reader_role(aws: Deployment) -> None:
+    reader = reader_role_of(aws, TEAM)
+    assert decision(aws, "sts:AssumeRole", reader, role_of(aws, TEAM)) is Decision.ALLOW
+    doctor = arn_of(aws, TEAM, "artifacts", "AWS::IAM::Role", "ArtifactStoreReaderRole")
+    writer = arn_of(aws, TEAM, "artifacts", "AWS::IAM::Role", "ArtifactStoreWriterRole")
+    others = (
+        doctor,
+        writer,
+        role_of(aws, "vision"),
+        "lambda.amazonaws.com",
+        "pods.eks.amazonaws.com",
+        f"arn:aws:iam::{ACCOUNT}:root",
+    )
+    for principal in others:
+        assert decision(aws, "sts:AssumeRole", reader, principal) is not Decision.ALLOW, principal
+
+
+def test_the_session_policy_of_the_longest_names_fits_sts() -> None:
+    """AssumeRole takes a session policy of at most 2,048 characters: the longest bucket, experiment and run."""
+    longest = "x" * 63
+    policy = notify.run_session_policy(longest, longest, longest, partition="aws-us-gov")
+    assert len(json.dumps(policy, separators=(",", ":"))) <= 2048
+    assert len(notify.reader_session_name(longest)) <= 64
+
+
+def test_a_name_that_would_widen_the_session_policy_is_refused() -> None:
+    for experiment, run in (("smoke", "*"), ("*", RUN), ("smoke", "r?n")):
+        with pytest.raises(ValueError, match=r"run|experiment"):
+            notify.run_session_policy("b", experiment, run)
 
 
 def test_only_lambda_may_take_the_functions_role(aws: Deployment) -> None:
@@ -686,7 +799,7 @@ class Nothing:
 ok = {"source": "aws.cloudwatch", "detail-type": "CloudWatch Alarm State Change",
       "detail": {"alarmName": "beacon-demo-run-e-r-metrics-lost", "state": {"value": "OK"}}}
 assert notify.notify(ok, team="demo", bucket="b", topic_arn="t", region="us-east-1",
-                     s3=Nothing(), cloudwatch=Nothing(), sns=Nothing()) is None
+                     s3_for_run=Nothing(), cloudwatch=Nothing(), sns=Nothing()) is None
 for name in ("torch", "aws_cdk", "kubernetes", "moto", "config", "stacks", "workloads", "beacon_constructs"):
     assert name not in sys.modules, name
     try:

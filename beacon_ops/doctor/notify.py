@@ -12,6 +12,7 @@ operator's doctor and evidence reading; Lambda's Python runtime brings boto3.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -32,6 +33,9 @@ log = logging.getLogger("beacon.alarm_verdict")
 ENV_TEAM = "BEACON_TEAM"
 ENV_BUCKET = "BEACON_BUCKET"
 ENV_TOPIC_ARN = "BEACON_TOPIC_ARN"
+ENV_READER_ROLE_ARN = "BEACON_READER_ROLE_ARN"  # the artifact store's verdict reader role
+READER_SESSION_NAME = "beacon-verdict"  # then the run, as CloudTrail shows which run a session read
+READER_SESSION_S = 900  # STS's shortest; the function's timeout is shorter
 
 ALARM_STATE_CHANGE = "CloudWatch Alarm State Change"
 ALARM_SOURCE = "aws.cloudwatch"
@@ -206,7 +210,7 @@ def notify(
     bucket: str,
     topic_arn: str,
     region: str,
-    s3: Any,
+    s3_for_run: Callable[[str, str], Any],
     cloudwatch: Any,
     sns: Any,
     now: datetime | None = None,
@@ -214,7 +218,8 @@ def notify(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Notification | None:
     """Publish the doctor's verdict on the run whose metrics-lost alarm this event reports; None (and
-    nothing published) for any other event."""
+    nothing published) for any other event. `s3_for_run(experiment, run)` gives the S3 client the run's
+    evidence is read with: in Lambda, a session that may read that run alone (`run_session_policy`)."""
     alarmed = alarmed_run(event, team=team, cloudwatch=cloudwatch)
     if isinstance(alarmed, str):
         log.info("ignored: %s", alarmed)
@@ -228,6 +233,7 @@ def notify(
         )
     else:
         try:
+            s3 = s3_for_run(alarmed.experiment, alarmed.run)
             inputs = DoctorInputs(team, alarmed.experiment, alarmed.run, bucket, region, s3, cloudwatch, now=now)
             diagnosis, waited = diagnose_naming_the_rank(
                 inputs, wait_s=rank_wait_s, poll_s=RANK_EVIDENCE_POLL_S, sleep=sleep
@@ -250,6 +256,58 @@ def notify(
     return notification
 
 
+def run_session_policy(bucket: str, experiment: str, run: str, *, partition: str = "aws") -> dict[str, Any]:
+    """The session policy that narrows the verdict reader role to one run: what a diagnosis reads of it (the
+    kinds `contract.DIAGNOSED_KINDS`), a listing under its prefix, and the bucket's key (the role itself allows
+    that only through S3). A session's rights are the role's and these together."""
+    # names from the alarm: a wildcard in one would widen the policy to other runs
+    prefix = contract.run_prefix(contract.validate_id("experiment", experiment), contract.validate_id("run", run))
+    bucket_arn = f"arn:{partition}:s3:::{bucket}"
+    statements = [
+        {
+            "Sid": "ReadTheAlarmedRun",
+            "Effect": "Allow",
+            "Action": "s3:GetObject",
+            "Resource": [f"{bucket_arn}/{prefix}{kind}/*" for kind in contract.DIAGNOSED_KINDS],
+        },
+        {
+            "Sid": "ListTheAlarmedRun",
+            "Effect": "Allow",
+            "Action": "s3:ListBucket",
+            "Resource": bucket_arn,
+            "Condition": {"StringLike": {"s3:prefix": f"{prefix}*"}},
+        },
+        {"Sid": "DecryptItsObjects", "Effect": "Allow", "Action": "kms:Decrypt", "Resource": "*"},
+    ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def reader_session_name(run: str) -> str:
+    return f"{READER_SESSION_NAME}-{run}"[:64]
+
+
+def run_reader(session: Any, *, role_arn: str, bucket: str, region: str) -> Callable[[str, str], Any]:
+    """`s3_for_run` for Lambda: an S3 client in a session of the verdict reader role that may read one run."""
+    import boto3  # Lambda's Python runtime provides it
+
+    partition = role_arn.split(":")[1]
+
+    def s3_for_run(experiment: str, run: str) -> Any:
+        policy = json.dumps(run_session_policy(bucket, experiment, run, partition=partition), separators=(",", ":"))
+        credentials = session.client("sts").assume_role(
+            RoleArn=role_arn, RoleSessionName=reader_session_name(run), Policy=policy, DurationSeconds=READER_SESSION_S
+        )["Credentials"]
+        scoped = boto3.session.Session(
+            aws_access_key_id=credentials["AccessKeyId"],
+            aws_secret_access_key=credentials["SecretAccessKey"],
+            aws_session_token=credentials["SessionToken"],
+            region_name=region,
+        )
+        return scoped.client("s3")
+
+    return s3_for_run
+
+
 def rank_wait_for(context: object) -> float:
     """How long the function may wait for a run's ranks' evidence: what Lambda says it has left, less a reading and
     the publish after the last wait (`RANK_EVIDENCE_WAIT_S` at most)."""
@@ -266,13 +324,14 @@ def handler(event: dict[str, Any], context: object) -> dict[str, Any]:
     logging.getLogger().setLevel(logging.INFO)
     region = os.environ["AWS_REGION"]
     session = boto3.session.Session(region_name=region)
+    bucket = os.environ[ENV_BUCKET]
     notification = notify(
         event,
         team=os.environ[ENV_TEAM],
-        bucket=os.environ[ENV_BUCKET],
+        bucket=bucket,
         topic_arn=os.environ[ENV_TOPIC_ARN],
         region=region,
-        s3=session.client("s3"),
+        s3_for_run=run_reader(session, role_arn=os.environ[ENV_READER_ROLE_ARN], bucket=bucket, region=region),
         cloudwatch=session.client("cloudwatch"),
         sns=session.client("sns"),
         rank_wait_s=rank_wait_for(context),

@@ -517,8 +517,17 @@ class Deployment:
             out += self.identity_policies(request.principal, request.action)
         return out
 
-    def decide(self, request: Request) -> Explanation:
-        return explain(self.policies_for(request), request)
+    def decide(self, request: Request, session_policy: Mapping[str, Any] | None = None) -> Explanation:
+        """AWS's decision; with `session_policy`, for a session of the role taken with that policy (AssumeRole's
+        `Policy`): what the role's policies allow must be allowed by the session policy too. No resource policy
+        here names a session, so none grants past it."""
+        explanation = explain(self.policies_for(request), request)
+        if session_policy is None or explanation.decision is not Decision.ALLOW:
+            return explanation
+        session = explain([PolicyDoc.of(PolicyKind.IDENTITY, session_policy, "session policy")], request)
+        if session.decision is Decision.ALLOW:
+            return Explanation(Decision.ALLOW, explanation.deciding + session.deciding)
+        return session
 
 
 def merge(*deployments: Mapping[str, Template]) -> dict[str, Template]:

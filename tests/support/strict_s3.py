@@ -9,13 +9,17 @@ is whether the request itself came over TLS: the caller (the fault proxy) says h
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import unquote, urlparse
+
+from botocore.exceptions import ClientError
 
 from beacon_ops.templates import Template
 from config import names
-from tests.support.policy_eval import Decision, Deployment, PolicyDoc, Request, evaluate
+from tests.support.policy_eval import REGION, Decision, Deployment, PolicyDoc, Request, evaluate
 
 OBJECT_WRITES = {"PUT"}  # PutObject and CompleteMultipart's parts; the policy's Deny is on s3:PutObject
 
@@ -63,3 +67,73 @@ class BucketPolicyGate:
             self.refused += 1
             return True
         return False
+
+
+# What a reading of a run calls, as IAM names it: (action, whether the request names an object).
+READ_ACTIONS = {
+    "GetObject": "s3:GetObject",
+    "HeadObject": "s3:GetObject",
+    "ListObjectsV2": "s3:ListBucket",
+    "ListObjects": "s3:ListBucket",
+}
+
+
+@dataclass
+class SessionGate:
+    """A role session's S3 reads, decided as AWS would: the synthesized role's policies, the session policy
+    it was taken with (AssumeRole's `Policy`, which moto ignores), the bucket policy and the bucket key's
+    policy. A refused call fails with S3's AccessDenied, and is kept in `refused` for the test to show."""
+
+    deployment: Deployment
+    role_arn: str
+    session_policy: Mapping[str, Any]
+    bucket: str  # moto's, standing for the synthesized one
+    policy_bucket_arn: str
+    key_arn: str
+    refused: list[str] = field(default_factory=list)
+    allowed: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls, templates: Mapping[str, Template], team: str, bucket: str, role_prefix: str, policy: str
+    ) -> SessionGate:
+        deployment = Deployment(templates)
+        stack = names.stack_name(team, "artifacts")
+        bucket_arn = deployment.arn(stack, deployment.find(stack, "AWS::S3::Bucket", "ArtifactStoreBucket"))
+        # The session policy names moto's bucket; AWS would see the deployed one.
+        session_policy = json.loads(policy.replace(f":s3:::{bucket}", f":s3:::{bucket_arn.split(':::', 1)[1]}"))
+        return cls(
+            deployment,
+            deployment.arn(stack, deployment.find(stack, "AWS::IAM::Role", role_prefix)),
+            session_policy,
+            bucket,
+            bucket_arn,
+            deployment.arn(stack, deployment.find(stack, "AWS::KMS::Key", "ArtifactStoreKey")),
+        )
+
+    def requests(self, operation: str, params: Mapping[str, Any]) -> list[Request]:
+        tls = {"aws:SecureTransport": True}
+        if operation not in READ_ACTIONS or params.get("Bucket") != self.bucket:  # no reading of a run: refused
+            return [Request(f"s3:{operation}", self.policy_bucket_arn, self.role_arn, tls)]
+        if READ_ACTIONS[operation] == "s3:ListBucket":
+            context = {**tls, "s3:prefix": params.get("Prefix", "")}
+            return [Request("s3:ListBucket", self.policy_bucket_arn, self.role_arn, context)]
+        via_s3 = {**tls, "kms:ViaService": f"s3.{REGION}.amazonaws.com"}
+        return [
+            Request("s3:GetObject", f"{self.policy_bucket_arn}/{params['Key']}", self.role_arn, tls),
+            Request("kms:Decrypt", self.key_arn, self.role_arn, via_s3),  # every object is under the bucket key
+        ]
+
+    def install(self, client: Any) -> Any:
+        def decide(model: Any, params: Mapping[str, Any], **_: Any) -> None:
+            for request in self.requests(model.name, params):
+                decision = self.deployment.decide(request, self.session_policy).decision
+                line = f"{request.action} {request.resource} {dict(request.context)}"
+                if decision is not Decision.ALLOW:
+                    self.refused.append(line)
+                    error = {"Error": {"Code": "AccessDenied", "Message": f"{decision}: {line}"}}
+                    raise ClientError(error, model.name)
+                self.allowed.append(line)
+
+        client.meta.events.register("before-parameter-build.s3", decide)
+        return client
