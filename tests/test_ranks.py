@@ -3,6 +3,7 @@ cross-rank view. Clocks are scaled: the stall dump after 2-3 s here stands for 9
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,7 +20,7 @@ from beacon.progress import ProgressClock
 from beacon.ranks import CrossRankView, PhaseFollower, Placement, RankProgress, RankSignal, read_ranks, stacks_name
 
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
-from beacon_ops.doctor.rank_verdict import which_rank
+from beacon_ops.doctor.rank_verdict import main_thread_of, which_rank
 from beacon_ops.evidence.reading import RunEvidence, metric_samples, rank_keys
 from tests.conftest import WriterSession
 from tests.support.job_harness import JobHarness, keys_under, signal_group, wait_for
@@ -128,6 +129,96 @@ def test_a_c_call_holding_the_gil_is_dumped_by_faulthandlers_watchdog(tmp_path: 
     assert done.returncode == 0, done.stderr[-2000:]
     stacks = (tmp_path / "stacks-rank-00005.txt").read_text()
     assert "Timeout (0:00:00" in stacks and "forward_holding_the_gil" in stacks
+
+
+BLOCKED_IN_C = """
+import ctypes, os, signal, threading, time
+from pathlib import Path
+from beacon.progress import ProgressClock
+from beacon.ranks import RankSignal
+from beacon.run import StopSignals
+progress = ProgressClock()
+progress.step_finished()
+rank_signal = RankSignal(Path({directory!r}), rank=5, local_rank=1, world_size=8, progress=progress,
+                         interval=0.2, stall_dump_after=600).start()
+stop = threading.Event()
+signals = StopSignals(stop)  # as beacon.init installs them: Beacon's handler, then faulthandler's before it
+signals.on_signal = rank_signal.dump_stacks
+rank_signal.dump_at_signal(signal.SIGTERM)
+def a_data_loader_worker():  # forked, as DataLoader workers are: torchrun's teardown signals it too
+    time.sleep(300)
+if (worker := os.fork()) == 0:
+    a_data_loader_worker()
+    os._exit(0)
+print(worker, flush=True)
+def all_reduce_in_c():
+    ctypes.CDLL(None).system(b"exec sleep 300")  # waits for its child, retrying on EINTR: no Python runs
+all_reduce_in_c()
+assert stop.is_set(), "Beacon's own handler ran once the call returned"
+rank_signal.stop()
+signals.restore()
+"""
+
+
+def child_of(pid: int, command: str) -> int | None:
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(pid) and fields.get("Name", "").strip() == command:
+            return int(status.parent.name)
+    return None
+
+
+def test_a_sigterm_while_the_main_thread_is_blocked_in_c_dumps_its_stacks_at_once(tmp_path: Path) -> None:
+    """An eviction while the main thread is blocked in C (here libc's system(), which retries its wait on EINTR,
+    as a collective's C++ wait does): Python's handler cannot run until the call returns, and may never; the
+    stacks are dumped the moment SIGTERM arrives, by faulthandler's handler chained before Beacon's, and the
+    reader takes them as the rank's stack. SIGTERM is sent once the main thread is inside the call."""
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED_IN_C.format(directory=str(tmp_path)))
+    at_signal = tmp_path / "signal-stacks-rank-00005.txt"
+    at_signal.write_text(
+        'Current thread 0x1 (most recent call first):\n  File "old.py", line 1 in an_earlier_attempt\n'
+    )
+    process = subprocess.Popen(
+        [sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    worker = int(process.stdout.readline())
+    try:
+        assert wait_for(lambda: child_of(process.pid, "sleep"), timeout=120), "the main thread never reached the call"
+        sleeper = child_of(process.pid, "sleep")
+        assert sleeper is not None
+        os.kill(worker, signal.SIGTERM)  # first the forked worker, as torchrun's killpg reaches it
+        process.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: "all_reduce_in_c" in at_signal.read_text(), timeout=30), "no dump at the signal"
+        time.sleep(0.5)  # time enough for a Python handler to run, were the main thread free
+        dump, stacks = at_signal.read_text(), (tmp_path / stacks_name(5)).read_text()
+        assert dump.count("Current thread") == 1 and "a_data_loader_worker" not in dump + stacks, "the worker's"
+        assert "received SIGTERM" not in stacks, "Python's handler ran: the main thread was not blocked"
+        # What the doctor reads of a rank evicted there: faulthandler's dump, the rank's last stack
+        evidence = RunEvidence(
+            "smoke", "r", rank_files={stacks_name(5): stacks.encode(), at_signal.name: dump.encode()}
+        )
+        _, read = evidence.ranks()
+        assert read[5].rstrip().endswith(dump.rstrip()) and main_thread_of(read[5])[0].function == "all_reduce_in_c"
+        os.kill(sleeper, signal.SIGKILL)  # the call returns: Beacon's handler runs, and dumps with its step
+        os.kill(worker, signal.SIGKILL)  # it holds the pipes too
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+    assert process.returncode == 0, stderr[-2000:]
+    assert "received SIGTERM" in (tmp_path / stacks_name(5)).read_text()
+    assert at_signal.read_text() == dump, "one dump per signal"
+    assert "an_earlier_attempt" not in dump, "a process's dump alone: an earlier attempt's is not read as its own"
+    evidence = RunEvidence(
+        "smoke", "r", rank_files={p.name: p.read_bytes() for p in (tmp_path / stacks_name(5), at_signal)}
+    )
+    assert evidence.ranks()[1][5] == (tmp_path / stacks_name(5)).read_text(), "the handler's own dump, with its step"
 
 
 def test_a_dead_rank_stops_rewriting_its_document_and_becomes_the_slowest() -> None:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
-from beacon.ranks import stacks_name
+from beacon.ranks import SIGNAL_DUMP, signal_stacks_name, stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.doctor.flight_recorder import FlightRecorderReading, read_flight_recorder
@@ -577,6 +577,8 @@ def _stopped_rank(evidence: RunEvidence, recorder: FlightRecorderReading | None)
             "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others{read}", unread
         ), None
     stacks_file = stacks_name(stopped.rank)
+    if SIGNAL_DUMP in stacks.get(stopped.rank, "").rsplit("\n--- rank ", 1)[-1].split("\n", 1)[0]:
+        stacks_file = signal_stacks_name(stopped.rank)  # its stack is faulthandler's, at SIGTERM
     key = evidence.rank_file_keys.get(stacks_file, "")
     found = f"{contract.RANKS}/" + (
         key.split(f"/{contract.RANKS}/", 1)[1] if key else f"{evidence.rank_files_from or '…'}/{stacks_file}"

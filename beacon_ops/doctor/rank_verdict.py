@@ -191,7 +191,8 @@ def which_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict
     # it each pass, and dumps at the same stall): its own threads stopped (SIGSTOP, a lost node, killed)
     # while every other rank stalled, dumped and still waits. However old its document grows, that is all
     # the evidence says; "died" needs more: the others ended (torchrun tore the job down) or never dumped.
-    first_dump = min((dumped_at(stacks[number]) for number in dumped), default=0.0)
+    # (a dump at the signal says no time: it does not count)
+    first_dump = min((at for number in dumped if (at := dumped_at(stacks[number])) > 0), default=0.0)
     silent = [r for r in ranks if not r.ended and r.rank not in dumped and r.wall_time < first_dump]
     went_silent = bool(silent) and not others_ended and len(dumped) + len(silent) == len(ranks)
     world = max((r.world_size for r in ranks), default=0)

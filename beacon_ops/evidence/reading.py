@@ -11,7 +11,7 @@ from typing import Any
 
 from beacon import contract
 from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX
-from beacon.ranks import RankProgress, rank_of_file
+from beacon.ranks import RankProgress, rank_of_file, signal_stacks_name, stacks_name, with_signal_dump
 from botocore.exceptions import BotoCoreError, ClientError
 
 
@@ -42,12 +42,16 @@ class RunEvidence:
 
     def ranks(self) -> tuple[list[RankProgress], dict[int, str]]:
         """Every rank's last document, and each rank's stack dumps, from the rank files."""
-        documents, stacks = [], {}
+        documents, stacks, at_signal = [], {}, {}
         for name, body in sorted(self.rank_files.items()):
             if name.startswith("rank-") and name.endswith(".json"):
                 documents.append(RankProgress.from_document(body))
-            elif name.startswith("stacks-rank-") and name.endswith(".txt"):
-                stacks[int(name.removeprefix("stacks-rank-").removesuffix(".txt"))] = body.decode(errors="replace")
+            elif (rank := rank_of_file(name)) is not None and name == stacks_name(rank):
+                stacks[rank] = body.decode(errors="replace")
+            elif rank is not None and name == signal_stacks_name(rank):
+                at_signal[rank] = body.decode(errors="replace")
+        for rank, dump in at_signal.items():  # faulthandler's, the moment SIGTERM came (`RankSignal.dump_at_signal`)
+            stacks[rank] = with_signal_dump(stacks.get(rank, ""), dump)
         return documents, stacks
 
     def flight_recorder_dumps(self) -> dict[str, bytes]:

@@ -11,7 +11,9 @@ Stacks are dumped with `faulthandler` into `stacks-rank-<r>.txt` beside it:
 - by this thread, once per stop, when the rank's progress is older than `stall_dump_after`;
 - by faulthandler's own watchdog (a C thread, no GIL needed) when this thread itself could not run
   for that long: a C call holding the GIL is then the hang, and the dump shows where;
-- on SIGTERM, before the drain (`dump_stacks`), so an eviction keeps the evidence.
+- on SIGTERM, before the drain (`dump_stacks`), so an eviction keeps the evidence; and by faulthandler's own
+  handler the moment it arrives (`dump_at_signal`, into `signal-stacks-rank-<r>.txt`), in C: a main thread
+  blocked in C (a collective's wait, a call that retries on EINTR) runs no Python handler until it returns.
 Each dump also writes the rank's flight recorder (`flight-recorder-rank-<r>`, `beacon.flight_recorder`),
 from this thread: never the training thread, which only asks for it on SIGTERM.
 py-spy would add native frames but needs ptrace (SYS_PTRACE in the pod); the Python frames name the
@@ -42,6 +44,9 @@ log = logging.getLogger("beacon.ranks")
 RANK_SIGNAL_INTERVAL_S = 5.0  # how often each rank rewrites its progress document, at most
 PHASE_FRESH_S = 60.0  # a document older than this no longer says which phase its rank is in
 STALL_DUMP = "no progress for"  # how a stall's stack dump is headed (a SIGTERM's says what it received)
+RECEIVED = "received SIG"  # how the Python handler's dump of a signal is headed ("received SIGTERM")
+SIGNAL_DUMP = "stacks at the signal, taken in C"
+SIGNAL_STACKS_PREFIX = "signal-stacks-rank-"  # how a reader heads faulthandler's own (headerless) dump
 
 
 def rank_signal_interval(heartbeat_interval: float) -> float:
@@ -50,12 +55,53 @@ def rank_signal_interval(heartbeat_interval: float) -> float:
     return min(heartbeat_interval, RANK_SIGNAL_INTERVAL_S)
 
 
+_FORGOTTEN_IN_CHILDREN: set[int] = set()
+
+
+def _forget_in_forked_children(signum: int) -> None:
+    """A process forked from a rank (a DataLoader worker, which torchrun's teardown signals too) does not dump
+    into the rank's signal stacks file: faulthandler's handler there goes back to the one it chained to."""
+    if signum not in _FORGOTTEN_IN_CHILDREN:
+        _FORGOTTEN_IN_CHILDREN.add(signum)
+        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signum))
+
+
 def rank_document_name(rank: int) -> str:
     return f"rank-{rank:05d}.json"
 
 
 def stacks_name(rank: int) -> str:
     return f"stacks-rank-{rank:05d}.txt"
+
+
+def signal_stacks_name(rank: int) -> str:
+    return f"{SIGNAL_STACKS_PREFIX}{rank:05d}.txt"
+
+
+def signal_dump_header(rank: int, pid: int) -> str:
+    """The head of a process's `signal-stacks-rank-<r>.txt`, written at registration (faulthandler writes none)."""
+    return f"--- rank {rank} pid {pid}: {SIGNAL_DUMP}\n"
+
+
+def took_signal(signal_dump: str) -> bool:
+    """Whether a signal stacks file holds a dump, not only its head."""
+    return any(line.startswith(("Current thread 0x", "Thread 0x")) for line in signal_dump.splitlines())
+
+
+def with_signal_dump(stacks: str, signal_dump: str) -> str:
+    """A rank's stacks file with its process's dump at the signal (`RankSignal.dump_at_signal`) as the last section;
+    unless no signal came, or the same process's Python handler dumped it too (its main thread was free: that
+    section has the step). Sections of other processes (an earlier attempt's, appended above) do not count."""
+    head = signal_dump.split("\n", 1)[0]
+    if not took_signal(signal_dump) or not head.startswith("--- rank "):
+        return stacks
+    pid = head.split(" pid ", 1)[1].split(":", 1)[0] if " pid " in head else "?"
+    if any(
+        line.startswith("--- rank ") and f" pid {pid} " in line and f": {RECEIVED}" in line
+        for line in stacks.splitlines()
+    ):
+        return stacks
+    return f"{stacks.rstrip()}\n{signal_dump}".lstrip("\n")
 
 
 @dataclass(frozen=True)
@@ -195,6 +241,10 @@ class RankSignal:
         self._wake = threading.Event()  # a SIGTERM's dump is written now, not at the next pass
         self._dumped_for: int | None = None  # the step whose stop was dumped already
         self._stacks_file: IO[str] | None = None
+        self.signal_stacks = directory / signal_stacks_name(rank)
+        self._signal_file: IO[str] | None = None
+        self._signals_caught: list[int] = []
+        self._pid = os.getpid()  # a forked child (a DataLoader worker) inherits this object and its handlers
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="beacon-rank-signal", daemon=True)
         self._warned = False
@@ -276,7 +326,7 @@ class RankSignal:
 
     def dump_stacks(self, reason: str) -> None:
         """Every thread's Python stack into this rank's stacks file, headed by `reason`."""
-        if self._stacks_file is None:
+        if self._stacks_file is None or os.getpid() != self._pid:  # a forked DataLoader worker's signal: not the rank's
             return
         try:
             self._stacks_file.write(
@@ -292,12 +342,36 @@ class RankSignal:
         self._recorder_asked = self.progress.dispatched_step
         self._wake.set()  # this thread writes it: a flight recorder's dump is no signal handler's work
 
+    def dump_at_signal(self, signum: int) -> None:
+        """faulthandler's own handler for `signum`, before the Python one it chains to (install that first): every
+        thread's stack into `signal-stacks-rank-<r>.txt` the moment the signal arrives. Python's handler runs only
+        once the main thread is back in the interpreter, and one blocked in C (a collective's wait, a call that
+        retries on EINTR) may never be: the stack that says where it hung is this one."""
+        if self._stacks_file is None:
+            return
+        try:
+            if self._signal_file is None:  # this process's alone: an earlier attempt's dump would read as this one's
+                self._signal_file = open(self.signal_stacks, "w")  # noqa: SIM115 - kept open for faulthandler's C writer
+                self._signal_file.write(signal_dump_header(self.rank, os.getpid()))
+                self._signal_file.flush()
+            faulthandler.register(signum, file=self._signal_file, all_threads=True, chain=True)
+            self._signals_caught.append(signum)
+            _forget_in_forked_children(signum)
+        except (OSError, RuntimeError, ValueError) as error:
+            log.warning("rank %d: no stack dump at signal %d: %s", self.rank, signum, error)
+
     def stop(self, *, ended: str = "stopped") -> None:
         self._stop.set()
         self._wake.set()
         if self._thread.ident is not None:
             self._thread.join(timeout=self.interval + 1)
         faulthandler.cancel_dump_traceback_later()
+        for signum in self._signals_caught:  # the Python handler it chained to is back, for StopSignals to restore
+            faulthandler.unregister(signum)
+        self._signals_caught.clear()
+        if self._signal_file is not None:
+            self._signal_file.close()
+            self._signal_file = None
         if self._stacks_file is not None:
             self.write(ended=ended)  # the last word: where and how this rank ended
             self._stacks_file.close()
@@ -337,7 +411,12 @@ class PhaseFollower:
 
 def rank_of_file(name: str) -> int | None:
     """The rank a file of the ranks directory belongs to (its document, stacks or flight recorder)."""
-    for prefix, suffix in (("rank-", ".json"), ("stacks-rank-", ".txt"), (FLIGHT_RECORDER_PREFIX, "")):
+    for prefix, suffix in (
+        ("rank-", ".json"),
+        ("stacks-rank-", ".txt"),
+        (SIGNAL_STACKS_PREFIX, ".txt"),
+        (FLIGHT_RECORDER_PREFIX, ""),
+    ):
         number = name.removeprefix(prefix).removesuffix(suffix) if name.startswith(prefix) else ""
         if number.isdigit() and name.endswith(suffix):
             return int(number)
@@ -371,6 +450,8 @@ def upload_rank_evidence(
                 continue
             if ranks is not None and rank_of_file(path.name) not in ranks:
                 continue
+            if path.name.startswith(SIGNAL_STACKS_PREFIX) and not took_signal(path.read_text(errors="replace")):
+                continue  # its head alone: no signal came
             key = _evidence_key(experiment, run, attempt, live, path.name, node)
             s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
             uploaded += 1

@@ -409,6 +409,7 @@ def init(
             ).start()
             if signals is not None:
                 signals.on_signal = rank_signal.dump_stacks  # an eviction keeps each rank's stacks
+                rank_signal.dump_at_signal(signal.SIGTERM)  # and at once, in C, if the main thread is blocked in C
         run = _build(settings, world, liveness, stop, resume, progress)
         run.rank_signal = rank_signal
         leads = leads_evidence(rank=world.rank, local_rank=world.local_rank, node_rank=node_rank)
