@@ -13,6 +13,7 @@ import re
 import signal
 import time
 from dataclasses import asdict, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ import pytest
 from beacon import contract
 from beacon.node_leader import NodeLeader, leads_evidence, node_share
 from beacon.progress import ProgressClock
+from beacon.rank_board import board_key
 from beacon.ranks import RankProgress, rank_document_name, read_ranks, stacks_name, upload_rank_evidence
 from smoke_job.config import parse_args
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, re-exported without `as`
 
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.rank_verdict import which_rank
@@ -356,6 +359,11 @@ def test_node_local_directories_node_1s_leader_uploads_ranks_2_and_3_and_the_doc
         for number in (0, 1):
             local = {d.rank for d in read_ranks(tmp_path / f"node-{number}" / "smoke" / run / "ranks")}
             assert local == {2 * number, 2 * number + 1}, "each node's directory holds its own ranks alone"
+        # Each node's documents are on the board (torchrun's store, hosted by node 0's launcher), for the other:
+        # rank 0 counts ranks 2-3's phases and ages with its own (`beacon.rank_board`).
+        board = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        on_board = {node: {d["rank"] for d in json.loads(board.get(board_key(node)))} for node in (0, 1)}
+        assert on_board == {0: {0, 1}, 1: {2, 3}}, on_board
         evidence = read_run(s3, as_writer.bucket, "smoke", run)
         assert evidence.rank_file_keys[stacks_name(3)].split("/ranks/")[1].startswith("attempt-00000/node-00001/live-")
         assert evidence.rank_file_keys[stacks_name(0)].split("/ranks/")[1].startswith("attempt-00000/live-")

@@ -26,6 +26,7 @@ from typing import Any
 
 from beacon import contract
 from beacon.progress import ProgressClock
+from beacon.rank_board import RankBoard
 from beacon.ranks import (
     PHASE_FRESH_S,
     CrossRankView,
@@ -91,12 +92,19 @@ class NodeLeader:
         self.attempt = 0
         self.live_snapshots = LiveSnapshots()
         self._ranks_since = this_attempts_documents_since()  # restored or left-over documents are not this attempt's
+        # Other nodes' documents, where each node has its own directory: for the stall test alone (what it
+        # uploads stays this node's files, `node_share`).
+        self.rank_board = RankBoard(
+            self.directory, node_rank=node_rank, since=self._ranks_since,
+            interval=rank_signal_interval(settings.heartbeat_interval),
+        )  # fmt: skip
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="beacon-node-evidence", daemon=True)
 
     def start(self, attempt: int) -> NodeLeader:
         self.attempt = attempt
         self._thread.start()
+        self.rank_board.start()
         return self
 
     def _loop(self) -> None:
@@ -135,7 +143,7 @@ class NodeLeader:
         now = time.time() if now is None else now
         ranks = read_ranks(self.directory, since=self._ranks_since)
         share = self._own(self._share(ranks, now, at_end=False), ranks)
-        stalled = share.ranks != frozenset() and self.stalled(ranks, now)
+        stalled = share.ranks != frozenset() and self.stalled(self.rank_board.merged(ranks), now)
         state = (evidence_state(self.directory, ranks), share.ranks) if stalled else None
         snapshot = self.live_snapshots.due(stalled=stalled, state=state)
         if snapshot is None:
@@ -154,6 +162,7 @@ class NodeLeader:
     def finish(self) -> None:
         """At the attempt's end, once the ranks finished together (or gave up waiting): what rank 0 will not upload."""
         self._stop.set()
+        self.rank_board.stop()
         if self._thread.ident is not None:
             self._thread.join(timeout=self.settings.heartbeat_interval + 30)
         ranks = read_ranks(self.directory, since=self._ranks_since)

@@ -50,6 +50,7 @@ from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, Mirrors, MirrorWork
 from beacon.node_leader import NodeLeader, leads_evidence
 from beacon.preflight import PreflightError, run_preflight
 from beacon.progress import ProgressClock
+from beacon.rank_board import RankBoard
 from beacon.ranks import RankSignal, rank_signal_interval
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.run_alarms import RunAlarms
@@ -610,4 +611,9 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
     )
     telemetry.ranks_dir = settings.run_ranks_dir
     telemetry.cross_rank_metrics = world.size > 1
+    if world.size > 1:  # other nodes' documents, where each node has its own directory (multi-node SageMaker)
+        telemetry.rank_board = RankBoard(
+            settings.run_ranks_dir, node_rank=int(os.environ.get("GROUP_RANK", "-1")), since=telemetry.ranks_since,
+            interval=rank_signal_interval(settings.heartbeat_interval),
+        ).start()  # fmt: skip
     return telemetry, spool.last_step

@@ -28,6 +28,7 @@ from beacon import contract, kill_points
 from beacon.contract import Record
 from beacon.index import IndexWriter
 from beacon.progress import ProgressClock
+from beacon.rank_board import RankBoard
 from beacon.ranks import (
     CrossRankView,
     LiveSnapshots,
@@ -158,7 +159,8 @@ class Telemetry(NullTelemetry):
         # Rank 0 of several ranks sends the cross-rank view (two custom metrics); a run of one rank does not,
         # but its own stall is snapshotted alike (its stack, where it hangs, reaches S3 while it hangs).
         self.cross_rank_metrics = False
-        self._ranks_since = this_attempts_documents_since()  # an earlier attempt's documents are not this one's
+        self.ranks_since = this_attempts_documents_since()  # an earlier attempt's documents are not this one's
+        self.rank_board: RankBoard | None = None  # other nodes' documents, where each node has its own directory
         self._phases_of_other_ranks = PhaseFollower(progress)
         # While a rank stalls, the ranks' evidence goes to S3 at once (not only at the attempt's end), from
         # a thread of its own so that a slow S3 never delays a heartbeat.
@@ -492,10 +494,12 @@ class Telemetry(NullTelemetry):
 
     def beat(self, *, final: bool = False) -> None:
         now = time.time()
-        ranks = read_ranks(self.ranks_dir, since=self._ranks_since) if self.ranks_dir is not None else []
-        data, window = self._metric_batch(now, ranks)
+        ranks = read_ranks(self.ranks_dir, since=self.ranks_since) if self.ranks_dir is not None else []
+        # With the other nodes' ranks where this directory holds its own node's alone: what the view counts.
+        everyone = self.rank_board.merged(ranks) if self.rank_board is not None else ranks
+        data, window = self._metric_batch(now, everyone)
         if not final:  # whatever CloudWatch answers: the evidence does not go through it
-            self._snapshot_if_stalled(ranks, now)
+            self._snapshot_if_stalled(ranks, now, everyone)
         try:
             for start in range(0, len(data), MAX_DATA_PER_REQUEST):
                 self.cloudwatch.put_metric_data(
@@ -520,14 +524,15 @@ class Telemetry(NullTelemetry):
             except (ClientError, BotoCoreError) as error:
                 log.error("cannot create this run's alarms: %s", error)
 
-    def _snapshot_if_stalled(self, ranks: list[RankProgress], now: float) -> None:
+    def _snapshot_if_stalled(self, ranks: list[RankProgress], now: float, everyone: list[RankProgress]) -> None:
         """Upload a live snapshot of the ranks' evidence when a rank stalls (`LiveSnapshots` says when):
         the alarm's function then names the rank while the job still hangs. A rank in a named phase (a
         150 s checkpoint) is working: rank 0's clock follows the other ranks' phases, so while any rank is
-        in one (or rank 0 itself), nothing is stalled."""
+        in one (or rank 0 itself), nothing is stalled. `everyone` adds the other nodes' ranks from the board
+        (`beacon.rank_board`) to this directory's `ranks`; what is uploaded stays this directory's."""
         if self.ranks_dir is None:
             return
-        view = CrossRankView.of(ranks, now)
+        view = CrossRankView.of(everyone, now)
         stalled = (
             view is not None
             and not self.progress.in_phase_work()
@@ -653,7 +658,7 @@ class Telemetry(NullTelemetry):
         """Every rank's last word, stack dumps and flight-recorder dumps, from the run's ranks directory
         to S3, create-only under the attempt. When rank 0 is the rank that stopped, or the directory is
         node-local (SageMaker), the other nodes' leaders upload theirs (`beacon.node_leader`)."""
-        ranks = frozenset(r.rank for r in read_ranks(directory, since=self._ranks_since))  # not a restore's
+        ranks = frozenset(r.rank for r in read_ranks(directory, since=self.ranks_since))  # not a restore's
         upload_rank_evidence(
             self.s3, bucket=self.config.bucket, experiment=self.config.experiment, run=self.config.run,
             attempt=attempt, directory=directory, ranks=ranks,
@@ -693,6 +698,8 @@ class Telemetry(NullTelemetry):
         self._upload_thread.join(timeout=max(0.0, self._remaining()))
         self._beats_done.set()
         self._heartbeat_thread.join(timeout=max(0.0, self._remaining()))
+        if self.rank_board is not None:
+            self.rank_board.stop()
         pending = self.spool.pending()
         self.report.pending_chunks = len(pending)
         self.report.tensorboard_thinned = self.tensorboard.thinned
