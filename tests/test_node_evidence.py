@@ -362,7 +362,7 @@ def test_node_local_directories_node_1s_leader_uploads_ranks_2_and_3_and_the_doc
         # Each node's documents are on the board (torchrun's store, hosted by node 0's launcher), for the other:
         # rank 0 counts ranks 2-3's phases and ages with its own (`beacon.rank_board`).
         board = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
-        on_board = {node: {d["rank"] for d in json.loads(board.get(board_key(node)))} for node in (0, 1)}
+        on_board = {node: {d["rank"] for d in json.loads(board.get(board_key(node)))["documents"]} for node in (0, 1)}
         assert on_board == {0: {0, 1}, 1: {2, 3}}, on_board
         evidence = read_run(s3, as_writer.bucket, "smoke", run)
         assert evidence.rank_file_keys[stacks_name(3)].split("/ranks/")[1].startswith("attempt-00000/node-00001/live-")

@@ -12,8 +12,11 @@ the spread of steps; a node leader for its stall test. What each uploads stays i
 
 The store's calls can block past their timeout (a frozen node 0 keeps its connections open), so they run on
 the board's thread alone: `merged` reads what the thread last brought, never the store, and a reading older
-than three passes is not used. No AWS call; one small value per node per pass. A connection refused three
-times, or a board on a shared directory, is given up: each node then sees its own ranks, as before.
+than three passes is not used; nor is a node whose key stopped changing for three passes (its board stopped,
+or the node was lost: its documents would only age). No AWS call; one small value per node per pass. Three
+failed passes in a row, or a shared directory, give the board up: each node then sees its own ranks, as before.
+Node 0's leader (its LOCAL_RANK 1) writes node 0's key beside rank 0, on purpose: it stays current if rank 0
+stops.
 """
 
 from __future__ import annotations
@@ -36,6 +39,16 @@ log = logging.getLogger("beacon.rank_board")
 STORE_TIMEOUT_S = 10.0  # connecting, and any one call (torch may wait longer: only the board's thread waits)
 CONNECT_ATTEMPTS = 3  # then the board is given up (said once)
 STALE_PASSES = 3  # a reading older than this many passes is not used
+
+
+def _well_formed(document: RankProgress) -> bool:
+    numbers = (document.wall_time, document.progress_age, document.phase_seconds, document.phase_limit)
+    return (
+        all(isinstance(n, int) and not isinstance(n, bool) for n in (document.rank, document.step, document.node_rank))
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in numbers)
+        and isinstance(document.phase, str)
+        and isinstance(document.ended, str)
+    )
 
 
 def board_key(node_rank: int) -> str:
@@ -71,6 +84,7 @@ class RankBoard:
         interval: float,
         nodes: int | None = None,
         connect: Callable[[], Any] = torchrun_store,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.directory = directory
         self.node_rank = node_rank
@@ -78,11 +92,16 @@ class RankBoard:
         self.interval = interval
         self.nodes = nodes_from_environment() if nodes is None else nodes
         self._connect = connect
+        self._clock = clock
         self._store: Any = None
-        self._failures = 0
+        self._failures = 0  # in a row: a pass that works starts the count again
+        self._passes = 0
+        # Each other node's pass number as last read, and when (this clock) it last changed: a node whose board
+        # stopped (given up, or the node lost) leaves its key behind, and its documents would age without end.
+        self._seen: dict[int, tuple[int, float]] = {}
         self._lock = threading.Lock()
         self._others: list[RankProgress] = []
-        self._read_at = 0.0  # monotonic time of the last complete reading of the other nodes' keys
+        self._read_at = -float("inf")  # when the last complete reading of the other nodes' keys was taken
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="beacon-rank-board", daemon=True)
 
@@ -96,7 +115,11 @@ class RankBoard:
         return self
 
     def stop(self) -> None:
-        self._stop.set()  # never joined: a store call may block; the thread is a daemon
+        """Stop the thread; waited for briefly, so that it is not mid-call when the process exits (a store call that
+        blocks past it leaves a daemon thread behind)."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=2.0)
 
     def merged(self, own: list[RankProgress]) -> list[RankProgress]:
         """The directory's documents and, from the board's last fresh reading, the other nodes' it does not hold,
@@ -104,7 +127,7 @@ class RankBoard:
         if len({r.node_rank for r in own}) > 1:
             return own
         with self._lock:
-            fresh = time.monotonic() - self._read_at <= STALE_PASSES * self.interval
+            fresh = self._clock() - self._read_at <= STALE_PASSES * self.interval
             others = list(self._others) if fresh else []
         held = {r.rank for r in own}
         return sorted([*own, *(r for r in others if r.rank not in held)], key=lambda r: r.rank)
@@ -129,25 +152,38 @@ class RankBoard:
             return self._failures < CONNECT_ATTEMPTS
         others: list[RankProgress] = []
         try:
+            self._passes += 1
             if own:
-                store.set(board_key(self.node_rank), json.dumps([asdict(r) for r in own]))
+                value = {"pass": self._passes, "documents": [asdict(r) for r in own]}
+                store.set(board_key(self.node_rank), json.dumps(value))
             for node in range(self.nodes):
                 key = board_key(node)
                 if node != self.node_rank and store.check([key]):
-                    others += self._documents(key, store.get(key))
-        except Exception as error:  # the store went away: a new client next pass, up to CONNECT_ATTEMPTS
+                    others += self._documents(node, store.get(key))
+        except Exception as error:  # the store went away: a new client next pass, up to CONNECT_ATTEMPTS in a row
             self._store = None
             return not self._failed(error)
+        self._failures = 0
         with self._lock:
-            self._others, self._read_at = others, time.monotonic()
+            self._others, self._read_at = others, self._clock()
         return True
 
-    def _documents(self, key: str, value: bytes) -> list[RankProgress]:
+    def _documents(self, node: int, value: bytes) -> list[RankProgress]:
+        """Node `node`'s documents of this attempt, if its board still writes; none for a bad value (that node's
+        alone: a document of the wrong shape would fail every heartbeat that counts it)."""
         try:
-            documents = [RankProgress.from_document(json.dumps(body).encode()) for body in json.loads(value)]
-        except (TypeError, ValueError) as error:  # one node's bad value: that node's alone
-            log.warning("node %d: unreadable %s on the rank board: %s", self.node_rank, key, error)
+            written = json.loads(value)
+            documents = [RankProgress.from_document(json.dumps(body).encode()) for body in written["documents"]]
+            if not all(_well_formed(d) for d in documents) or not isinstance(written["pass"], int):
+                raise ValueError("a document of the wrong shape")
+        except Exception as error:
+            log.warning("node %d: unreadable %s on the rank board: %s", self.node_rank, board_key(node), error)
             return []
+        now = self._clock()
+        last, changed = self._seen.get(node, (None, now))
+        self._seen[node] = (written["pass"], now if written["pass"] != last else changed)
+        if now - self._seen[node][1] > STALE_PASSES * self.interval:
+            return []  # its board stopped writing: its documents would only age
         return [d for d in documents if d.wall_time >= self.since]
 
     def _reach(self) -> Any:

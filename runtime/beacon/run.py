@@ -611,9 +611,12 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
     )
     telemetry.ranks_dir = settings.run_ranks_dir
     telemetry.cross_rank_metrics = world.size > 1
-    if world.size > 1:  # other nodes' documents, where each node has its own directory (multi-node SageMaker)
+    if world.size > 1:  # other nodes' documents, where each node has its own directory (multi-node SageMaker);
+        # started with the telemetry's threads
         telemetry.rank_board = RankBoard(
-            settings.run_ranks_dir, node_rank=int(os.environ.get("GROUP_RANK", "-1")), since=telemetry.ranks_since,
+            settings.run_ranks_dir,
+            node_rank=int(os.environ.get("GROUP_RANK", "-1")),
+            since=telemetry.ranks_since,
             interval=rank_signal_interval(settings.heartbeat_interval),
-        ).start()  # fmt: skip
+        )  # fmt: skip
     return telemetry, spool.last_step

@@ -211,6 +211,8 @@ class Telemetry(NullTelemetry):
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+        if self.rank_board is not None:
+            self.rank_board.start()
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """A queue append and nothing else: values (tensors too) are read on the spool thread. A step
