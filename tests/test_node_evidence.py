@@ -66,7 +66,7 @@ def test_a_node_leader_uploads_what_rank_0_cannot() -> None:
     assert share([*silent_1[:2], doc(2, written=NOW - 120), doc(3), doc(4)], me=4) is None
     ended = [doc(0, ended="preempted"), *everyone[1:]]
     assert share(ended, me=1) is None, "rank 0 ended while the others still stall: its heartbeat is over"
-    assert share(ended, at_end=True) == frozenset(), "at the attempt's end, rank 0's last word: it uploads next"
+    assert share(ended, at_end=True) == frozenset({2, 3}), "the end, rank 0's last word: it uploads, and so do we"
     assert share(everyone, me=1, at_end=True) is None, "no last word from rank 0 at the end: killed, frozen or lost"
     assert [leads_evidence(rank=r, local_rank=r % 2, node_rank=r // 2) for r in range(4)] == [False, True, True, False]
     assert not leads_evidence(rank=1, local_rank=1, node_rank=-1), "no GROUP_RANK: not under torchrun"
@@ -236,6 +236,48 @@ def test_on_a_shared_volume_with_rank_0_alive_a_node_leader_uploads_nothing_unti
     )
     documents, _ = read_run(aws.client("s3"), BUCKET, EXPERIMENT, RUN).ranks()
     assert [d.rank for d in documents] == [0, 1, 2, 3]
+
+
+def test_at_the_end_each_leader_uploads_its_nodes_last_words_whoever_ends_first(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    """Rank 0's last word is written, so it uploads next; but torchrun tears a node's surviving ranks down 30 s
+    after one of them exits, and rank 0 may be the one cut short (finding 12 of issue 26). Each leader uploads its
+    own node's ranks beside it, once each of them wrote its last word, or went quiet (killed), or two passes went by."""
+    leader = leader_of_node_1(aws, tmp_path)
+    clock = [time.time()]
+    draining = [replace(doc(0, written=clock[0]), ended="failed: RuntimeError"), doc(1, written=clock[0]),
+                replace(doc(2, written=clock[0]), ended="failed: RuntimeError"), doc(3, written=clock[0])]  # fmt: skip
+    write(leader.directory, draining)
+    slept: list[float] = []
+
+    def rank_3_ends_a_moment_later(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+        write(leader.directory, [replace(doc(3, written=clock[0]), ended="failed: RuntimeError")])
+
+    leader.finish(clock=lambda: clock[0], sleep=rank_3_ends_a_moment_later)
+    assert slept == [0.2], "it waited for rank 3's last word, and no longer"
+    assert node_keys(aws) == sorted(f"attempt-00000/node-00001/{f(r)}" for r in (2, 3)
+                                    for f in (rank_document_name, stacks_name))  # fmt: skip
+    documents, _ = read_run(aws.client("s3"), BUCKET, EXPERIMENT, RUN).ranks()
+    assert [(d.rank, d.ended) for d in documents] == [(2, "failed: RuntimeError"), (3, "failed: RuntimeError")]
+
+    # Node 0's leader (local rank 1): rank 1 ended, rank 0 was killed outright (its document stopped being
+    # rewritten), so it waits until rank 0 is quiet for two passes, then stands in for it with every file.
+    stand_in = NodeLeader(aws.client("s3"), settings=leader.settings, rank=1, node_rank=0, progress=ProgressClock())
+    killed = [doc(0, written=clock[0]), replace(doc(1, written=clock[0]), ended="failed: RuntimeError")]
+    write(stand_in.directory, killed)
+    waited: list[float] = []
+
+    def nothing_changes(seconds: float) -> None:
+        waited.append(seconds)
+        clock[0] += seconds
+
+    stand_in.finish(clock=lambda: clock[0], sleep=nothing_changes)
+    passes = 2 * min(leader.settings.heartbeat_interval, 5.0)
+    assert passes - 0.01 <= sum(waited) <= passes + 0.21, waited
+    assert {k.rsplit("/", 1)[-1] for k in node_keys(aws) if "node-00000" in k} >= {"rank-00000.json", "rank-00001.json"}
 
 
 # --- real processes: 4 gloo ranks as 2 torchrun "nodes" against moto ----------------------------------------

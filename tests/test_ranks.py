@@ -15,7 +15,9 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from beacon import contract
+from beacon.kill_points import RANK_EVIDENCE_DUE
 from beacon.progress import ProgressClock
 from beacon.ranks import CrossRankView, PhaseFollower, Placement, RankProgress, RankSignal, read_ranks, stacks_name
 
@@ -239,13 +241,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_node(harness: JobHarness, node: int, port: int, *job_args: str) -> subprocess.Popen[str]:
+def start_node(
+    harness: JobHarness, node: int, port: int, *job_args: str, job: tuple[str, ...] = ("smoke_job.train",)
+) -> subprocess.Popen[str]:
     """One "node" of a two-node job: its own torchrun agent, two ranks, rendezvous on loopback."""
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     rendezvous = ["--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"]
     env = {**harness.env(), "BEACON_POD_NAME": f"train-{node}", "BEACON_NODE_NAME": f"node-{node}"}
     return subprocess.Popen(
-        [torchrun, *rendezvous, "--nproc-per-node=2", "-m", "smoke_job.train", *harness.args(*job_args)],
+        [torchrun, *rendezvous, "--nproc-per-node=2", "-m", *job, *harness.args(*job_args)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -363,24 +367,29 @@ def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_wher
     assert max(s.value for s in samples) >= 3, "rank 0's heartbeat published the slowest rank's progress age"
 
 
+@pytest.mark.parametrize("rank_0", ["uploads", "is-cut-short"])
 def test_a_rank_killed_outright_leaves_its_last_document_and_the_others_stacks_name_it(
-    as_writer: WriterSession, tmp_path: Path
+    as_writer: WriterSession, tmp_path: Path, rank_0: str
 ) -> None:
     """SIGKILL of rank 3: it writes nothing more, so its document is the oldest and has no last word;
-    the other ranks lose their peer in the next collective and say so in theirs."""
+    the other ranks lose their peer in the next collective and say so in theirs. Every rank's last document
+    reaches S3 whichever process's end comes first or is cut short: with `is-cut-short`, rank 0 is SIGKILLed
+    after the last words, before its upload (as torchrun's teardown does 30 s after a node's first rank exits)."""
     harness = JobHarness(as_writer.aws.url, as_writer.bucket, tmp_path, as_writer.credentials)
-    run = "ranks-kill"
+    run = f"ranks-kill-{rank_0}"
     job_args = ("--run-id", run, "--steps", "100000", "--step-sleep", "0.05", "--alarms", "false")
+    job = ("smoke_job.train",) if rank_0 == "uploads" else ("tests.support.kill_point_job", RANK_EVIDENCE_DUE, "1")
     port = free_port()
-    nodes = [start_node(harness, node, port, *job_args) for node in (0, 1)]
+    nodes = [start_node(harness, node, port, *job_args, job=job) for node in (0, 1)]
     ranks_dir = tmp_path / "spool" / "smoke" / run / "ranks"
+    outputs: list[str] = []
     try:
         stepping = lambda: len(r := read_ranks(ranks_dir)) == 4 and min(d.step for d in r) >= 10  # noqa: E731
         assert wait_for(stepping, timeout=240), [p.poll() for p in nodes]
         (victim,) = [r for r in read_ranks(ranks_dir) if r.rank == 3]
         os.kill(victim.pid, signal.SIGKILL)
         for node in nodes:
-            node.communicate(timeout=120)
+            outputs.append("".join(node.communicate(timeout=120))[-6000:])
     finally:
         for node in nodes:
             if node.poll() is None:
@@ -400,10 +409,10 @@ def test_a_rank_killed_outright_leaves_its_last_document_and_the_others_stacks_n
     as_writer.aws.reset_auth_only()  # read as the admin
     uploaded = keys_under(as_writer.aws.client("s3"), as_writer.bucket, contract.run_prefix("smoke", run) + "ranks/")
     attempt = contract.rank_evidence_key("smoke", run, 0, "")
-    # Rank 0 uploads at the attempt's end, and node 1's leader too when it ends before rank 0's last word
-    # (`attempt-00000/node-00001/`): either brings the dead rank's last document from the volume.
+    # Rank 0 uploads at the attempt's end, and each node's leader its own node's ranks beside it
+    # (`attempt-00000/node-<g>/`): whichever lands brings every rank's last document from the volume.
     names = {key.removeprefix(attempt).rsplit("/", 1)[-1] for key in uploaded if key.startswith(attempt)}
-    assert {"rank-00003.json", "rank-00000.json"} <= names, uploaded
+    assert {f"rank-{r:05d}.json" for r in range(4)} <= names, (uploaded, outputs)
     diagnosis = diagnose(
         DoctorInputs(
             team="demo",

@@ -14,6 +14,7 @@ UPLOADED_NOT_ACKNOWLEDGED = "upload:acknowledged-by-s3"  # S3 holds the chunk; t
 CHECKPOINT_WRITTEN = "checkpoint:file-written"  # the checkpoint file is durable; latest not yet moved
 CHECKPOINT_PROMOTED = "checkpoint:latest-moved"  # latest points at it; older ones not yet pruned
 MIRROR_SENT_NOT_RECORDED = "mirror:sent-not-recorded"  # the tracker holds a batch; the cursor does not say so yet
+RANK_EVIDENCE_DUE = "ranks:last-words-written"  # the ranks finished together; rank 0 has not uploaded their evidence
 ALL = (
     SEAL_STATE_WRITTEN,
     SEAL_RENAMED,
@@ -21,6 +22,7 @@ ALL = (
     CHECKPOINT_WRITTEN,
     CHECKPOINT_PROMOTED,
     MIRROR_SENT_NOT_RECORDED,
+    RANK_EVIDENCE_DUE,
 )
 
 

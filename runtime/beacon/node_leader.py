@@ -10,9 +10,12 @@ rank 0's own node its LOCAL_RANK 1 (a single-node job has no other node), upload
 - rank 0's document is there and fresh (shared volume, rank 0 alive): nothing, rank 0 covers it;
 - rank 0's document went stale, or rank 0's last word is written while the others stall: the first node
   leader still writing stands in for rank 0 (every file); the others upload their node's ranks' files.
-At an attempt's end, rank 0 covers the directory when its last word is written (it uploads right after
-the ranks finish together). A leader's stall test is rank 0's: some rank's progress older than
-`stall_dump_after` plus one rank-signal pass, no rank in a named phase; `LiveSnapshots` bounds it alike.
+At an attempt's end every leader uploads its own node's ranks' files (and, while rank 0 has no last word, the
+first leader still writing everything), after waiting briefly for their last words: rank 0 uploads once the ranks
+finished together, but torchrun tears a node's surviving ranks down 30 s after one of them exits, so whichever
+process's end comes first or is cut short, each node's last words still reach S3.
+A leader's stall test is rank 0's: some rank's progress older than `stall_dump_after` plus one rank-signal pass,
+no rank in a named phase; `LiveSnapshots` bounds it alike.
 It calls S3 only (no CloudWatch, no preflight: rank 0's preflight checked the bucket).
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +45,8 @@ from beacon.ranks import (
 from beacon.settings import RunSettings
 
 log = logging.getLogger("beacon.node_leader")
+
+LAST_WORD_POLL_S = 0.2  # how often a leader at its attempt's end looks for its node's last words
 
 
 def leads_evidence(*, rank: int, local_rank: int, node_rank: int) -> bool:
@@ -66,8 +72,10 @@ def node_share(
     zero = next((r for r in ranks if r.rank == 0), None)
     if zero is None:
         return Share(None, "node-local ranks directory: every file in it is this node's")
-    covered = bool(zero.ended) if at_end else not zero.ended and now - zero.wall_time < fresh_for
-    if covered:
+    own = frozenset(r.rank for r in ranks if r.node_rank == node_rank)
+    if at_end and zero.ended:  # rank 0 uploads next, unless torchrun's teardown cuts it short first
+        return Share(own, "the attempt's end: this node's ranks, beside rank 0's upload")
+    if not at_end and not zero.ended and now - zero.wall_time < fresh_for:
         return Share(frozenset(), "rank 0 uploads the shared ranks directory")
     alive = [
         r.rank
@@ -77,7 +85,7 @@ def node_share(
     ]
     if min([*alive, me]) == me:
         return Share(None, "rank 0 went silent: the first node leader stands in for it")
-    return Share(frozenset(r.rank for r in ranks if r.node_rank == node_rank), "rank 0 went silent: this node's ranks")
+    return Share(own, "rank 0 went silent: this node's ranks")
 
 
 class NodeLeader:
@@ -159,18 +167,32 @@ class NodeLeader:
         self._upload(share, snapshot)
         return snapshot
 
-    def finish(self) -> None:
-        """At the attempt's end, once the ranks finished together (or gave up waiting): what rank 0 will not upload."""
+    def finish(self, *, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+        """At the attempt's end, once the ranks finished together (or gave up waiting): this node's last words, and
+        what rank 0 will not upload."""
         self._stop.set()
         self.rank_board.stop()
         if self._thread.ident is not None:
             self._thread.join(timeout=self.settings.heartbeat_interval + 30)
-        ranks = read_ranks(self.directory, since=self._ranks_since)
-        share = self._own(self._share(ranks, time.time(), at_end=True), ranks)
+        ranks = self.last_words(clock=clock, sleep=sleep)
+        share = self._own(self._share(ranks, clock(), at_end=True), ranks)
         if share.ranks != frozenset():
             log.info("node %d: the ranks' evidence to s3://%s/%s (%s)", self.node_rank, self.settings.bucket,
                      self._key(None), share.reason)  # fmt: skip
             self._upload(share, None)
+
+    def last_words(self, *, clock: Callable[[], float], sleep: Callable[[float], None]) -> list[RankProgress]:
+        """The directory's documents once this node's ranks wrote their last words or went quiet (killed: no
+        rewrite for two passes), for two passes at most: a rank still draining is uploaded as it stands."""
+        passes = rank_signal_interval(self.settings.heartbeat_interval)
+        quiet, waited_until = 2 * passes, clock() + 2 * passes
+        while True:
+            ranks, now = read_ranks(self.directory, since=self._ranks_since), clock()
+            if now >= waited_until or all(
+                r.ended or now - r.wall_time > quiet for r in ranks if r.node_rank == self.node_rank
+            ):
+                return ranks
+            sleep(min(LAST_WORD_POLL_S, waited_until - now))
 
     def _key(self, snapshot: int | None) -> str:
         s = self.settings

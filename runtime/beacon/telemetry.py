@@ -660,6 +660,7 @@ class Telemetry(NullTelemetry):
         """Every rank's last word, stack dumps and flight-recorder dumps, from the run's ranks directory
         to S3, create-only under the attempt. When rank 0 is the rank that stopped, or the directory is
         node-local (SageMaker), the other nodes' leaders upload theirs (`beacon.node_leader`)."""
+        kill_points.hit(kill_points.RANK_EVIDENCE_DUE)
         ranks = frozenset(r.rank for r in read_ranks(directory, since=self.ranks_since))  # not a restore's
         upload_rank_evidence(
             self.s3, bucket=self.config.bucket, experiment=self.config.experiment, run=self.config.run,
