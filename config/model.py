@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 import botocore.loaders
 from beacon import contract
+from beacon.contract import whole_match
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
@@ -56,10 +57,10 @@ LOG_RETENTION_DAYS = (
     3653,
 )
 
-SLUG = r"^[a-z][a-z0-9-]{1,18}[a-z0-9]$"
-INSTANCE_FAMILY = r"^[a-z][a-z0-9-]*[0-9][a-z0-9-]*$"
-INSTANCE_TYPE = r"^[a-z][a-z0-9-]*\.[0-9a-z]+$"
-EMAIL = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
+SLUG = r"[a-z][a-z0-9-]{1,18}[a-z0-9]"
+INSTANCE_FAMILY = r"[a-z][a-z0-9-]*[0-9][a-z0-9-]*"
+INSTANCE_TYPE = r"[a-z][a-z0-9-]*\.[0-9a-z]+"
+EMAIL = r"[^@\s]+@[^@\s]+\.[^@\s]+"
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -180,7 +181,7 @@ class ClusterConfig(_Section):
     @field_validator("system_node_instance_type")
     @classmethod
     def _instance_type(cls, value: str) -> str:
-        if not re.match(INSTANCE_TYPE, value):
+        if not whole_match(INSTANCE_TYPE, value):
             raise ValueError(f"not an EC2 instance type: {value!r}")
         return value
 
@@ -222,7 +223,7 @@ class ComputeConfig(_Section):
         if not value:
             raise ValueError("needs at least one GPU instance family")
         for family in value:
-            if not re.match(INSTANCE_FAMILY, family):
+            if not whole_match(INSTANCE_FAMILY, family):
                 raise ValueError(f"not an EC2 instance family: {family!r}")
         return value
 
@@ -230,7 +231,7 @@ class ComputeConfig(_Section):
     @classmethod
     def _types(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for instance_type in value:
-            if not re.match(INSTANCE_TYPE, instance_type):
+            if not whole_match(INSTANCE_TYPE, instance_type):
                 raise ValueError(f"not an EC2 instance type: {instance_type!r}")
         return value
 
@@ -261,7 +262,7 @@ class MonitoringConfig(_Section):
     @classmethod
     def _email(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for email in value:
-            if not re.match(EMAIL, email):
+            if not whole_match(EMAIL, email):
                 raise ValueError(f"not an e-mail address: {email!r}")
         return value
 
@@ -369,7 +370,7 @@ class TeamConfig(_Section):
     @field_validator("team")
     @classmethod
     def _slug(cls, value: str) -> str:
-        if not re.match(SLUG, value):
+        if not whole_match(SLUG, value):
             raise ValueError(f"{value!r} is not a slug (3-20 of a-z, 0-9, '-', starting with a letter)")
         if collision := contract.alarm_prefix_collision(value):
             raise ValueError(f"{value!r}: {collision}")

@@ -133,6 +133,18 @@ BAD_CASES = {
         "fires after 120 s without one",
     ),
     "bad_email": ('[monitoring]\nalarm_email = "ops-at-example"', "monitoring.alarm_email", "e-mail"),
+    # A trailing newline is not part of a name (issue 26, finding 7)
+    "email_with_a_newline": ('[monitoring]\nalarm_email = "ops@example.com\\n"', "monitoring.alarm_email", "e-mail"),
+    "gpu_family_with_a_newline": (
+        '[compute]\ngpu_instance_families = ["g6\\n"]',
+        "compute.gpu_instance_families",
+        "family",
+    ),
+    "system_instance_type_with_a_newline": (
+        '[cluster]\nsystem_node_instance_type = "m7i.large\\n"',
+        "cluster.system_node_instance_type",
+        "not an EC2 instance type",
+    ),
     "bad_gpu_family": ('[compute]\ngpu_instance_families = ["G5!"]', "compute.gpu_instance_families", "family"),
     "ami_alias_latest_drifts": ('[compute]\nnode_ami_alias = "al2023@latest"', "compute.node_ami_alias", "dated"),
     "ami_alias_not_al2023": ('[compute]\nnode_ami_alias = "bottlerocket@v1.50.0"', "compute.node_ami_alias", "AL2023"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -230,12 +231,31 @@ def test_signal_handling_is_the_users_to_keep_and_finish_gives_it_back(tmp_path:
         ({"bucket": "b", "cloudwatch_metrics": ["Heartbeat"]}, {}, "one of Beacon's own metrics"),
         ({"bucket": "b", "bukket": "x"}, {}, "bukket: not a setting"),
         ({}, {"BEACON_BUCKET": "b", "BEACON_ALARMS": "maybe"}, "alarms (BEACON_ALARMS): not a boolean"),
+        # A trailing newline is not a name (issue 26, finding 7: `re.match` with `$` let "r1\n" through)
+        ({"bucket": "b", "run": "r1\n"}, {}, "run (BEACON_RUN_ID): run 'r1\\n' must be 1-63"),
+        ({}, {"BEACON_BUCKET": "b", "BEACON_RUN_ID": "r1\n"}, "run (BEACON_RUN_ID)"),
+        ({"bucket": "b", "experiment": "smoke\n"}, {}, "experiment (BEACON_EXPERIMENT)"),
+        ({"bucket": "b", "team": "demo\n"}, {}, "team (BEACON_TEAM)"),
+        ({"bucket": "b", "cloudwatch_metrics": ["loss\n"]}, {}, "cloudwatch_metrics (BEACON_CLOUDWATCH_METRICS)"),
     ],
 )
 def test_an_unusable_setting_is_one_line_naming_it(given: dict[str, Any], environ: dict[str, str], names: str) -> None:
     with pytest.raises(SettingsError) as raised:
         RunSettings.resolve(environ, **given)
     assert names in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_metric_or_phase_name_with_a_trailing_newline_is_refused_in_the_call(tmp_path: Path) -> None:
+    run = beacon.init("lib", handle_signals=False, telemetry=False, heartbeat_file=tmp_path / "hb",
+                      checkpoint_dir=tmp_path / "ckpt")  # fmt: skip
+    try:
+        with pytest.raises(ValueError, match=re.escape("run.log: metric name 'loss\\n' must match")):
+            run.log({"loss\n": 1.0}, 0)
+        with pytest.raises(ValueError, match=re.escape("run.phase: name 'eval\\n'")), run.phase("eval\n"):
+            pass
+        run.log({"loss": 1.0}, 0)
+    finally:
+        run.finish()
 
 
 def test_arguments_win_over_the_environment_and_the_region_follows_the_sdk() -> None:

@@ -172,7 +172,7 @@ class TrainingJobSpec:
 
     def __post_init__(self) -> None:
         problems = []
-        if not contract.ID_PATTERN.match(self.name) or len(self.name) > JOB_NAME_LIMIT:
+        if not contract.is_id(self.name) or len(self.name) > JOB_NAME_LIMIT:
             problems.append(f"name {self.name!r}: 1-{JOB_NAME_LIMIT} of a-z, 0-9 and '-'")
         if not self.command:
             problems.append("command: empty (a script and its arguments, or -m and a module)")

@@ -25,8 +25,8 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _TAG = r"[\w][\w.-]{0,127}"
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 _SUFFIX = rf"(?::(?P<tag>{_TAG}))?(?:@(?P<digest>{_DIGEST}))?"
-IMAGE_REFERENCE = re.compile(rf"^(?P<registry>{_REGISTRY})/(?P<path>{_COMPONENT}(?:/{_COMPONENT})*){_SUFFIX}$")
-IN_TEAM_REPOSITORY = re.compile(rf"^{_SUFFIX}$")
+IMAGE_REFERENCE = re.compile(rf"(?P<registry>{_REGISTRY})/(?P<path>{_COMPONENT}(?:/{_COMPONENT})*){_SUFFIX}")
+IN_TEAM_REPOSITORY = re.compile(_SUFFIX)
 IMAGE_FORMS = ":TAG or @sha256:DIGEST (the team's ECR repository), or REGISTRY/REPOSITORY:TAG (or @sha256:DIGEST)"
 # What torchrun runs is a script or a module, not an interpreter or a launcher: the container's
 # command is already torchrun (`python -m beacon.launch`).
@@ -36,10 +36,10 @@ RUN_ID_LIMIT = JOB_NAME_LIMIT
 
 def check_image(image: str) -> None:
     """The image option's form, before any stack is read."""
-    short = image.startswith((":", "@")) and IN_TEAM_REPOSITORY.match(image)
+    short = image.startswith((":", "@")) and contract.whole_match(IN_TEAM_REPOSITORY, image)
     if short:
         return
-    full = IMAGE_REFERENCE.match(image)
+    full = IMAGE_REFERENCE.fullmatch(image)
     # As docker reads it, a first part without "." or ":" (and not localhost) is a path on docker.io.
     registry = full["registry"] if full else ""
     if not (full and ("." in registry or ":" in registry or registry == "localhost")):
@@ -138,7 +138,7 @@ def check_request(request: TeamJobRequest, config: TeamConfig) -> None:
         )
     check_image(request.image)
     for kind, value in (("experiment", request.experiment), ("run", request.run)):
-        if value is not None and not contract.ID_PATTERN.match(value):
+        if value is not None and not contract.is_id(value):
             raise JobError(f"--{kind}: {value!r} must be 1-63 of a-z, 0-9 and '-', starting with a letter or digit")
     if request.run is not None and len(request.run) > RUN_ID_LIMIT:
         raise JobError(f"--run: {request.run!r} is {len(request.run)} characters; a Job name takes {RUN_ID_LIMIT}")

@@ -53,11 +53,24 @@ APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD, PARAMS)
 OVERWRITABLE_KINDS = (CHECKPOINTS, STATUS, SAGEMAKER_VOLUME)
 
 # S3-safe and Kubernetes-label-safe identifiers.
-ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def whole_match(pattern: re.Pattern[str] | str, value: object) -> bool:
+    """The one rule for a name's pattern: the whole value matches (`re.match` with `$` passes "r1\n")."""
+    return isinstance(value, str) and re.fullmatch(pattern, value) is not None
+
+
+def is_id(value: object) -> bool:
+    return whole_match(ID_PATTERN, value)
+
+
+def is_metric_name(value: object) -> bool:
+    return whole_match(METRIC_NAME_PATTERN, value)
 
 
 def validate_id(kind: str, value: str) -> str:
-    if not ID_PATTERN.match(value):
+    if not is_id(value):
         raise ValueError(f"{kind} {value!r} must be 1-63 of a-z, 0-9 and '-', starting with a letter or digit")
     return value
 
@@ -381,7 +394,7 @@ def records_of(body: bytes | str) -> list[Record]:
 # and the doctor's divergence verdict read it.
 LOSS_KEY = "loss"
 # What a metric name may be: a CloudWatch metric name and a TensorBoard tag alike.
-METRIC_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:/-]{1,250}$")
+METRIC_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:/-]{1,250}")
 
 
 class FinalState(StrEnum):

@@ -158,7 +158,7 @@ class Run:
             self.progress.leave(Phase.SETUP)
         if not metrics.keys() <= self._known_metrics:
             for name in metrics:
-                if not isinstance(name, str) or not contract.METRIC_NAME_PATTERN.match(name):
+                if not contract.is_metric_name(name):
                     raise ValueError(f"run.log: metric name {name!r} must match {contract.METRIC_NAME_PATTERN.pattern}")
             self._known_metrics.update(metrics)
         self.mark_step(step)
@@ -196,7 +196,7 @@ class Run:
     def phase(self, name: str) -> Iterator[None]:
         """Time spent inside is work, not a stall (evaluation, a checkpoint, setup): it is kept out of
         the stall clock and sent as PhaseSeconds with a Phase dimension while it lasts."""
-        if not (0 < len(name) <= PHASE_NAME_LIMIT and contract.ID_PATTERN.match(name)):
+        if not (0 < len(name) <= PHASE_NAME_LIMIT and contract.is_id(name)):
             raise ValueError(f"run.phase: name {name!r} must be 1-{PHASE_NAME_LIMIT} of a-z, 0-9 and '-'")
         with self.progress.phase(name):
             yield

@@ -84,7 +84,7 @@ class RunSettings:
         if self.telemetry and not self.bucket:
             raise SettingsError(f"{_label('bucket')}: required when telemetry is on (the team's artifact bucket)")
         for name in self.cloudwatch_metrics:
-            if not contract.METRIC_NAME_PATTERN.match(name):
+            if not contract.is_metric_name(name):
                 raise SettingsError(f"{_label('cloudwatch_metrics')}: {name!r} is not a metric name")
             if name in contract.reserved_metric_names():
                 raise SettingsError(f"{_label('cloudwatch_metrics')}: {name!r} is one of Beacon's own metrics")
