@@ -147,6 +147,23 @@ def test_20pct_5xx_throttling_resets_and_latency_lose_and_duplicate_nothing(
     assert sum(v for k, v in injected.items() if k.startswith("monitoring:")) > 0
 
 
+def test_a_lost_put_answer_then_throttled_reads_is_retried_not_called_another_writer(
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], strict_s3: BucketPolicyGate
+) -> None:
+    """S3 takes chunk 2, the job sees a 500; the retry gets 412, and the next eight reads of the key are throttled.
+    A read that fails says nothing about the bytes: training goes on, and every step lands once (it was a
+    RunConflictError, "another job writes this run id", at step 52-117 of 150: issue 26, finding 3)."""
+    chunk = contract.events_key("smoke", "lost-answer", 2).rsplit("/", 2)[-2:]
+    plan = FaultPlan(lose_answer_of="/".join(chunk), throttled_reads_after=8)
+    proxy, harness = proxied(as_writer, tmp_path, plan, strict_s3)
+    proxies.append(proxy)
+    result = harness.run("--run-id", "lost-answer", "--steps", "150", "--step-sleep", "0.01", "--chunk-records", "10")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (proxy.stats.answers_lost, proxy.stats.reads_throttled) == (1, 8), proxy.stats
+    assert "another job writes this run id" not in result.stderr
+    assert_exactly_once(as_writer, "lost-answer", 150)
+
+
 def test_endpoints_unreachable_mid_run_training_continues_backlog_drains_and_signals_rise_then_clear(
     as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], strict_s3: BucketPolicyGate
 ) -> None:

@@ -16,6 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract
 from beacon.contract import ChunkSummary
+from beacon.create_only import put_create_only
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +51,15 @@ class IndexWriter:
         key = contract.index_key(self.experiment, self.run, group)
         try:
             summaries = [self._summaries.get(n) or self._summary_from_s3(n) for n in chunks_of(group)]
-            document = contract.index_document(group, summaries)
-            self.s3.put_object(Bucket=self.bucket, Key=key, Body=document, IfNoneMatch="*")
-        except ClientError as error:
-            if error.response["Error"]["Code"] != "PreconditionFailed":
-                log.warning("index s3://%s/%s not written yet: %s", self.bucket, key, error)
-                return False
-            # Written before: by this process's retry, or by an earlier process of the run.
-        except (BotoCoreError, OSError) as error:
+        except (ClientError, BotoCoreError, OSError) as error:
             log.warning("index s3://%s/%s not written yet: %s", self.bucket, key, error)
+            return False
+        # Written before counts as written: by this process's retry, or by an earlier process of the run.
+        outcome = put_create_only(
+            self.s3, bucket=self.bucket, key=key, body=contract.index_document(group, summaries), compare=False
+        )
+        if not outcome.held:
+            log.warning("index s3://%s/%s not written yet: %s", self.bucket, key, outcome.error)
             return False
         for number in chunks_of(group):
             self._summaries.pop(number, None)

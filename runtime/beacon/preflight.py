@@ -34,6 +34,7 @@ from botocore.exceptions import (
 )
 
 from beacon import contract
+from beacon.create_only import put_create_only
 from beacon.settings import RunSettings
 
 log = logging.getLogger("beacon.preflight")
@@ -285,11 +286,9 @@ class Retrying:
 def _put_once(s3: Any, bucket: str, key: str, body: bytes) -> None:
     """Create the probe; a 412 on a retry means an earlier attempt landed (the key is unique, and
     the read-back compares the bytes)."""
-    try:
-        s3.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") != "PreconditionFailed":
-            raise
+    outcome = put_create_only(s3, bucket=bucket, key=key, body=body, compare=False)
+    if outcome.error is not None:
+        raise outcome.error
 
 
 def run_preflight(

@@ -32,10 +32,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from beacon import contract
 from beacon.contract import Phase
+from beacon.create_only import Written, put_create_only
 from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX, dump_flight_recorder, flight_recorder_name
 from beacon.progress import ProgressClock
 
@@ -453,25 +452,21 @@ def upload_rank_evidence(
             if path.name.startswith(SIGNAL_STACKS_PREFIX) and not took_signal(path.read_text(errors="replace")):
                 continue  # its head alone: no signal came
             key = _evidence_key(experiment, run, attempt, live, path.name, node)
-            s3.put_object(Bucket=bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
+            body = path.read_bytes()
+        except OSError:  # the file went away meanwhile (a dump replaced): nothing to keep
+            continue
+        # The first copy under a key is the one kept: a later document of the rank goes to a later upload's key.
+        outcome = put_create_only(s3, bucket=bucket, key=key, body=body, compare=False)
+        if outcome.written is Written.CREATED:
             uploaded += 1
-        except ClientError as error:
-            if error.response["Error"]["Code"] != "PreconditionFailed":
-                log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
-                missing += 1
-        except (BotoCoreError, OSError) as error:
-            if key is not None:  # else the file went away meanwhile (a dump replaced): nothing to keep
-                log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
-                missing += 1
+        elif not outcome.held:
+            log.warning("cannot write s3://%s/%s: %s", bucket, key, outcome.error)
+            missing += 1
     if live is not None and not missing:
         key = _evidence_key(experiment, run, attempt, live, contract.LIVE_SNAPSHOT_COMPLETE, node)
-        try:
-            s3.put_object(Bucket=bucket, Key=key, Body=b"", IfNoneMatch="*")
-        except ClientError as error:
-            if error.response["Error"]["Code"] != "PreconditionFailed":
-                log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
-        except BotoCoreError as error:
-            log.warning("cannot write s3://%s/%s: %s", bucket, key, error)
+        outcome = put_create_only(s3, bucket=bucket, key=key, body=b"", compare=False)
+        if not outcome.held:
+            log.warning("cannot write s3://%s/%s: %s", bucket, key, outcome.error)
     return uploaded
 
 

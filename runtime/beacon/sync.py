@@ -17,7 +17,6 @@ BEACON_* variables the job read (BEACON_MLFLOW_TRACKING_URI, BEACON_WANDB_PROJEC
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -32,6 +31,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import aws, contract
 from beacon.contract import FinalState
+from beacon.create_only import Written, put_create_only
 from beacon.index import IndexWriter
 from beacon.mirrors import Mirror, RunInfo
 from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, MirrorWorker, s3_chunks
@@ -136,19 +136,18 @@ def sync_spool(
         for chunk in spool.pending():
             key = contract.events_key(experiment, run, chunk.sequence)
             body = chunk.body()
-            try:
-                s3.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
+            outcome = put_create_only(s3, bucket=bucket, key=key, body=body)
+            if outcome.written is Written.CONFLICT:
+                raise RunConflictError(
+                    f"run {run!r}: s3://{bucket}/{key} holds another chunk than {chunk.path}: "
+                    "another job wrote this run id (the spool keeps its records)"
+                )
+            if outcome.error is not None:  # the spool keeps the chunk: a later sync sends it
+                raise outcome.error
+            if outcome.written is Written.CREATED:
                 report.chunks_uploaded += 1
                 report.records_sent += chunk.records
-            except ClientError as error:
-                if error.response["Error"]["Code"] != "PreconditionFailed":
-                    raise
-                theirs = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-                if hashlib.sha256(theirs).digest() != hashlib.sha256(body).digest():
-                    raise RunConflictError(
-                        f"run {run!r}: s3://{bucket}/{key} holds another chunk than {chunk.path}: "
-                        "another job wrote this run id (the spool keeps its records)"
-                    ) from None
+            else:
                 report.already_in_s3 += 1
             spool.acknowledge(chunk)
             index.acknowledged(chunk.summary(body))

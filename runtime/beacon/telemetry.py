@@ -10,7 +10,6 @@ file. Failures never stop training: they count as UploadFailures and grow SpoolB
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import logging
 import math
@@ -26,6 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract, kill_points
 from beacon.contract import Record
+from beacon.create_only import Written, put_create_only
 from beacon.index import IndexWriter
 from beacon.progress import ProgressClock
 from beacon.rank_board import RankBoard
@@ -422,23 +422,20 @@ class Telemetry(NullTelemetry):
         except FileNotFoundError:  # acknowledged meanwhile (a drain's last pass): nothing to send
             return True
         started = time.monotonic()
-        try:
-            self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=body, IfNoneMatch="*")
-        except ClientError as error:
-            if error.response["Error"]["Code"] != "PreconditionFailed":
-                return self._upload_failed(key, error)
-            if not self._same_object(key, body):
-                # Durable bytes disagree: no retry can fix it. Stop the job (it drains, exits non-zero,
-                # and its restart is refused by the start-up reconciliation, naming the run).
-                conflict = RunConflictError(
-                    f"run {self.config.run!r}: s3://{self.config.bucket}/{key} holds another chunk than "
-                    f"{chunk.path}: another job writes this run id"
-                )
-                self._fatal = conflict
-                return self._upload_failed(key, conflict)
+        outcome = put_create_only(self.s3, bucket=self.config.bucket, key=key, body=body)
+        if outcome.written is Written.CONFLICT:
+            # Durable bytes disagree: no retry can fix it. Stop the job (it drains, exits non-zero,
+            # and its restart is refused by the start-up reconciliation, naming the run).
+            conflict = RunConflictError(
+                f"run {self.config.run!r}: s3://{self.config.bucket}/{key} holds another chunk than "
+                f"{chunk.path}: another job writes this run id"
+            )
+            self._fatal = conflict
+            return self._upload_failed(key, conflict)
+        if outcome.retry:  # the PUT failed, or its 412 could not be compared (a lost answer, then throttled reads)
+            return self._upload_failed(key, outcome.error or RuntimeError(outcome.written.value))
+        if outcome.written is Written.SAME:
             self.report.already_present += 1  # a retry of an upload S3 had already taken
-        except (BotoCoreError, OSError) as error:
-            return self._upload_failed(key, error)
         kill_points.hit(kill_points.UPLOADED_NOT_ACKNOWLEDGED)
         with self._window_lock:
             self._window.upload_latencies_ms.append((time.monotonic() - started) * 1000)
@@ -449,13 +446,6 @@ class Telemetry(NullTelemetry):
         except Exception:  # the index helps readers of long runs; it never holds up delivery
             log.exception("index of chunk %d not updated", chunk.sequence)
         return True
-
-    def _same_object(self, key: str, body: bytes) -> bool:
-        try:
-            existing = self.s3.get_object(Bucket=self.config.bucket, Key=key)["Body"].read()
-        except (ClientError, BotoCoreError, OSError):
-            return False
-        return bool(hashlib.sha256(existing).digest() == hashlib.sha256(body).digest())
 
     def _upload_failed(self, key: str, error: BaseException) -> bool:
         log.warning("upload of s3://%s/%s failed after retries: %s", self.config.bucket, key, error)
@@ -469,12 +459,12 @@ class Telemetry(NullTelemetry):
         name = path.name.removesuffix(SEALED)
         key = contract.tensorboard_key(self.config.experiment, self.config.run, name)
         try:
-            self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
-        except ClientError as error:
-            if error.response["Error"]["Code"] != "PreconditionFailed":
-                return self._upload_failed(key, error)
-        except (BotoCoreError, OSError) as error:
+            body = path.read_bytes()
+        except OSError as error:
             return self._upload_failed(key, error)
+        outcome = put_create_only(self.s3, bucket=self.config.bucket, key=key, body=body, compare=False)
+        if not outcome.held:  # an earlier copy of this part is the one kept: it is a view of the records
+            return self._upload_failed(key, outcome.error or RuntimeError(outcome.written.value))
         path.unlink()
         self.report.tensorboard_files += 1
         return True
@@ -670,19 +660,15 @@ class Telemetry(NullTelemetry):
     def publish_hyperparams(self, document: bytes) -> None:
         """Create-only, like the records: an attempt that finds other values there keeps them."""
         key = contract.hyperparams_key(self.config.experiment, self.config.run)
-        try:
-            self.s3.put_object(Bucket=self.config.bucket, Key=key, Body=document, IfNoneMatch="*")
-        except ClientError as error:
-            if error.response["Error"]["Code"] != "PreconditionFailed":
-                log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
-            elif not self._same_object(key, document):
-                log.warning(
-                    "s3://%s/%s holds other hyperparameters (an earlier attempt of this run): kept, these not written",
-                    self.config.bucket,
-                    key,
-                )
-        except (BotoCoreError, OSError) as error:
-            log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, error)
+        outcome = put_create_only(self.s3, bucket=self.config.bucket, key=key, body=document)
+        if outcome.written is Written.CONFLICT:
+            log.warning(
+                "s3://%s/%s holds other hyperparameters (an earlier attempt of this run): kept, these not written",
+                self.config.bucket,
+                key,
+            )
+        elif outcome.retry:
+            log.warning("cannot write s3://%s/%s: %s", self.config.bucket, key, outcome.error)
 
     # --- shutdown ---------------------------------------------------------------------------------
     def close(self, budget: float) -> DeliveryReport:

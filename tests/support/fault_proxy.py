@@ -2,7 +2,8 @@
 
 It tells S3 from CloudWatch by the SigV4 credential scope, and on a configurable fraction of their
 requests answers 500, throttles (503 SlowDown), resets the connection, or adds latency. It can also
-stop forwarding for a stretch (the endpoint unreachable).
+stop forwarding for a stretch (the endpoint unreachable), or lose one PUT's answer: S3 takes the object and
+the client sees a 500, and the reads of that key that follow are throttled (the retry's 412 cannot be compared).
 
 Which requests are faulted is a schedule per service, not a coin toss over the interleaved stream:
 the first eligible request of every service is faulted, then one in every 1/fraction, the position
@@ -53,6 +54,8 @@ class FaultPlan:
     hold_limit_s: float = 10.0  # an overtaken request nothing follows is forwarded after this
     max_requests: int = 20_000
     max_lifetime_s: float = 600.0
+    lose_answer_of: str = ""  # the first PUT whose path ends with this lands in S3, and its client sees a 500
+    throttled_reads_after: int = 0  # then this many GETs of that path answer 503 SlowDown
 
 
 class FaultSchedule:
@@ -78,6 +81,8 @@ class FaultStats:
     overtaken: Counter[str] = field(default_factory=Counter)  # held, and a later request answered first
     held_to_the_limit: Counter[str] = field(default_factory=Counter)  # held, and nothing came after it
     upstream_status: Counter[tuple[str, int]] = field(default_factory=Counter)  # what moto answered
+    answers_lost: int = 0
+    reads_throttled: int = 0
 
 
 class _Server(ThreadingHTTPServer):
@@ -119,6 +124,7 @@ class FaultProxy:
         self.answered = threading.Condition(self.lock)
         self.last_answered_arrival = -1  # the highest arrival number answered so far
         self.started = time.monotonic()
+        self.reads_to_throttle = 0
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -217,6 +223,20 @@ class FaultProxy:
         ):
             self._error(request, service, 403)
             return
+        if self.plan.lose_answer_of and urlparse(request.path).path.endswith(self.plan.lose_answer_of):
+            with self.lock:
+                lose = request.command == "PUT" and not self.stats.answers_lost
+                throttle = request.command == "GET" and self.reads_to_throttle > 0
+                self.stats.answers_lost += lose
+                self.reads_to_throttle += self.plan.throttled_reads_after if lose else -throttle
+                self.stats.reads_throttled += throttle
+            if lose:  # S3 takes it; the answer never reaches the client
+                self._forward(request, body, service, answer=False)
+                self._error(request, service, 500)
+                return
+            if throttle:
+                self._error(request, service, 503)
+                return
         fault = self._choose(service)
         if fault is not None:
             self.stats.injected[f"{service}:{fault}"] += 1
@@ -279,7 +299,7 @@ class FaultProxy:
         request.end_headers()
         request.wfile.write(data)
 
-    def _forward(self, request: BaseHTTPRequestHandler, body: bytes, service: str) -> None:
+    def _forward(self, request: BaseHTTPRequestHandler, body: bytes, service: str, *, answer: bool = True) -> None:
         connection = http.client.HTTPConnection(str(self.upstream.hostname), self.upstream.port, timeout=30)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         headers["Content-Length"] = str(len(body))
@@ -293,6 +313,8 @@ class FaultProxy:
         finally:
             connection.close()
         self.stats.upstream_status[(service, response.status)] += 1
+        if not answer:
+            return
         request.send_response(response.status)
         for key, value in response.getheaders():
             if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
