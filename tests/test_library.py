@@ -129,6 +129,63 @@ def test_a_plain_loop_delivers_every_metric_faithfully_and_lists_only_the_chosen
     assert any({"Name": contract.Dim.PHASE.value, "Value": "eval"} in m["Dimensions"] for m in phases)
 
 
+BAD_VALUES_LOOP = """
+import torch
+import beacon
+
+
+class UnreadableOnTheDevice:
+    \"\"\"A one-element value whose read fails on Beacon's spool thread, as a CUDA error would.\"\"\"
+
+    def numel(self):
+        return 1
+
+    def item(self):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+BAD = {1000: "text", 1500: None, 2000: torch.ones(2), 2200: 1j}
+run = beacon.init("lib")
+for step in range(3000):
+    metrics = {"loss": torch.tensor(1.0 / (step + 1)), "lr": 0.1}
+    if step in BAD:
+        try:
+            run.log({**metrics, "note": BAD[step]}, step)
+        except TypeError as error:
+            print("refused:", error, flush=True)
+    if step == 2500:
+        metrics["flaky"] = UnreadableOnTheDevice()
+    run.log(metrics, step)
+report = run.finish()
+print("delivered", report.delivered, "set aside", report.delivery.values_set_aside, flush=True)
+"""
+
+
+def test_a_value_that_is_not_a_number_is_refused_in_the_call_and_no_good_step_is_lost(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """A fast loop (issue 26, finding 1: a string among the values lost up to 2,500 good steps drained beside it,
+    and finish() said delivered). run.log refuses a value by its type and size alone; a value that passes and still
+    cannot be read on the spool thread is set aside alone, counted, and finish() does not say delivered."""
+    (tmp_path / "train.py").write_text(BAD_VALUES_LOOP)
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py")], cwd=ROOT, capture_output=True, text=True,
+                          env=environment(harness, "lib-bad-values"), timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    refused = [line for line in done.stdout.splitlines() if line.startswith("refused:")]
+    assert refused == [
+        f"refused: run.log: metric 'note' at step {step} is {what}, not a number or a one-element tensor; nothing "
+        "of this call was recorded"
+        for step, what in ((1000, "a str"), (1500, "a NoneType"), (2000, "a Tensor of shape (2,)"), (2200, "a complex"))
+    ]
+    records = delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "lib-bad-values")
+    assert_live_history_once(records, 3000)  # every good step, once
+    by_step = {r.step: r.metrics for r in records}
+    assert sorted(by_step[2500]) == ["loss", "lr"], "the unreadable value alone is left out of its step"
+    assert "delivered False set aside {'flaky': 1}" in done.stdout
+    assert "metric 'flaky' at step 2500: RuntimeError: CUDA error" in done.stderr
+    assert final_state(as_writer, "lib-bad-values")["values_set_aside"] == {"flaky": 1}
+
+
 def test_an_exception_out_of_the_context_manager_is_recorded_as_failed_with_its_type(
     harness: JobHarness, as_writer: WriterSession, tmp_path: Path
 ) -> None:

@@ -334,6 +334,20 @@ def single_number(value: Any) -> bool:
     return bool(numel() == 1) if callable(numel) else getattr(value, "size", None) == 1
 
 
+def unloggable(value: Any) -> str:
+    """Why `value` cannot be a metric's value ("" when it can): a real number, or a one-element real tensor or NumPy
+    value. Its type and element count only, never its value: a CUDA tensor's would wait for the device."""
+    if isinstance(value, int | float):  # bool too
+        return ""
+    if not single_number(value):
+        shape = getattr(value, "shape", None)
+        return f"a {type(value).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "")
+    is_complex = getattr(value, "is_complex", None)  # a tensor's dtype; NumPy's says its kind
+    if is_complex() if callable(is_complex) else getattr(getattr(value, "dtype", None), "kind", "f") == "c":
+        return f"a complex {type(value).__name__}"
+    return ""
+
+
 def hyperparams_document(params: Mapping[str, Any]) -> bytes:
     """The body of `hyperparams_key`: strict JSON, keys sorted, so equal values give equal bytes."""
     return json.dumps(_plain(params), sort_keys=True, separators=(",", ":"), allow_nan=False).encode()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -82,7 +83,8 @@ class FinishReport:
 
     @property
     def delivered(self) -> bool:
-        return self.delivery.unacknowledged_records == 0
+        """Every logged value is in S3: no record waits in the spool, and no value was set aside."""
+        return self.delivery.unacknowledged_records == 0 and not self.delivery.values_set_aside
 
 
 class Run:
@@ -152,7 +154,9 @@ class Run:
     # --- the training thread's calls --------------------------------------------------------------
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record `metrics` for `step`: numbers or one-element tensors, NaN kept as NaN. Costs a queue
-        append; a tensor's value is read on Beacon's spool thread, never here."""
+        append; a tensor's value is read on Beacon's spool thread, never here. Anything else (a string,
+        None, a tensor of several elements) is refused here with a TypeError naming the metric, and the
+        call records nothing."""
         if self._in_setup:
             self._in_setup = False
             self.progress.leave(Phase.SETUP)
@@ -161,6 +165,13 @@ class Run:
                 if not contract.is_metric_name(name):
                     raise ValueError(f"run.log: metric name {name!r} must match {contract.METRIC_NAME_PATTERN.pattern}")
             self._known_metrics.update(metrics)
+        for name, value in metrics.items():
+            kind = type(value)
+            if kind is float or kind is int or (kind is torch.Tensor and value.numel() == 1 and not value.is_complex()):
+                continue  # the common kinds, checked inline: this is the training thread's cost
+            if problem := contract.unloggable(value):
+                raise TypeError(f"run.log: metric {name!r} at step {step} is {problem}, not a number or a "
+                                "one-element tensor; nothing of this call was recorded")  # fmt: skip
         self.mark_step(step)
         self.last_step = step
         self.telemetry.log(step, metrics)
@@ -315,6 +326,7 @@ class Run:
             "last_step": report.last_step,
             "checkpoints": report.checkpoints,
             "unacknowledged_records": report.delivery.unacknowledged_records,
+            "values_set_aside": report.delivery.values_set_aside,  # by metric: values `float()` refused
             "mirrors_behind": {name: mirror.behind for name, mirror in report.mirrors.items()},
             "ended_at": time.time(),
         }

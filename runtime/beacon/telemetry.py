@@ -108,6 +108,9 @@ class DeliveryReport:
     journal_skipped: int = 0  # steps durable only from the spool's fsync: the journal's ring was full
     pending_chunks: int = 0
     unacknowledged_records: int = 0
+    # Values run.log took that the spool thread could not read as a number (a failed CUDA read, a number
+    # too large for a float), by metric: each left out of its step alone, the step's other values kept.
+    values_set_aside: dict[str, int] = field(default_factory=dict)
 
 
 class NullTelemetry:
@@ -317,7 +320,7 @@ class Telemetry(NullTelemetry):
             self._journaled = entry[2] or self._journaled
             for value in metrics.values():
                 if type(value) is not float:
-                    metrics = {name: metric_value(value) for name, value in metrics.items()}
+                    metrics = self._numbers(entry[0], metrics)
                     break
             steps.append(entry)
             metrics_of.append(metrics)
@@ -332,6 +335,23 @@ class Telemetry(NullTelemetry):
                 if step % contract.PROGRESS_LOG_INTERVAL == 0 and (loss := metrics.get(contract.LOSS_KEY)) is not None:
                     log.info(contract.progress_line(step, loss))
         return steps, metrics_of
+
+    def _numbers(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
+        """A step's values as floats, one value at a time: one that cannot be read is set aside and counted,
+        never the step with it (nor the steps drained beside it)."""
+        numbers: dict[str, float] = {}
+        for name, value in metrics.items():
+            try:
+                numbers[name] = metric_value(value)
+            except Exception as error:  # a device error, an overflow: this value alone
+                aside = self.report.values_set_aside
+                if name not in aside:
+                    log.error(
+                        "metric %r at step %d: %s: %s; set aside, the step's other values kept (counted in "
+                        "finish()'s report and the final state)", name, step, type(error).__name__, error,
+                    )  # fmt: skip
+                aside[name] = aside.get(name, 0) + 1
+        return numbers
 
     def _records(self, steps: Sequence[Logged], metrics_of: Sequence[dict[str, float]]) -> list[Record]:
         experiment, run, attempt = self.config.experiment, self.config.run, self.attempt

@@ -82,11 +82,14 @@ class Job:
         report = run.finish(error=error_seen)
         if exit_code == EXIT_OK and not report.delivered:
             exit_code = EXIT_UNDELIVERED
-            log.error(
-                "%d records wait in the spool; rerun with --run-id %s to deliver them",
-                report.delivery.unacknowledged_records,
-                run.id,
-            )
+            if report.delivery.unacknowledged_records:
+                log.error(
+                    "%d records wait in the spool; rerun with --run-id %s to deliver them",
+                    report.delivery.unacknowledged_records,
+                    run.id,
+                )
+            if report.delivery.values_set_aside:
+                log.error("values set aside, not in S3 (by metric): %s", report.delivery.values_set_aside)
         return self._summary(report, exit_code, losses, loop_seconds, log_seconds)
 
     def _prepare(self) -> tuple[nn.Module, torch.optim.Optimizer, Iterator[tuple[torch.Tensor, torch.Tensor]]]:

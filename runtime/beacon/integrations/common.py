@@ -31,7 +31,7 @@ def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
     values (tensors are read off the loop by `run.log`). Anything else (text, a list) is skipped."""
     numbers: dict[str, Any] = {}
     for name, value in metrics.items():
-        if isinstance(value, int | float) or contract.single_number(value):
+        if not contract.unloggable(value):
             numbers[metric_name(str(name))] = value
         else:
             log.debug("not a number, not recorded: %s=%r", name, value)
