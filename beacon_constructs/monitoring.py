@@ -373,8 +373,12 @@ class TrainingMonitoring(Construct):
                 width=8,
             ),
             cw.GraphWidget(
-                title="Checkpoint duration, s",
+                title="Checkpoint duration, s; skipped checkpoints and the steps a crash would redo (right)",
                 left=[self._search(contract.CHECKPOINT_SECONDS, "Maximum", 60, "")],
+                right=[
+                    self._search(contract.CHECKPOINTS_SKIPPED, "Sum", 60, ""),
+                    self._search(contract.STEPS_SINCE_CHECKPOINT, "Maximum", 60, ""),
+                ],
                 width=8,
             ),
         )

@@ -81,10 +81,12 @@ def test_a_finished_run_is_finished_and_every_check_passes(
         "rank",
         "spool",
         "loss",
+        "checkpoints",
         "alarms",
     ], "in order of likelihood"
     assert verdict(result, "rank") == "not applicable", "one rank: no other to compare it with"
     assert verdict(result, "loss") == "finite"
+    assert verdict(result, "checkpoints") == "on time"
 
 
 def test_a_diverging_loss_is_named_without_hiding_that_the_run_is_alive(
@@ -204,7 +206,7 @@ def test_the_cli_reads_options_from_the_environment_and_prints_json(
     assert answer["diagnosis"] == "finished" and answer["healthy"] is True
     assert [v["check"] for v in answer["verdicts"]] == [
         *("orchestrator", "logs", "job", "liveness", "delivery", "permission", "endpoint"),
-        *("ranks", "rank", "spool", "loss", "alarms"),
+        *("ranks", "rank", "spool", "loss", "checkpoints", "alarms"),
     ]
     # No cluster stack in this sandbox: the orchestrator's verdict says so, and how to fix it, without failing.
     orchestrator = answer["verdicts"][0]

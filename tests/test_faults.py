@@ -6,6 +6,7 @@ Each test's name says what it injects and what it proves.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 import signal
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from beacon import contract
 
+from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.evidence.reading import metric_samples
 from tests.conftest import WriterSession
 from tests.support import local_tls
@@ -203,6 +205,45 @@ def test_endpoints_unreachable_mid_run_training_continues_backlog_drains_and_sig
     assert any(gap >= full_outage - 2 and a >= all_down - 2 for a, gap in gaps), "no heartbeat arrived: silence rose"
     assert beats[-1] > all_down + full_outage, "and cleared: heartbeats came back"
     assert result.summary["delivery"]["unacknowledged_records"] == 0
+
+
+def test_checkpoints_skipped_while_s3_is_away_are_logged_once_counted_and_named_by_the_doctor(
+    as_writer: WriterSession, tmp_path: Path, proxies: list[FaultProxy], strict_s3: BucketPolicyGate
+) -> None:
+    """S3 away for 8 s while a checkpoint uploads: the next ones are skipped (by design: never two at once, never a
+    blocked loop), and a crash then would resume further back. It was silent (issue 26, finding 10); now the first
+    skip is logged, every skip is counted in the heartbeat, finish() and the final state, and the doctor says it."""
+    proxy, harness = proxied(as_writer, tmp_path, FaultPlan(), strict_s3)
+    proxies.append(proxy)
+    run = "ckpt-skipped"
+    process = harness.start("--run-id", run, "--steps", "600", "--step-sleep", "0.02", "--checkpoint-interval", "20")
+    assert wait_for(lambda: (tmp_path / "checkpoints" / "smoke" / run / "latest.json").exists(), timeout=120)
+    proxy.unreachable(8.0, services=("s3",))
+    result = finish(process, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    skipped = result.summary["checkpoints_skipped"]
+    assert skipped, "a checkpoint fell due while the one before still uploaded"
+    logged = [line for line in result.stderr.splitlines() if "skipped: the one before is still being written" in line]
+    assert 1 <= len(logged) <= len(skipped) and f"checkpoint of step {skipped[0]} skipped" in logged[0], logged
+    assert "a crash now resumes after step" in logged[0]
+    as_writer.aws.reset_auth_only()
+    final = json.loads(
+        as_writer.aws.client("s3")
+        .get_object(Bucket=as_writer.bucket, Key=contract.final_status_key("smoke", run))["Body"]
+        .read()
+    )
+    assert final["checkpoints_skipped"] == skipped
+    dims = contract.run_dimensions("demo", "smoke", run)
+    counted = metric_samples(as_writer.aws.client("cloudwatch"), contract.CHECKPOINTS_SKIPPED, dims, statistic="Sum")
+    assert sum(s.value for s in counted) == len(skipped), "each skip counted in the heartbeat"
+    s3, cloudwatch = as_writer.aws.client("s3"), as_writer.aws.client("cloudwatch")
+    inputs = DoctorInputs(team="demo", experiment="smoke", run=run, bucket=as_writer.bucket, region="us-east-1",
+                          s3=s3, cloudwatch=cloudwatch)  # fmt: skip
+    diagnosis = diagnose(inputs)
+    (named,) = [v for v in diagnosis.verdicts if v.check == "checkpoints"]
+    assert (named.verdict, named.status) == ("skipped", "warn"), named
+    assert named.evidence.startswith(f"{len(skipped)} checkpoint(s) skipped (steps {skipped[0]}"), named.evidence
+    assert "a crash then would have redone the last" in named.evidence, named.evidence
 
 
 @pytest.mark.parametrize("seed", [11, 23])

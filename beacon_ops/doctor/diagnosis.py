@@ -162,6 +162,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         rank_check,
         _spool(evidence),
         _divergence(inputs, dims, now),
+        _checkpoints(inputs, evidence, dims, now),
         _alarms(inputs),
     ]
     by_check: dict[str, Verdict] = {}
@@ -621,6 +622,31 @@ def _divergence(inputs: DoctorInputs, dims: dict[str, str], now: datetime) -> Ve
         "the job itself runs on",
         "lower the learning rate or check the inputs around the first bad step: the run's records in S3 "
         "keep every value as it was",
+    )
+
+
+def _checkpoints(inputs: DoctorInputs, evidence: RunEvidence, dims: dict[str, str], now: datetime) -> Verdict:
+    """A checkpoint skipped because the one before was still being written (S3 away, a slow disk) is by design,
+    but a crash then resumes further back: the job counts the skips and says how far, and this says so."""
+    skips = [s for s in _samples(inputs, contract.CHECKPOINTS_SKIPPED, dims, "Sum", now) if s.value > 0]
+    ended = (evidence.final or {}).get("checkpoints_skipped") or []
+    if not skips and not ended:
+        return Verdict("checkpoints", OK, "on time", "no checkpoint was skipped")
+    if ended:
+        text = f"{len(ended)} checkpoint(s) skipped (steps {', '.join(map(str, ended[:8]))}"
+        text += ", ...)" if len(ended) > 8 else ")"
+    else:
+        text = f"{int(sum(s.value for s in skips))} checkpoint(s) skipped, the last at {skips[-1].at:%H:%M:%S} UTC"
+    lags = _samples(inputs, contract.STEPS_SINCE_CHECKPOINT, dims, "Maximum", now)
+    if lags:
+        text += f"; a crash then would have redone the last {lags[-1].value:.0f} step(s) since the newest checkpoint"
+    return Verdict(
+        "checkpoints",
+        WARN,
+        "skipped",
+        text + ": the one before was still being written",
+        "checkpoints take longer than the interval between them: see the delivery and endpoint checks (S3 away, "
+        "a slow link), or checkpoint less often",
     )
 
 

@@ -235,6 +235,12 @@ class AsyncCheckpointer:
         self.saved: list[int] = []
         self.skipped: list[int] = []
         self.failures = 0
+        self._skipping = False  # within a run of skipped checkpoints: logged once, at its first
+
+    @property
+    def resume_point(self) -> int:
+        """The step `latest` points at (-1 before the first): where a crash now would resume after."""
+        return self._promoted
 
     def staged_tensors(self) -> list[torch.Tensor]:
         """The staging memory the next snapshot reuses (pinned when copied from a GPU)."""
@@ -248,7 +254,16 @@ class AsyncCheckpointer:
         """Start a checkpoint of `state`; skip (never block) while the previous one is still writing."""
         if self.in_flight:
             self.skipped.append(step)
+            if not self._skipping:
+                self._skipping = True
+                log.warning(
+                    "checkpoint of step %d skipped: the one before is still being written (a slow disk, or S3 "
+                    "away); a crash now resumes after step %d (skips counted in CheckpointsSkipped and finish())",
+                    step,
+                    self._promoted,
+                )
             return False
+        self._skipping = False
         copy = self._staging = snapshot(state, self._staging)  # no write is in flight: safe to reuse
         landed = copies_done(state)
         self._thread = threading.Thread(

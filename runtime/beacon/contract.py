@@ -502,6 +502,10 @@ CHECKPOINT_SECONDS = Metric("CheckpointSeconds", Unit.SECONDS)
 # Loss values that were NaN or infinite in the window. CloudWatch refuses such values (one of them
 # fails the whole request, heartbeat included), so they are counted here and kept only in the spool.
 NON_FINITE_LOSS = Metric("NonFiniteLoss", Unit.COUNT)
+# Checkpoints skipped in the window because the one before was still being written (a slow disk, S3 away),
+# and, beside them, how many steps a crash now would redo: those since the newest checkpoint it resumes from.
+CHECKPOINTS_SKIPPED = Metric("CheckpointsSkipped", Unit.COUNT)
+STEPS_SINCE_CHECKPOINT = Metric("StepsSinceCheckpoint", Unit.COUNT)
 # CloudWatch's accepted range for a value: beyond it, or not finite, a datum fails the request.
 CLOUDWATCH_VALUE_LIMIT = 2.0**360
 # Seconds the loop has been in its current phase other than training, with a Phase dimension; sent
@@ -527,7 +531,7 @@ JOB_METRICS = (
     CHECKPOINT_SECONDS,
 )
 # Sent only when something happened: verification does not expect them in every run.
-EVENT_METRICS = (NON_FINITE_LOSS, PHASE_SECONDS)
+EVENT_METRICS = (NON_FINITE_LOSS, PHASE_SECONDS, CHECKPOINTS_SKIPPED, STEPS_SINCE_CHECKPOINT)
 # Per-run metrics carry all three; team roll-ups (for team alarms) carry Team only.
 RUN_DIMENSIONS = (Dim.TEAM, Dim.EXPERIMENT, Dim.RUN)
 TEAM_DIMENSIONS = (Dim.TEAM,)

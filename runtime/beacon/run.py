@@ -77,6 +77,7 @@ class FinishReport:
     last_step: int
     delivery: DeliveryReport
     checkpoints: list[int] = field(default_factory=list)
+    checkpoints_skipped: list[int] = field(default_factory=list)  # the previous one was still being written
     checkpoint_abandoned: bool = False
     aws_requests: dict[str, int] = field(default_factory=dict)  # by service, sent by this process
     mirrors: dict[str, MirrorReport] = field(default_factory=dict)  # by tracker
@@ -224,7 +225,10 @@ class Run:
         if self.checkpointer is None:
             return False
         with self.progress.phase(Phase.CHECKPOINT):
-            return self.checkpointer.save(step, {**state, "step": step})
+            started = self.checkpointer.save(step, {**state, "step": step})
+        if not started:
+            self.telemetry.checkpoint_skipped(step, self.checkpointer.resume_point)
+        return started
 
     def commit_checkpoint(self, step: int, future: Any = None, *, path: str | os.PathLike[str] | None = None) -> bool:
         """Make a checkpoint the framework wrote itself the resume point: HF Trainer's save (`future`
@@ -275,6 +279,7 @@ class Run:
             last_step=self.last_step,
             delivery=delivery,
             checkpoints=sorted(self.checkpointer.saved) if self.checkpointer else [],
+            checkpoints_skipped=list(self.checkpointer.skipped) if self.checkpointer else [],
             checkpoint_abandoned=not checkpoint_done,
             aws_requests=dict(aws.REQUESTS.by_service),
             mirrors=mirrors,
@@ -325,6 +330,7 @@ class Run:
             "resumed_after_step": self.resumed_after_step,
             "last_step": report.last_step,
             "checkpoints": report.checkpoints,
+            "checkpoints_skipped": report.checkpoints_skipped,
             "unacknowledged_records": report.delivery.unacknowledged_records,
             "values_set_aside": report.delivery.values_set_aside,  # by metric: values `float()` refused
             "mirrors_behind": {name: mirror.behind for name, mirror in report.mirrors.items()},

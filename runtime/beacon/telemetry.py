@@ -89,6 +89,8 @@ class WindowStats:
     upload_latencies_ms: list[float] = field(default_factory=list)
     upload_failures: int = 0
     checkpoint_seconds: list[float] = field(default_factory=list)
+    checkpoints_skipped: int = 0
+    steps_since_checkpoint: int | None = None  # at the last skip
 
 
 def statistic_set(values: list[float]) -> dict[str, float]:
@@ -126,6 +128,8 @@ class NullTelemetry:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
 
     def checkpoint_finished(self, seconds: float) -> None: ...
+
+    def checkpoint_skipped(self, step: int, resume_point: int) -> None: ...
 
     def wait_durable(self, step: int, timeout: float) -> bool:
         return True
@@ -231,6 +235,12 @@ class Telemetry(NullTelemetry):
     def checkpoint_finished(self, seconds: float) -> None:
         with self._window_lock:
             self._window.checkpoint_seconds.append(seconds)
+
+    def checkpoint_skipped(self, step: int, resume_point: int) -> None:
+        """The checkpoint of `step` was skipped: the doctor says how far back a crash now would resume."""
+        with self._window_lock:
+            self._window.checkpoints_skipped += 1
+            self._window.steps_since_checkpoint = step - resume_point
 
     def wait_durable(self, step: int, timeout: float) -> bool:
         """Block (a checkpoint thread, never the loop) until records through `step` are fsync'd."""
@@ -655,6 +665,11 @@ class Telemetry(NullTelemetry):
         if window.checkpoint_seconds:
             data.append(
                 datum(contract.CHECKPOINT_SECONDS, run_dims, StatisticValues=statistic_set(window.checkpoint_seconds))
+            )
+        if window.checkpoints_skipped:
+            data.append(datum(contract.CHECKPOINTS_SKIPPED, run_dims, Value=float(window.checkpoints_skipped)))
+            data.append(
+                datum(contract.STEPS_SINCE_CHECKPOINT, run_dims, Value=float(window.steps_since_checkpoint or 0))
             )
         return [d for d in data if datum_is_valid(d)], window
 

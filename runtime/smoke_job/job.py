@@ -153,6 +153,7 @@ class Job:
             "first_loss": losses[0] if losses else None,
             "last_loss": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
             "checkpoints": report.checkpoints,
+            "checkpoints_skipped": report.checkpoints_skipped,
             "checkpoint_abandoned": report.checkpoint_abandoned,
             "aws_requests": sum(report.aws_requests.values()),
             "aws_requests_by_service": report.aws_requests,
