@@ -144,8 +144,11 @@ class ArtifactStore(Construct):
                     sid="PutBeaconMetrics",
                     actions=["cloudwatch:PutMetricData"],
                     resources=["*"],  # PutMetricData has no resource type; the namespace scopes it
-                    conditions={"StringEquals": {"cloudwatch:namespace": metric_namespace}},
+                    # the team's, and the one SageMaker publishes a training job's MetricDefinitions under, as
+                    # the job's execution role (this role)
+                    conditions={"StringEquals": {"cloudwatch:namespace": [metric_namespace, training_job_log_group]}},
                 ),
+                *self._training_job_log_writes(training_job_log_group, training_job_prefix),
             ],
         )
         # Belt and braces: even a later, broader grant cannot make the writer delete history.
@@ -290,6 +293,27 @@ class ArtifactStore(Construct):
             ),
         ]
 
+    def _training_job_log_writes(
+        self, training_job_log_group: str, training_job_prefix: str
+    ) -> list[iam.PolicyStatement]:
+        """What SageMaker does as a training job's execution role (CreateTrainingJob's RoleArn): it writes the
+        container's output to the account's `/aws/sagemaker/TrainingJobs` group, a stream per instance named after
+        the job. CreateLogGroup, CreateLogStream and DescribeLogStreams take the group as their resource (a stream
+        created empty in the shared group holds nothing); PutLogEvents takes the stream: the team's jobs' alone."""
+        group = self._log_group_arn(training_job_log_group)
+        return [
+            iam.PolicyStatement(
+                sid="SageMakerJobLogStreams",
+                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:DescribeLogStreams"],
+                resources=[group, f"{group}:*"],
+            ),
+            iam.PolicyStatement(
+                sid="SageMakerWritesOwnJobLogs",
+                actions=["logs:PutLogEvents"],
+                resources=[f"{group}:log-stream:{training_job_prefix}*"],
+            ),
+        ]
+
     @property
     def experiments_arn(self) -> str:
         return self.bucket.arn_for_objects(f"{contract.EXPERIMENTS_PREFIX}*")
@@ -360,6 +384,18 @@ class ArtifactStore(Construct):
         }
         for arn, reason in reasons.items():
             acknowledge(self.reader_policy, f"IAM5[Resource::{arn}]", reason)
+        writes = {
+            nag_arn(stack, "logs", "log-group", f"{training_job_log_group}:*"): (
+                "SageMaker creates the account's training-job log group and a stream per instance in it as the job's "
+                "execution role; CreateLogStream takes the group as its resource, and an empty stream holds nothing."
+            ),
+            nag_arn(stack, "logs", "log-group", f"{training_job_log_group}:log-stream:{training_job_prefix}*"): (
+                "SageMaker writes a training job's output as its execution role into streams named after the job: "
+                "PutLogEvents on the team's own jobs' streams only."
+            ),
+        }
+        for arn, reason in writes.items():
+            acknowledge(self.writer_policy, f"IAM5[Resource::{arn}]", reason)
 
     def _deny_overwriting_history(self) -> None:
         # A list of exemptions, not of protected prefixes: IAM's * crosses '/', so a protected

@@ -121,6 +121,7 @@ def test_bucket_policy_refuses_any_history_write_that_is_not_a_conditional_creat
     suffixes = sorted(r["Fn::Join"][1][1] for r in statement["NotResource"])
     assert suffixes == [
         "/experiments/*/*/checkpoints/*",
+        "/experiments/*/*/sagemaker-output/*",  # what SageMaker uploads at a job's end, with no header
         "/experiments/*/*/sagemaker-volume/*",
         "/experiments/*/*/status/*",
     ]
@@ -183,11 +184,12 @@ def test_writer_uses_the_key_only_through_s3(demo: Synthesized) -> None:
     }
 
 
-def test_writer_may_put_metric_data_only_in_beacons_namespace(demo: Synthesized) -> None:
+def test_writer_may_put_metric_data_only_in_beacons_and_sagemakers_training_job_namespace(demo: Synthesized) -> None:
     writer = statements(demo, "AWS::IAM::Policy", "ArtifactStoreWriterPolicy")
     metrics = next(s for s in writer if s["Sid"] == "PutBeaconMetrics")
     assert metrics["Action"] == "cloudwatch:PutMetricData"
-    assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": "Beacon/demo"}}
+    namespaces = ["Beacon/demo", "/aws/sagemaker/TrainingJobs"]  # SageMaker's MetricDefinitions, as this role
+    assert metrics["Condition"] == {"StringEquals": {"cloudwatch:namespace": namespaces}}
 
 
 def test_reader_may_only_read_and_list(demo: Synthesized) -> None:

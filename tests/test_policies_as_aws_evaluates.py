@@ -529,3 +529,54 @@ def test_issue16_no_teams_training_job_prefix_holds_another_teams() -> None:
         assert not names.training_job_prefix(other).startswith(names.training_job_prefix(team))
         assert not names.training_job_prefix(team).startswith(names.training_job_prefix(other))
     assert contract.alarm_prefix_collision("demo-run") is not None  # the team that would hold demo's jobs
+
+
+# --- issue 25: what SageMaker itself does as the job's execution role, at a job's edges -------------------------
+def sagemaker_job(demo_config: TeamConfig, aws: Deployment, team: str = DEMO) -> tuple[str, str]:
+    """(the output prefix a SageMaker job of `team` is given, the job's name), as `beacon run --target sagemaker`
+    gives them."""
+    bucket = bucket_arn(aws, team).removeprefix("arn:aws:s3:::")
+    spec = manifests.smoke_job_spec(demo_config, image="image", bucket=bucket, region=REGION)
+    return (
+        manifests.sagemaker_container(spec).output_s3_uri.removeprefix(f"s3://{bucket}/"),
+        names.training_job_name(team, spec.name),
+    )
+
+
+def test_issue25_item1_sagemakers_output_upload_passes_the_bucket_policy_there_and_only_there(
+    aws: Deployment, demo_config: TeamConfig
+) -> None:
+    """At a job's end SageMaker uploads <output>/<job>/output/model.tar.gz with a plain PutObject, output.tar.gz
+    maybe by a multipart upload: no If-None-Match on either. The job's own history stays create-only."""
+    output, job = sagemaker_job(demo_config, aws)
+    for name in ("model.tar.gz", "output.tar.gz"):
+        key = f"{output}{job}/output/{name}"
+        assert_allowed(aws, put(aws, DEMO, key))  # PutObject or CompleteMultipartUpload, no header
+        assert_allowed(aws, put(aws, DEMO, key, **{"s3:ObjectCreationOperation": False}))  # its parts
+    run = output.removesuffix(f"{contract.SAGEMAKER_OUTPUT}/")
+    for kind in contract.APPEND_ONLY_KINDS:  # the same unconditional PUT beside it is refused
+        assert decide(aws, put(aws, DEMO, f"{run}{kind}/model.tar.gz")) is Decision.EXPLICIT_DENY
+    key, context = f"{output}{job}/output/model.tar.gz", {"s3:ObjectCreationOperation": True, **TLS}
+    assert_refused(aws, Request("s3:PutObject", object_arn(aws, DEMO, key), writer(aws, VISION), context))
+
+
+def test_issue25_item3_the_execution_role_writes_its_own_jobs_logs_and_sagemakers_metric_namespace(
+    aws: Deployment, demo_config: TeamConfig
+) -> None:
+    """CreateTrainingJob's RoleArn: SageMaker writes the container log to /aws/sagemaker/TrainingJobs and publishes
+    the MetricDefinitions under that namespace, as the role. The team's jobs' streams only; nothing wider."""
+    role, group = writer(aws, DEMO), names.SAGEMAKER_LOG_GROUP
+    _, job = sagemaker_job(demo_config, aws)
+    own = f"{job}/algo-1-1764583200"
+    theirs = f"{names.training_job_name(VISION, 'r1')}/algo-1-1764583200"
+    for action in ("logs:CreateLogGroup", "logs:CreateLogStream", "logs:DescribeLogStreams"):
+        assert_allowed(aws, Request(action, log_group_arn(group), role))
+    assert_allowed(aws, Request("logs:PutLogEvents", log_stream_arn(group, own), role))
+    for stream in (theirs, "someone-elses-job/algo-1-1"):
+        assert_refused(aws, Request("logs:PutLogEvents", log_stream_arn(group, stream), role))
+    for other in (names.container_log_group(names.cluster_name(DEMO)), "/aws/lambda/anything"):
+        assert_refused(aws, Request("logs:PutLogEvents", log_stream_arn(other, own), role))
+    for namespace, allowed in ((group, True), (contract.metric_namespace(DEMO), True), ("AWS/EC2", False),
+                               (contract.metric_namespace(VISION), False)):  # fmt: skip
+        request = Request("cloudwatch:PutMetricData", "*", role, {"cloudwatch:namespace": namespace})
+        (assert_allowed if allowed else assert_refused)(aws, request)

@@ -217,6 +217,18 @@ def test_smoke_sagemaker_on_moto_with_a_local_process_standing_in_for_the_traini
     assert request["StoppingCondition"]["MaxRuntimeInSeconds"] == demo_config.training.sagemaker_max_runtime_seconds
     assert request["ResourceConfig"]["InstanceType"] == demo_config.training.sagemaker_instance_type
     assert "StopTrainingJob" not in standin.calls, "a finished job is not stopped"
+    # What SageMaker itself did as the execution role, through the strict endpoint: the output upload passed the
+    # bucket policy (no If-None-Match: issue 25, item 1), and the log and metrics were the role's to write (item 3).
+    output = f"{contract.run_prefix('smoke', run)}{contract.SAGEMAKER_OUTPUT}/{request['TrainingJobName']}/output/"
+    assert standin.uploads == [
+        ("PutObject", f"{output}model.tar.gz"),
+        ("CompleteMultipartUpload", f"{output}output.tar.gz"),
+    ]
+    deployed.aws.reset_auth_only()
+    streams = deployed.client("logs").describe_log_streams(logGroupName=names.SAGEMAKER_LOG_GROUP)["logStreams"]
+    assert [s["logStreamName"].split("/")[0] for s in streams] == [request["TrainingJobName"]]
+    published = deployed.client("cloudwatch").list_metrics(Namespace=names.SAGEMAKER_LOG_GROUP)["Metrics"]
+    assert {m["MetricName"] for m in published} == set(contract.PROGRESS_LOG_METRICS)
     # The metric definitions parse the job's own progress lines.
     (instance,) = job.instances
     log = instance.log_path.read_text()
@@ -231,9 +243,19 @@ def test_smoke_sagemaker_on_moto_with_a_local_process_standing_in_for_the_traini
 def test_smoke_sagemaker_with_a_stand_in_instance_reports_the_failure_reason_and_the_logs(
     deployed: DeployedTeam, sagemaker: SageMakerStandIn, tmp_path: Path
 ) -> None:
-    """The execution role loses its rights: the job's preflight fails, SageMaker says Failed."""
-    no_rights = deployed.aws.user_without_rights("beacon-execution-without-rights")
-    sagemaker.role_credentials = lambda _arn: no_rights
+    """The execution role loses its rights but what SageMaker's own log writing needs: the job's preflight fails
+    (S3 and CloudWatch refused), SageMaker says Failed, and the log it wrote holds the preflight's line."""
+    logs_only = deployed.aws.user_without_rights("beacon-execution-logs-only")
+    deployed.aws.reset_auth_only()
+    deployed.aws.client("iam").put_user_policy(
+        UserName="beacon-execution-logs-only",
+        PolicyName="sagemaker-writes-logs",
+        PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "logs:*", "Resource": "*"}]}
+        ),
+    )
+    deployed.aws.enforce_iam()
+    sagemaker.role_credentials = lambda _arn: logs_only
     done = smoke_sagemaker(deployed, sagemaker, tmp_path / "report.json")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     report = json.loads((tmp_path / "report.json").read_text())

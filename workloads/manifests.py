@@ -475,6 +475,7 @@ class SageMakerContainer:
     arguments: list[str]
     environment: dict[str, str]
     checkpoint_s3_uri: str
+    output_s3_uri: str  # OutputDataConfig.S3OutputPath: SageMaker's own upload at the job's end
     checkpoint_local_path: str = SAGEMAKER_VOLUME
 
 
@@ -488,4 +489,5 @@ def sagemaker_container(spec: TrainingJobSpec | SmokeJobSpec) -> SageMakerContai
         arguments=_torchrun_args(spec, sagemaker=True),
         environment=_environment(spec, volume=SAGEMAKER_VOLUME, heartbeat_file="/tmp/beacon-heartbeat"),
         checkpoint_s3_uri=f"s3://{spec.bucket}/{run_prefix}{SAGEMAKER_VOLUME_KIND}/",
+        output_s3_uri=f"s3://{spec.bucket}/{run_prefix}{contract.SAGEMAKER_OUTPUT}/",
     )

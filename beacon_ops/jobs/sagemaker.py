@@ -49,7 +49,6 @@ def launch(access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manif
     )
 
     container = manifests.sagemaker_container(spec)
-    run_prefix = contract.run_prefix(spec.experiment, spec.name)
     try:
         job_names = names.training_job_names(outputs.team, spec.name)
     except ValueError as error:
@@ -69,7 +68,7 @@ def launch(access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manif
                 ],
             ),
             output_data_config=OutputDataConfig(
-                s3_output_path=f"s3://{outputs.bucket}/{run_prefix}sagemaker-output/", kms_key_id=outputs.kms_key_arn
+                s3_output_path=container.output_s3_uri, kms_key_id=outputs.kms_key_arn
             ),
             resource_config=ResourceConfig(
                 instance_type=config.training.sagemaker_instance_type,

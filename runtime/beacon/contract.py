@@ -39,6 +39,9 @@ INDEX = "index"  # what each group of event chunks holds, so a reader finds the 
 # Event chunks per index document: a 1,000,000-record run of 2,000 chunks has 31 of them, and a tail of 16.
 INDEX_GROUP = 64
 SAGEMAKER_VOLUME = "sagemaker-volume"  # SageMaker's checkpoint sync of the job's volume
+# Where SageMaker itself uploads at a job's end (OutputDataConfig.S3OutputPath): <job>/output/model.tar.gz and
+# output.tar.gz, by a plain PutObject or a multipart upload, never with If-None-Match.
+SAGEMAKER_OUTPUT = "sagemaker-output"
 # In a SageMaker job's container arguments, where torchrun's rendezvous goes: `beacon.launch` replaces it
 # with this instance's, from the resource configuration SageMaker writes on every instance.
 SAGEMAKER_RENDEZVOUS = "--beacon-sagemaker-rendezvous"
@@ -49,8 +52,9 @@ DIAGNOSED_KINDS = (EVENTS, INDEX, PREFLIGHT, STATUS, RANKS)
 # History that must never be overwritten: create-only writes (If-None-Match: *).
 APPEND_ONLY_KINDS = (EVENTS, TENSORBOARD, PARAMS)
 # What may be written without If-None-Match: checkpoints (versioning keeps old ones), the final
-# status (a restart rewrites it) and SageMaker's sync, which sends no conditional header.
-OVERWRITABLE_KINDS = (CHECKPOINTS, STATUS, SAGEMAKER_VOLUME)
+# status (a restart rewrites it), and what SageMaker writes itself with no conditional header: its
+# checkpoint sync and its output upload.
+OVERWRITABLE_KINDS = (CHECKPOINTS, STATUS, SAGEMAKER_VOLUME, SAGEMAKER_OUTPUT)
 
 # S3-safe and Kubernetes-label-safe identifiers.
 ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")

@@ -26,9 +26,12 @@ from beacon import contract
 from beacon_ops.local.provision import OPERATOR, Provisioned, provision_team
 from config import names
 from stacks.outputs import OPERATOR_NEEDS as STACK_OUTPUTS
+from tests.support import local_tls
 from tests.support.fake_kubernetes import FakeKubernetes
+from tests.support.fault_proxy import FaultPlan, FaultProxy
 from tests.support.moto_server import ACCOUNT, REGION, MotoServer
 from tests.support.sagemaker_standin import SageMakerStandIn
+from tests.support.strict_s3 import BucketPolicyGate
 from tests.support.synth import ROOT, Synthesized
 from workloads import manifests
 
@@ -209,14 +212,20 @@ def kubernetes(deployed: DeployedTeam, tmp_path: Path) -> Iterator[FakeKubernete
 
 
 @pytest.fixture
-def sagemaker(deployed: DeployedTeam, tmp_path: Path) -> Iterator[SageMakerStandIn]:
+def sagemaker(demo: Synthesized, deployed: DeployedTeam, tmp_path: Path) -> Iterator[SageMakerStandIn]:
+    """SageMaker's instances, and SageMaker's own calls as the execution role through an endpoint as strict as
+    AWS (https; the deployed bucket policy's conditions apply to its output upload)."""
     sts = deployed.aws.client("sts", **deployed.operator)
+    strict = FaultProxy(deployed.aws.url, FaultPlan(), gate=BucketPolicyGate.of(demo.templates, TEAM, BUCKET), tls=True)
+    strict.start()
     standin = SageMakerStandIn(
         upstream=deployed.aws.url,
         workdir=tmp_path / "sagemaker",
         role_credentials=lambda arn: Provisioned.role_credentials(sts, arn, "sagemaker-standin"),
         endpoint_for_job=deployed.aws.url,
-        logs=deployed.client("logs"),
+        service_endpoint=strict.url,
+        ca_bundle=str(local_tls.authority().ca_file),
     ).start()
     yield standin
     standin.stop()
+    strict.stop()

@@ -14,20 +14,28 @@ every SageMaker call to moto and, for what moto cannot do:
   sent SIGTERM as SageMaker stops a job whose instance failed, have ended.
 - StopTrainingJob (moto lacks it): SIGTERM to every instance, as SageMaker sends.
 - A CreateTrainingJob with a name already used is refused with ResourceInUse, as SageMaker refuses it.
-- Each instance's output goes to CloudWatch Logs in moto (/aws/sagemaker/TrainingJobs, a stream per
-  instance, `<job>/algo-N-<time>`) once the job ends, as SageMaker streams it.
+- What SageMaker itself does with the execution role at the edges, as that role (IAM enforced), once the
+  job's instances end: it writes each instance's output to CloudWatch Logs (/aws/sagemaker/TrainingJobs, a
+  stream per instance, `<job>/algo-N-<time>`), publishes the job's MetricDefinitions parsed from it under the
+  /aws/sagemaker/TrainingJobs namespace, and uploads `<S3OutputPath>/<job>/output/model.tar.gz` (a plain
+  PutObject) and `output.tar.gz` (a multipart upload), SSE-KMS with the job's key and never a conditional
+  header, through `service_endpoint` (the strict endpoint: the bucket policy's conditions apply). Any of
+  them refused fails the job, as SageMaker fails it after training succeeded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,11 +45,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
 from tests.support.synth import ROOT
 from workloads import manifests
 
 TARGET_PREFIX = "SageMaker."
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+METRIC_NAMESPACE = "/aws/sagemaker/TrainingJobs"  # where SageMaker publishes a job's MetricDefinitions
+REGION = "us-east-1"
 
 
 @dataclass
@@ -55,10 +68,11 @@ class Instance:
 class LocalTrainingJob:
     request: dict[str, Any]
     instances: list[Instance]
-    ship_logs: Callable[[LocalTrainingJob], None]
+    finish: Callable[[LocalTrainingJob], str]  # SageMaker's work at the end; a failure's reason, or ""
     stopped: bool = False
     torn_down: bool = False
-    logs_shipped: bool = False
+    finished: bool = False
+    failure: str = ""
 
     @property
     def process(self) -> subprocess.Popen[bytes]:
@@ -79,11 +93,13 @@ class LocalTrainingJob:
             self.torn_down = True
         if any(code is None for code in codes):
             return ("Stopping", "Stopping", "") if self.stopped else ("InProgress", "Training", "")
-        if not self.logs_shipped:
-            self.ship_logs(self)  # SageMaker streams the containers' output to CloudWatch Logs
-            self.logs_shipped = True
+        if not self.finished:
+            self.failure = self.finish(self)  # logs, metrics and the output upload, as the execution role
+            self.finished = True
         if self.stopped:
             return "Stopped", "Stopped", ""
+        if self.failure and not failed:
+            return "Failed", "Failed", self.failure
         if not failed:
             return "Completed", "Completed", ""
         instance, code = failed[0]
@@ -96,9 +112,11 @@ class SageMakerStandIn:
     workdir: Path
     role_credentials: Callable[[str], dict[str, str]]
     endpoint_for_job: str
-    logs: Any  # a CloudWatch Logs client of the embedded AWS
+    service_endpoint: str  # where SageMaker's own calls as the execution role go (the strict endpoint)
+    ca_bundle: str | None = None  # the service endpoint's certificate authority, when it speaks https
     jobs: dict[str, LocalTrainingJob] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
+    uploads: list[tuple[str, str]] = field(default_factory=list)  # (how, key) of SageMaker's own uploads
 
     def __post_init__(self) -> None:
         standin = self
@@ -227,23 +245,92 @@ class SageMakerStandIn:
                     command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )
             instances.append(Instance(host, process, log_path))
-        self.jobs[name] = LocalTrainingJob(params, instances, self.ship_logs)
+        self.jobs[name] = LocalTrainingJob(params, instances, self.finish)
 
     def volume(self, job: str, host: str = "algo-1") -> Path:
         """An instance's /opt/ml/checkpoints."""
         return self.workdir / job / host / "opt-ml-checkpoints"
 
+    def as_role(self, job: LocalTrainingJob, service: str) -> Any:
+        """A client of `service` as the job's execution role, at SageMaker's service endpoint."""
+        credentials = self.role_credentials(job.request["RoleArn"])
+        return boto3.client(
+            service, endpoint_url=self.service_endpoint, region_name=REGION, verify=self.ca_bundle, **credentials
+        )
+
+    def finish(self, job: LocalTrainingJob) -> str:
+        """What SageMaker does once a job's containers ended, as the execution role; why it failed, or ""."""
+        for step, action in (("logs", self.ship_logs), ("metrics", self.publish_metrics)):
+            try:
+                action(job)
+            except (ClientError, BotoCoreError) as error:
+                return f"ClientError: {step}: {error}"
+        if job.stopped or any(instance.process.poll() != 0 for instance in job.instances):
+            return ""  # a failed or stopped job's reason is its own
+        try:
+            self.upload_output(job)
+        except (ClientError, BotoCoreError) as error:
+            return f"ClientError: Artifact upload failed: {error}"
+        return ""
+
     def ship_logs(self, job: LocalTrainingJob) -> None:
-        group = LOG_GROUP
-        with contextlib.suppress(self.logs.exceptions.ResourceAlreadyExistsException):
-            self.logs.create_log_group(logGroupName=group)
+        logs = self.as_role(job, "logs")
+        with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+            logs.create_log_group(logGroupName=LOG_GROUP)
         for instance in job.instances:
             stream = f"{job.request['TrainingJobName']}/{instance.host}-{int(time.time())}"
-            self.logs.create_log_stream(logGroupName=group, logStreamName=stream)
+            logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
             lines = instance.log_path.read_text(errors="replace").splitlines() or ["(no output)"]
             now_ms = int(time.time() * 1000)
             events = [{"timestamp": now_ms, "message": line} for line in lines[-1000:]]
-            self.logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=events)
+            logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=events)
+
+    def publish_metrics(self, job: LocalTrainingJob) -> None:
+        """The job's MetricDefinitions, each regex's last match in each instance's output."""
+        definitions = job.request["AlgorithmSpecification"].get("MetricDefinitions", [])
+        data = []
+        for instance in job.instances:
+            text = instance.log_path.read_text(errors="replace")
+            for definition in definitions:
+                found = re.findall(definition["Regex"], text)
+                if found:
+                    host = f"{job.request['TrainingJobName']}/{instance.host}"
+                    data.append({"MetricName": definition["Name"], "Value": float(found[-1]),
+                                 "Dimensions": [{"Name": "Host", "Value": host}]})  # fmt: skip
+        if data:
+            self.as_role(job, "cloudwatch").put_metric_data(Namespace=METRIC_NAMESPACE, MetricData=data)
+
+    def upload_output(self, job: LocalTrainingJob) -> None:
+        """model.tar.gz by a plain PutObject, output.tar.gz by a multipart upload: no If-None-Match on either."""
+        destination = urlparse(job.request["OutputDataConfig"]["S3OutputPath"])
+        bucket, prefix = destination.netloc, destination.path.lstrip("/")
+        key_id = job.request["OutputDataConfig"].get("KmsKeyId")
+        encryption = {"ServerSideEncryption": "aws:kms", **({"SSEKMSKeyId": key_id} if key_id else {})}
+        s3 = self.as_role(job, "s3")
+        base = f"{prefix}{job.request['TrainingJobName']}/output/"
+        s3.put_object(Bucket=bucket, Key=f"{base}model.tar.gz", Body=tarball(self.home(job) / "model"), **encryption)
+        self.uploads.append(("PutObject", f"{base}model.tar.gz"))
+        upload = s3.create_multipart_upload(Bucket=bucket, Key=f"{base}output.tar.gz", **encryption)
+        part = s3.upload_part(Bucket=bucket, Key=f"{base}output.tar.gz", UploadId=upload["UploadId"], PartNumber=1,
+                              Body=tarball(self.home(job) / "output" / "data"))  # fmt: skip
+        s3.complete_multipart_upload(
+            Bucket=bucket, Key=f"{base}output.tar.gz", UploadId=upload["UploadId"],
+            MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]},
+        )  # fmt: skip
+        self.uploads.append(("CompleteMultipartUpload", f"{base}output.tar.gz"))
+
+    def home(self, job: LocalTrainingJob, host: str = "algo-1") -> Path:
+        return self.workdir / job.request["TrainingJobName"] / host
+
+
+def tarball(directory: Path) -> bytes:
+    """A directory as SageMaker packs /opt/ml/model or /opt/ml/output/data (empty when the job wrote nothing)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        if directory.is_dir():
+            for path in sorted(directory.rglob("*")):
+                archive.add(path, arcname=str(path.relative_to(directory)))
+    return buffer.getvalue()
 
 
 def free_port() -> int:

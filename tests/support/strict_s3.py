@@ -21,7 +21,10 @@ from beacon_ops.templates import Template
 from config import names
 from tests.support.policy_eval import REGION, Decision, Deployment, PolicyDoc, Request, evaluate
 
-OBJECT_WRITES = {"PUT"}  # PutObject and CompleteMultipart's parts; the policy's Deny is on s3:PutObject
+# What S3 authorizes as s3:PutObject: PutObject, CopyObject and UploadPart (PUT), CreateMultipartUpload and
+# CompleteMultipartUpload (POST). Only PutObject, CopyObject and CompleteMultipartUpload create an object
+# (s3:ObjectCreationOperation), and only they carry If-None-Match.
+OBJECT_WRITES = {"PUT", "POST"}
 
 
 @dataclass
@@ -49,11 +52,12 @@ class BucketPolicyGate:
         if method not in OBJECT_WRITES or bucket != self.bucket or not key:
             return None
         query = parsed.query
-        part_of_multipart = "partNumber=" in query and "uploadId=" in query
-        context: dict[str, object] = {
-            "aws:SecureTransport": secure_transport,
-            "s3:ObjectCreationOperation": not part_of_multipart,
-        }
+        arguments = {part.split("=", 1)[0] for part in query.split("&") if part}
+        if method == "POST" and not arguments & {"uploads", "uploadId"}:
+            return None  # DeleteObjects and the like: not a write of one object
+        # UploadPart and CreateMultipartUpload take no conditional header and create nothing themselves
+        creates = not ("uploads" in arguments or ("partNumber" in arguments and "uploadId" in arguments))
+        context: dict[str, object] = {"aws:SecureTransport": secure_transport, "s3:ObjectCreationOperation": creates}
         lowered = {k.lower(): v for k, v in headers.items()}
         if "if-none-match" in lowered:
             context["s3:if-none-match"] = lowered["if-none-match"]
