@@ -12,8 +12,10 @@ here (``aws:PrincipalArn``, which for a role session is the role's ARN). The fen
 describing, scanning, lifecycle and the repository policy itself stay with the account's administrators,
 so no one is locked out.
 
-Who may push: the roles named in ``push_role_arns`` (a CI pipeline, an operator), allowed by this
-policy; they still need ``ecr:GetAuthorizationToken`` (no resource type) from their own policy.
+Who may push: the roles named in ``push_role_arns`` (a CI pipeline, an operator, the CDK bootstrap's image
+publishing role for Beacon's own smoke image), allowed by this policy, which also lets them describe the
+repository and its images (what `cdk deploy` asks before it pushes an asset); they still need
+``ecr:GetAuthorizationToken`` (no resource type) from their own policy.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ PUSH_ACTIONS = ("ecr:InitiateLayerUpload", "ecr:UploadLayerPart", "ecr:CompleteL
 # Which layers the registry already holds: a pusher asks before uploading, SageMaker's pull asks too.
 LAYER_CHECK_ACTION = "ecr:BatchCheckLayerAvailability"
 LOGIN_ACTION = "ecr:GetAuthorizationToken"  # no resource type: `docker login` for the whole registry
+# What a pusher reads first: `cdk deploy` finds the repository's URI, and skips an image already there.
+DESCRIBE_ACTIONS = ("ecr:DescribeRepositories", "ecr:DescribeImages")
 FENCED_ACTIONS = PULL_ACTIONS + PUSH_ACTIONS
 
 
@@ -58,6 +62,7 @@ class ImageRepository(Construct):
         pull_roles: Sequence[iam.IRole] = (),
         node_role_arns: Sequence[str] = (),
         push_role_arns: Sequence[str] = (),
+        repository_name: str | None = None,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -69,6 +74,7 @@ class ImageRepository(Construct):
         self.repository = ecr.Repository(
             self,
             "Repository",
+            repository_name=repository_name,
             image_scan_on_push=True,
             image_tag_mutability=ecr.TagMutability.IMMUTABLE,  # a tag names one image forever
             encryption=ecr.RepositoryEncryption.KMS,
@@ -97,7 +103,7 @@ class ImageRepository(Construct):
                 iam.PolicyStatement(
                     sid="PushersPushAndPull",
                     principals=[iam.ArnPrincipal(arn) for arn in push_role_arns],
-                    actions=[*PUSH_ACTIONS, *PULL_ACTIONS, LAYER_CHECK_ACTION],
+                    actions=[*PUSH_ACTIONS, *PULL_ACTIONS, LAYER_CHECK_ACTION, *DESCRIBE_ACTIONS],
                 )
             )
 

@@ -20,6 +20,18 @@ def karpenter_node_role_name(team: str) -> str:
     return f"KarpenterNodeRole-{cluster_name(team)}"
 
 
+def smoke_image_repository(team: str) -> str:
+    """The repository `cdk deploy` publishes the bundled smoke image into (the cluster stack's image assets): the
+    team's own, so the roles that run its jobs may pull it and no other team's may. A fixed name, because CDK's
+    asset manifest names its destination before any stack exists."""
+    return f"{cluster_name(team)}/smoke"
+
+
+def cdk_image_publishing_role_name(qualifier: str, account: str, region: str) -> str:
+    """The CDK bootstrap's role that `cdk deploy` pushes image assets with (`cdk bootstrap`'s default names)."""
+    return f"cdk-{qualifier}-image-publishing-role-{account}-{region}"
+
+
 TRAINING_JOB_NAME_LIMIT = 63  # SageMaker's TrainingJobName
 SAGEMAKER_LOG_GROUP = "/aws/sagemaker/TrainingJobs"  # the account's, shared by every team: streams <job>/algo-<n>-<t>
 

@@ -1,7 +1,7 @@
 """The stateful stack: the artifact store, the artifact volume and the image repository. Everything in it
 is RETAINed."""
 
-from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import Aws, CfnOutput, DefaultStackSynthesizer, Duration, Stack
 from aws_cdk import aws_ec2 as ec2
 from beacon import contract
 from constructs import Construct
@@ -63,6 +63,27 @@ class ArtifactsStack(Stack):
             pull_roles=[self.store.writer_role],
             node_role_arns=[node_role_arn],
             push_role_arns=list(config.images.push_role_arns),
+        )
+        # Beacon's own smoke image, published by `cdk deploy` (the cluster stack's image asset) into a repository of
+        # the team's: the node role (EKS) and the writer (SageMaker's execution role) pull it, as they pull the
+        # team's images; the CDK bootstrap's image-publishing role pushes it; another team's roles may do neither.
+        publishing_role_arn = self.format_arn(
+            service="iam",
+            region="",
+            resource="role",
+            resource_name=names.cdk_image_publishing_role_name(
+                DefaultStackSynthesizer.DEFAULT_QUALIFIER, Aws.ACCOUNT_ID, Aws.REGION
+            ),
+        )
+        self.smoke_images = ImageRepository(
+            self,
+            "SmokeImageRepository",
+            repository_name=names.smoke_image_repository(config.team),
+            encryption_key=self.store.key,
+            untagged_image_expiry=Duration.days(config.images.untagged_expiry_days),
+            pull_roles=[self.store.writer_role],
+            node_role_arns=[node_role_arn],
+            push_role_arns=[publishing_role_arn],
         )
         CfnOutput(self, outputs.BUCKET_NAME, value=self.store.bucket.bucket_name)
         CfnOutput(self, outputs.WRITER_ROLE_ARN, value=self.store.writer_role.role_arn)

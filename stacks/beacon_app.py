@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import App, Environment, Validations
+from aws_cdk import App, DefaultStackSynthesizer, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from beacon_constructs.tagging import tag_team
@@ -78,6 +78,9 @@ def build_app(app: App, config: TeamConfig) -> BeaconStacks:
         access_point=artifacts.volume.access_point,
         env=env,
         description=describe("EKS, Karpenter, training namespace and smoke Job"),
+        # Its image asset (the smoke image) goes into the team's smoke repository, which the artifacts stack holds:
+        # `cdk deploy` publishes a stack's assets once the stacks it depends on are deployed.
+        synthesizer=DefaultStackSynthesizer(image_assets_repository_name=names.smoke_image_repository(config.team)),
     )
     monitoring = MonitoringStack(
         app,

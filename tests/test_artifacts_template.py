@@ -244,7 +244,7 @@ def test_the_image_repository_is_retained_and_encrypted_with_the_stores_key(temp
 def test_the_image_repository_admits_the_karpenter_node_role_by_name_and_the_writer(demo: Synthesized) -> None:
     """The node role lives in the cluster stack, deployed after this one: the fence names it by its fixed
     name (a reference would make the two stacks depend on each other)."""
-    _, repository = demo.template("artifacts").one_of_type("AWS::ECR::Repository")
+    _, repository = demo.template("artifacts").one_of_type("AWS::ECR::Repository", logical_id_prefix="ImageRepository")
     (fence,) = repository["Properties"]["RepositoryPolicyText"]["Statement"]
     admitted = fence["Condition"]["ArnNotEquals"]["aws:PrincipalArn"]
     node_role, writer = admitted
@@ -274,6 +274,7 @@ def test_taggable_artifact_resources_are_tagged_by_their_component(demo: Synthes
             for prefix, c in (
                 ("ArtifactStore", "artifact-store"),
                 ("ImageRepository", "image-repository"),
+                ("SmokeImageRepository", "image-repository"),
                 ("", "artifact-volume"),
             )
             if logical_id.startswith(prefix)

@@ -74,7 +74,7 @@ ACKNOWLEDGED = {
     ("CKV_AWS_18", r"artifacts:AWS::S3::Bucket\.ArtifactStoreAccessLogs[0-9A-F]{8}"): (
         "This is the access-log bucket itself: logging it into itself would loop."
     ),
-    ("CKV_AWS_32", r"artifacts:AWS::ECR::Repository\.ImageRepository[0-9A-F]{8}"): (
+    ("CKV_AWS_32", r"artifacts:AWS::ECR::Repository\.(Smoke)?ImageRepository[0-9A-F]{8}"): (
         "checkov reads any Principal * as public whatever its Effect; the only one here is the Deny fencing out "
         "every role but the team's (evaluated in test_image_repository.py and test_policies_as_aws_evaluates.py)."
     ),

@@ -417,7 +417,7 @@ def test_item12_the_writer_reads_only_its_own_run_alarm_template(aws: Deployment
 
 # --- issue 14: the team's image repository ------------------------------------------------------
 def repository(aws: Deployment, team: str) -> str:
-    return arn_of(aws, team, "artifacts", "AWS::ECR::Repository")
+    return arn_of(aws, team, "artifacts", "AWS::ECR::Repository", "ImageRepository")
 
 
 def node_role(aws: Deployment, team: str) -> str:
@@ -453,7 +453,8 @@ def test_item14_neither_the_writer_nor_the_node_role_may_push(aws: Deployment) -
     for action in PUSH_ACTIONS:
         for role in (writer(aws, DEMO), node_role(aws, DEMO)):
             assert_refused(aws, Request(action, repository(aws, DEMO), role))
-    (images,) = aws.templates[stack(DEMO, "artifacts")].of_type("AWS::ECR::Repository").values()
+    artifacts = stack(DEMO, "artifacts")
+    images = aws.templates[artifacts].resources[aws.find(artifacts, "AWS::ECR::Repository", "ImageRepository")]
     statements = images["Properties"]["RepositoryPolicyText"]["Statement"]
     assert [s["Effect"] for s in statements] == ["Deny"], "the demo team names no pusher: the fence alone"
 
@@ -580,3 +581,52 @@ def test_issue25_item3_the_execution_role_writes_its_own_jobs_logs_and_sagemaker
                                (contract.metric_namespace(VISION), False)):  # fmt: skip
         request = Request("cloudwatch:PutMetricData", "*", role, {"cloudwatch:namespace": namespace})
         (assert_allowed if allowed else assert_refused)(aws, request)
+
+
+def launched_images(aws: Deployment, team: str) -> dict[str, str]:
+    """The image each target launches for the bundled smoke job, as deployed: the EKS Job's container image (in its
+    manifest) and what `beacon smoke --target sagemaker` hands SageMaker (the cluster stack's SmokeImageUri)."""
+    name = stack(team, "cluster")
+    template = aws.templates[name]
+    (job,) = [i for i, objects in kubernetes_objects(template).items() if any(o["kind"] == "Job" for o in objects)]
+    manifest = json.loads(str(aws.resolve(name, template.resources[job]["Properties"]["Manifest"])))
+    containers = [c for o in manifest if o["kind"] == "Job" for c in o["spec"]["template"]["spec"]["containers"]]
+    (eks_image,) = {c["image"] for c in containers}
+    return {"eks": eks_image, "sagemaker": str(aws.resolve(name, template.body["Outputs"]["SmokeImageUri"]["Value"]))}
+
+
+def repository_of(aws: Deployment, image: str) -> str:
+    """The repository ARN an image URI (`<account>.dkr.ecr.<region>.<suffix>/<name>:<tag>`) names, as deployed."""
+    registry, _, rest = image.partition("/")
+    account, region = registry.split(".")[0], registry.split(".")[3]
+    arn = f"arn:aws:ecr:{region}:{account}:repository/{rest.rsplit(':', 1)[0]}"
+    held = [aws.arn(name, logical_id) for name, template in aws.templates.items()
+            for logical_id in template.of_type("AWS::ECR::Repository")]  # fmt: skip
+    assert arn in held, f"{image} names no repository of the deployment ({held})"
+    return arn
+
+
+@pytest.mark.parametrize("team", [DEMO, VISION])
+def test_issue25_item2_every_target_launches_a_smoke_image_its_puller_may_pull_and_no_other_team_may(
+    aws: Deployment, team: str
+) -> None:
+    """SageMaker pulls a training image as the job's execution role (the writer), the kubelet with the node's role.
+    The smoke image was a CDK asset in the bootstrap's repository, which the writer may not pull; it is published
+    into the team's smoke repository, evaluated here with its resource policy, for the exact URI each target gets."""
+    images = launched_images(aws, team)
+    assert images["eks"] == images["sagemaker"], "one image, one place"
+    smoke = repository_of(aws, images["sagemaker"])
+    assert smoke.endswith(f":repository/{names.smoke_image_repository(team)}")
+    other = VISION if team == DEMO else DEMO
+    for target, puller in (("eks", node_role(aws, team)), ("sagemaker", writer(aws, team))):
+        for action in PULL_ACTIONS:
+            assert_allowed(aws, Request(action, repository_of(aws, images[target]), puller))
+        assert_allowed(aws, Request("ecr:GetAuthorizationToken", "*", puller))
+    for action in FENCED_ACTIONS:
+        assert decide(aws, Request(action, smoke, node_role(aws, other))) is Decision.EXPLICIT_DENY
+        assert_refused(aws, Request(action, smoke, writer(aws, other)))
+    publisher = f"arn:aws:iam::{ACCOUNT}:role/" + names.cdk_image_publishing_role_name("hnb659fds", ACCOUNT, REGION)
+    for action in (*PUSH_ACTIONS, "ecr:BatchCheckLayerAvailability", "ecr:DescribeImages", "ecr:DescribeRepositories"):
+        assert_allowed(aws, Request(action, smoke, publisher))  # `cdk deploy` publishes it
+    for action in PUSH_ACTIONS:
+        assert_refused(aws, Request(action, smoke, writer(aws, team)))

@@ -67,9 +67,7 @@ def launch(access: Access, outputs: TeamOutputs, config: TeamConfig, spec: manif
                     MetricDefinition(name=name, regex=regex) for name, regex in contract.PROGRESS_LOG_METRICS.items()
                 ],
             ),
-            output_data_config=OutputDataConfig(
-                s3_output_path=container.output_s3_uri, kms_key_id=outputs.kms_key_arn
-            ),
+            output_data_config=OutputDataConfig(s3_output_path=container.output_s3_uri, kms_key_id=outputs.kms_key_arn),
             resource_config=ResourceConfig(
                 instance_type=config.training.sagemaker_instance_type,
                 instance_count=spec.nodes,

@@ -37,7 +37,7 @@ from workloads import manifests
 
 TEAM = "demo"
 BUCKET = "beacon-demo-smoke"
-IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/cdk-hnb659fds-container-assets-{ACCOUNT}-{REGION}:0123abcd"
+IMAGE = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{names.smoke_image_repository(TEAM)}:0123abcd"  # cdk deploy's
 
 
 CROSS_STACK_OUTPUTS = ("PublishOutput", "ExportsOutput")
