@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from beacon import contract
-from beacon.launch import LaunchError, SageMakerInstance, resolve, with_rendezvous
+from beacon.launch import LaunchError, SageMakerInstance, VolumeError, check_volumes, resolve, with_rendezvous
 
 from tests.support.synth import ROOT
 
@@ -107,3 +107,23 @@ def test_the_launcher_exits_2_with_one_line_before_torchrun_when_the_configurati
         f"beacon.launch: {contract.SAGEMAKER_RENDEZVOUS}: {tmp_path / 'absent.json'} not found; "
         "the argument is for SageMaker training jobs"
     ]
+
+
+def test_the_directories_the_ranks_write_are_made_and_one_that_cannot_be_is_named_before_torchrun(
+    tmp_path: Path,
+) -> None:
+    environ = {"BEACON_SPOOL_DIR": str(tmp_path / "volume" / "spool"), "BEACON_CHECKPOINT_DIR": str(tmp_path / "c")}
+    check_volumes(environ, on_sagemaker=False)
+    assert (tmp_path / "volume" / "spool").is_dir() and (tmp_path / "c").is_dir()
+    (tmp_path / "not-a-directory").write_text("")
+    environ["BEACON_CHECKPOINT_DIR"] = str(tmp_path / "not-a-directory" / "checkpoints")
+    with pytest.raises(VolumeError) as raised:
+        check_volumes(environ, on_sagemaker=False)
+    message = str(raised.value)
+    assert message.startswith(f"BEACON_CHECKPOINT_DIR: {tmp_path}/not-a-directory/checkpoints is not writable as uid")
+    assert "EFS access point" in message and "\n" not in message
+    done = subprocess.run(
+        [sys.executable, "-m", "beacon.launch", "--standalone", "--nproc-per-node=1", "-m", "smoke_job.train"],
+        cwd=ROOT, env={**os.environ, **environ}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 3 and done.stderr.strip() == f"beacon.launch: {message}", done.stderr[-2000:]

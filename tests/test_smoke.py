@@ -275,6 +275,36 @@ def test_smoke_sagemaker_with_a_stand_in_instance_reports_the_failure_reason_and
         assert answer["training_job"]["description"]["TrainingJobStatus"] == "Failed"
 
 
+def test_a_sagemaker_checkpoint_directory_the_image_cannot_write_fails_at_once_in_one_line_naming_it(
+    deployed: DeployedTeam, sagemaker: SageMakerStandIn, tmp_path: Path
+) -> None:
+    """SageMaker creates /opt/ml itself, and an image running as uid 1000 can find /opt/ml/checkpoints root's
+    (issue 25, item 4). The entry point says so in one line naming the setting and the directory, exit 3, before
+    any rank starts. Here the directory is a read-only mount: this runs as root, which mode bits do not stop."""
+    mounted: list[Path] = []
+
+    def read_only(volume: Path) -> None:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(volume)], capture_output=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a read-only directory here: {done.stderr.decode().strip()}")
+        mounted.append(volume)
+
+    sagemaker.prepare_volume = read_only
+    try:
+        done = smoke_sagemaker(deployed, sagemaker, tmp_path / "report.json")
+    finally:
+        for volume in mounted:
+            subprocess.run(["umount", "-l", str(volume)], check=False)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["platform"]["state"] == "Failed" and "exited with code 3" in report["platform"]["detail"]
+    (log,) = report["logs"].values()
+    (line,) = [line for line in log.splitlines() if line.startswith("beacon.launch:")]
+    assert line.startswith(f"beacon.launch: BEACON_SPOOL_DIR: {mounted[0]}/spool is not writable as uid"), line
+    assert "Read-only file system" in line and "chown" in line and "/opt/ml/checkpoints" in line, line
+    assert "Traceback" not in log and "torchrun" not in log.lower(), "it stopped before torchrun started a rank"
+
+
 def test_smoke_sagemaker_with_a_stand_in_instance_stops_a_job_that_outlives_its_bound(
     deployed: DeployedTeam, sagemaker: SageMakerStandIn, tmp_path: Path
 ) -> None:

@@ -11,6 +11,10 @@
   (`contract.SAGEMAKER_RENDEZVOUS`) and each instance fills in its own from the resource configuration
   SageMaker writes: the node count and this node's rank from `hosts` and `current_host`, node 0 as the
   first host, and its name and instance type for the ranks' evidence (`beacon.ranks.Placement`).
+- The spool and checkpoint directories must be this user's to write before any rank starts: SageMaker creates
+  /opt/ml/* itself, and an image that runs as uid 1000 can find /opt/ml/checkpoints root's. That is one line and
+  exit 3 (a failed preflight, which no retry fixes), not a preflight failure inside every rank's traceback. There
+  is no fallback: SageMaker syncs that directory alone, and a spool elsewhere would not survive the instance.
 """
 
 from __future__ import annotations
@@ -44,8 +48,51 @@ RESOLVE_FOR_S = 300.0
 RESOLVE_EVERY_S = 2.0
 
 
+EXIT_BAD_INPUT = 2
+EXIT_PREFLIGHT = 3  # as a rank's failed preflight exits (smoke_job.train)
+# Where the ranks write, from the environment the Job or the training job sets (`beacon.settings`).
+VOLUME_SETTINGS = ("BEACON_SPOOL_DIR", "BEACON_CHECKPOINT_DIR")
+
+
 class LaunchError(Exception):
     """Bad launch arguments or environment: one line, exit 2 (no retry fixes it)."""
+
+
+class VolumeError(Exception):
+    """A directory the ranks must write is not this user's to write: one line, exit 3."""
+
+
+def check_volumes(environ: MutableMapping[str, str], *, on_sagemaker: bool) -> None:
+    """Each directory the ranks write (created if missing) takes a file from this user, or VolumeError names it."""
+    for setting in VOLUME_SETTINGS:
+        if not (value := environ.get(setting)):
+            continue
+        directory = Path(value)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe = directory / f".beacon-launch-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as error:
+            raise VolumeError(_unwritable(setting, directory, error, on_sagemaker=on_sagemaker)) from None
+
+
+def _unwritable(setting: str, directory: Path, error: OSError, *, on_sagemaker: bool) -> str:
+    held = next((p for p in (directory, *directory.parents) if p.exists()), directory)
+    try:
+        info = held.stat()
+        owner = f"{held} is owned by {info.st_uid}:{info.st_gid}, mode {info.st_mode & 0o777:04o}"
+    except OSError:
+        owner = f"{held} cannot be read"
+    who = f"uid {os.getuid()}, gid {os.getgid()}"
+    if on_sagemaker:
+        fix = (
+            "SageMaker creates /opt/ml itself: in the image, `RUN mkdir -p /opt/ml/checkpoints && chown "
+            f"{os.getuid()}:{os.getgid()} /opt/ml/checkpoints` before `USER`, or run the image as root on SageMaker"
+        )
+    else:
+        fix = "fix the volume's ownership (the EFS access point's uid/gid, the pod's fsGroup) or mount it there"
+    return f"{setting}: {directory} is not writable as {who} ({error.strerror}; {owner}): {fix}"
 
 
 @dataclass(frozen=True)
@@ -171,11 +218,17 @@ class SigtermForwarder:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    on_sagemaker = contract.SAGEMAKER_RENDEZVOUS in args
     try:
         args = with_rendezvous(args, os.environ)
     except LaunchError as error:
         print(f"beacon.launch: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    try:
+        check_volumes(os.environ, on_sagemaker=on_sagemaker)
+    except VolumeError as error:
+        print(f"beacon.launch: {error}", file=sys.stderr)
+        return EXIT_PREFLIGHT
     SigtermForwarder().install()
     try:
         torchrun([f"--signals-to-handle={SIGNALS_FOR_TORCHRUN}", *args])

@@ -117,6 +117,8 @@ class SageMakerStandIn:
     jobs: dict[str, LocalTrainingJob] = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     uploads: list[tuple[str, str]] = field(default_factory=list)  # (how, key) of SageMaker's own uploads
+    # Called with each instance's /opt/ml/checkpoints once made, before its container starts (a test's ownership)
+    prepare_volume: Callable[[Path], None] | None = None
 
     def __post_init__(self) -> None:
         standin = self
@@ -210,6 +212,8 @@ class SageMakerStandIn:
             home = self.workdir / name / host
             volume = home / "opt-ml-checkpoints"
             volume.mkdir(parents=True)
+            if self.prepare_volume is not None:
+                self.prepare_volume(volume)
             resource_config = home / "resourceconfig.json"
             resource_config.write_text(
                 json.dumps(
