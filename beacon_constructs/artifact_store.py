@@ -10,6 +10,7 @@ from beacon import contract
 from constructs import Construct
 
 from beacon_constructs.nag import acknowledge, nag_arn
+from beacon_constructs.pod_identity import pod_identity_statement
 from beacon_constructs.tagging import tag_component
 
 WRITER_OBJECT_ACTIONS = ("s3:PutObject", "s3:GetObject")
@@ -114,18 +115,11 @@ class ArtifactStore(Construct):
         # EKS Pod Identity needs TagSession as well as AssumeRole. Its session tags name the cluster,
         # namespace and service account: only this team's training pods may take the role.
         self.writer_role.assume_role_policy.add_statements(  # type: ignore[union-attr]
-            iam.PolicyStatement(
-                actions=["sts:AssumeRole", "sts:TagSession"],
-                principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")],
-                conditions={
-                    "StringEquals": {
-                        "aws:RequestTag/eks-cluster-arn": stack.format_arn(
-                            service="eks", resource="cluster", resource_name=cluster_name
-                        ),
-                        "aws:RequestTag/kubernetes-namespace": training_namespace,
-                        "aws:RequestTag/kubernetes-service-account": training_service_account,
-                    }
-                },
+            pod_identity_statement(
+                self,
+                cluster_name=cluster_name,
+                namespace=training_namespace,
+                service_account=training_service_account,
             )
         )
         self.writer_policy = iam.Policy(

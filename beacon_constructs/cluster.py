@@ -15,8 +15,9 @@ from constructs import Construct
 from beacon_constructs.gpu_device_plugin import toleration_for
 from beacon_constructs.log_groups import log_group
 from beacon_constructs.nag import acknowledge
+from beacon_constructs.pod_identity import pod_identity_principal
 from beacon_constructs.tagging import tag_component
-from workloads.manifests import GPU_TAINT
+from workloads.manifests import EFS_CSI_NAMESPACE, GPU_TAINT
 
 KUBERNETES_VERSIONS = {"1.35": eks.KubernetesVersion.V1_35}
 KUBECTL_LAYERS = {"1.35": KubectlV35Layer}
@@ -99,14 +100,15 @@ class TrainingCluster(Construct):
         self.system_nodegroup = self.cluster.default_nodegroup
         if self.system_nodegroup is not None:
             self.system_nodegroup.node.add_dependency(*(self.addons[name] for name in NODE_NETWORKING_ADDONS))
+        self.cluster_name = cluster_name
         self.efs_csi_role = self._pod_identity_role(
-            "EfsCsiRole", "service-role/AmazonEFSCSIDriverPolicy", EFS_CSI_SERVICE_ACCOUNT
+            "EfsCsiRole", "service-role/AmazonEFSCSIDriverPolicy", EFS_CSI_NAMESPACE, EFS_CSI_SERVICE_ACCOUNT
         )
         self.addons[EFS_CSI_ADDON] = self._addon_with_identity(
             "Addon-efs-csi", EFS_CSI_ADDON, self.efs_csi_role, EFS_CSI_SERVICE_ACCOUNT
         )
         self.observability_role = self._pod_identity_role(
-            "ObservabilityRole", "CloudWatchAgentServerPolicy", OBSERVABILITY_SERVICE_ACCOUNT
+            "ObservabilityRole", "CloudWatchAgentServerPolicy", OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT
         )
         self.addons[OBSERVABILITY_ADDON] = self._addon_with_identity(
             "Addon-observability", OBSERVABILITY_ADDON, self.observability_role, OBSERVABILITY_SERVICE_ACCOUNT
@@ -129,11 +131,13 @@ class TrainingCluster(Construct):
         ]
         return addon
 
-    def _pod_identity_role(self, role_id: str, managed_policy: str, service_account: str) -> iam.Role:
+    def _pod_identity_role(self, role_id: str, managed_policy: str, namespace: str, service_account: str) -> iam.Role:
         role = iam.Role(
             self,
             role_id,
-            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+            assumed_by=pod_identity_principal(
+                self, cluster_name=self.cluster_name, namespace=namespace, service_account=service_account
+            ),
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(managed_policy)],
         )
         acknowledge(

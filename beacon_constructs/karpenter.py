@@ -20,6 +20,7 @@ from constructs import Construct
 
 from beacon_constructs import karpenter_manifests as km
 from beacon_constructs.nag import acknowledge
+from beacon_constructs.pod_identity import scope_pod_identity_trust
 from beacon_constructs.tagging import tag_component
 
 CHART = "karpenter"
@@ -312,6 +313,10 @@ class Karpenter(Construct):
             name=SERVICE_ACCOUNT,
             namespace=NAMESPACE,
             identity_type=eks.IdentityType.POD_IDENTITY,
+        )
+        # CDK's role trusts every Pod Identity association of the account: only this cluster's controller may take it.
+        scope_pod_identity_trust(
+            self.service_account.role, cluster_name=cluster_name, namespace=NAMESPACE, service_account=SERVICE_ACCOUNT
         )
         self.controller_policy = iam.Policy(
             self,

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from typing import cast
 
-from aws_cdk import Stack
 from aws_cdk import aws_efs as efs
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from beacon import contract
 from constructs import Construct
 
+from beacon_constructs.pod_identity import pod_identity_principal
 from beacon_constructs.tagging import tag_component
 from workloads import manifests
 
 OPERATOR_ACCESS_POLICY = "AmazonEKSEditPolicy"
-EFS_CSI_NAMESPACE = "kube-system"
+EFS_CSI_NAMESPACE = manifests.EFS_CSI_NAMESPACE
 
 
 class TrainingNamespace(Construct):
@@ -84,23 +84,15 @@ class TrainingNamespace(Construct):
     ) -> iam.Role:
         """The identity the EFS CSI driver mounts with (``mountOptions: [iam]``): its node pods' service
         account, by Pod Identity. The managed add-on offers an association for its controller only."""
-        stack = Stack.of(self)
         role = iam.Role(
             self,
             "VolumeMountRole",
             description="EFS CSI driver node pods: mount the training access point over TLS",
-            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com")
-            .with_session_tags()
-            .with_conditions(
-                {
-                    "StringEquals": {
-                        "aws:RequestTag/eks-cluster-arn": stack.format_arn(
-                            service="eks", resource="cluster", resource_name=cluster.cluster_name
-                        ),
-                        "aws:RequestTag/kubernetes-namespace": EFS_CSI_NAMESPACE,
-                        "aws:RequestTag/kubernetes-service-account": manifests.EFS_CSI_NODE_SERVICE_ACCOUNT,
-                    }
-                }
+            assumed_by=pod_identity_principal(
+                self,
+                cluster_name=cluster.cluster_name,
+                namespace=EFS_CSI_NAMESPACE,
+                service_account=manifests.EFS_CSI_NODE_SERVICE_ACCOUNT,
             ),
         )
         iam.Policy(

@@ -630,3 +630,52 @@ def test_issue25_item2_every_target_launches_a_smoke_image_its_puller_may_pull_a
         assert_allowed(aws, Request(action, smoke, publisher))  # `cdk deploy` publishes it
     for action in PUSH_ACTIONS:
         assert_refused(aws, Request(action, smoke, writer(aws, team)))
+
+
+# --- issue 25, items 5-7: principals that trusted too much ----------------------------------------------------------
+POD_ROLES = {  # each role a pod takes by Pod Identity: (stack component, logical id prefix, namespace, service account)
+    "karpenter": ("cluster", "ClusterControllerServiceAccountRole", "kube-system", "karpenter"),
+    "efs-csi": ("cluster", "ClusterEfsCsiRole", manifests.EFS_CSI_NAMESPACE, "efs-csi-controller-sa"),
+    "observability": ("cluster", "ClusterObservabilityRole", "amazon-cloudwatch", "cloudwatch-agent"),
+    "volume-mount": ("cluster", "TrainingVolumeMountRole", manifests.EFS_CSI_NAMESPACE,
+                     manifests.EFS_CSI_NODE_SERVICE_ACCOUNT),
+    "writer": ("artifacts", "ArtifactStoreWriterRole", contract.TRAINING_NAMESPACE, manifests.TRAINING_SERVICE_ACCOUNT),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("role_name", sorted(POD_ROLES))
+def test_issue25_item5_a_pod_identity_role_is_handed_out_to_its_own_clusters_service_account_alone(
+    aws: Deployment, role_name: str
+) -> None:
+    """Without session-tag conditions a role trusting pods.eks.amazonaws.com is anyone's who may create a Pod
+    Identity association on another cluster of the account (another team's) and pass the role."""
+    component, prefix, namespace, service_account = POD_ROLES[role_name]
+    role = arn_of(aws, DEMO, component, "AWS::IAM::Role", prefix)
+    own = pod_identity_tags(names.cluster_name(DEMO), namespace, service_account)
+    assert own["aws:RequestTag/eks-cluster-arn"] == arn_of(aws, DEMO, "cluster", "AWS::EKS::Cluster")
+    for action in ("sts:AssumeRole", "sts:TagSession"):
+        assert_allowed(aws, Request(action, role, "pods.eks.amazonaws.com", own))
+        for foreign in (
+            pod_identity_tags(names.cluster_name(VISION), namespace, service_account),  # the other team's cluster
+            pod_identity_tags("someone-elses-cluster", namespace, service_account),
+            pod_identity_tags(names.cluster_name(DEMO), "default", service_account),
+            pod_identity_tags(names.cluster_name(DEMO), namespace, "default"),
+            {},
+        ):
+            assert_refused(aws, Request(action, role, "pods.eks.amazonaws.com", foreign))
+
+
+def test_issue25_item5_every_role_that_trusts_pod_identity_in_the_app_is_one_of_the_scoped_ones(
+    aws: Deployment,
+) -> None:
+    """A role added later that trusts the Pod Identity service is held to the same rule."""
+    trusted = set()
+    for name, template in aws.templates.items():
+        if not name.startswith(f"beacon-{DEMO}-"):
+            continue
+        for logical_id, resource in template.of_type("AWS::IAM::Role").items():
+            statements = resource["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+            if any("pods.eks.amazonaws.com" in json.dumps(s.get("Principal", {})) for s in statements):
+                trusted.add((name.rsplit("-", 1)[-1], next(p for p in (v[1] for v in POD_ROLES.values())
+                                                            if logical_id.startswith(p))))  # fmt: skip
+    assert trusted == {(component, prefix) for component, prefix, _, _ in POD_ROLES.values()}

@@ -61,6 +61,7 @@ def storage_class() -> dict[str, Any]:
 
 EFS_MOUNT_OPTIONS = ("iam", "tls")
 EFS_CSI_NODE_SERVICE_ACCOUNT = "efs-csi-node-sa"  # the driver's node pods mount; `iam` uses their identity
+EFS_CSI_NAMESPACE = "kube-system"  # where the managed EFS CSI add-on runs its controller and node pods
 
 
 def persistent_volume(file_system_id: str, access_point_id: str) -> dict[str, Any]:
