@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import ArnFormat, Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -50,6 +52,8 @@ class ArtifactStore(Construct):
         cluster_log_group: str,
         training_job_log_group: str,
         training_job_prefix: str,
+        reader_role_arns: Sequence[str],
+        reader_tag: str,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -156,12 +160,23 @@ class ArtifactStore(Construct):
             )
         )
 
+        # Not the account root: another team's operators (anyone allowed sts:AssumeRole on *) would read every run,
+        # the team's container logs and its training jobs. The roles the team file names, and roles of the
+        # account that carry the team's reader tag (set by whoever administers IAM, never by the role itself).
         self.reader_role = iam.Role(
             self,
             "ReaderRole",
             description="People and dashboards: read and list Beacon artifacts",
-            assumed_by=iam.AccountRootPrincipal(),
+            assumed_by=iam.AccountRootPrincipal().with_conditions(
+                {"StringEquals": {f"aws:PrincipalTag/{reader_tag}": "true"}}
+            ),
         )
+        if reader_role_arns:
+            self.reader_role.assume_role_policy.add_statements(  # type: ignore[union-attr]
+                iam.PolicyStatement(
+                    actions=["sts:AssumeRole"], principals=[iam.ArnPrincipal(arn) for arn in reader_role_arns]
+                )
+            )
         self.reader_policy = iam.Policy(
             self,
             "ReaderPolicy",

@@ -289,6 +289,14 @@ class MonitoringConfig(_Section):
 class ArtifactsConfig(_Section):
     noncurrent_version_retention_days: Annotated[int, Field(ge=1, le=3650)] = 90
     abort_incomplete_multipart_days: Annotated[int, Field(ge=1, le=30)] = 7
+    # Roles that may take the reader role (`beacon doctor`, `beacon tensorboard`, dashboards) beside
+    # cluster.operator_role_arns; any role of the account tagged `beacon-reader-<team> = true` may too.
+    reader_role_arns: StrList = ()
+
+    @field_validator("reader_role_arns")
+    @classmethod
+    def _reader_role_arns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return _role_arns(value)
 
 
 class ImagesConfig(_Section):

@@ -20,6 +20,11 @@ def karpenter_node_role_name(team: str) -> str:
     return f"KarpenterNodeRole-{cluster_name(team)}"
 
 
+def reader_tag(team: str) -> str:
+    """The principal tag (value `true`) that lets a role of the account take the team's reader role."""
+    return f"beacon-reader-{team}"
+
+
 def smoke_image_repository(team: str) -> str:
     """The repository `cdk deploy` publishes the bundled smoke image into (the cluster stack's image assets): the
     team's own, so the roles that run its jobs may pull it and no other team's may. A fixed name, because CDK's

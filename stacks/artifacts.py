@@ -27,6 +27,7 @@ class ArtifactsStack(Stack):
         **kwargs: object,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)  # type: ignore[arg-type]
+        readers = (*config.cluster.operator_role_arns, *config.artifacts.reader_role_arns)
         self.store = ArtifactStore(
             self,
             "ArtifactStore",
@@ -39,6 +40,8 @@ class ArtifactsStack(Stack):
             cluster_log_group=names.container_log_group(names.cluster_name(config.team)),
             training_job_log_group=names.SAGEMAKER_LOG_GROUP,
             training_job_prefix=names.training_job_prefix(config.team),
+            reader_role_arns=list(dict.fromkeys(readers)),
+            reader_tag=names.reader_tag(config.team),
         )
         self.volume = ArtifactVolume(
             self,

@@ -53,12 +53,18 @@ def account_team(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     return synthesize(config, tmp_path_factory.mktemp("cdk.out.vision"))
 
 
+VISION_OPERATOR = f"arn:aws:iam::{POLICY_ACCOUNT}:role/vision-platform"
+VISION_READER = f"arn:aws:iam::{POLICY_ACCOUNT}:role/vision-ml-engineers"
+
+
 @pytest.fixture(scope="session")
 def vision(demo_config: TeamConfig, tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     """A second team, "vision", in the account the policy evaluator resolves the demo team into:
     the cross-team isolation tests need two teams side by side."""
     values = demo_config.model_dump()
     values["monitoring"]["alarm_email"] = ["oncall@vision.example.com"]  # a team with an account notifies someone
+    values["cluster"]["operator_role_arns"] = [VISION_OPERATOR]  # its readers by name (demo names none)
+    values["artifacts"]["reader_role_arns"] = [VISION_READER]
     config = TeamConfig.model_validate({**values, "team": "vision", "account": POLICY_ACCOUNT})
     return synthesize(config, tmp_path_factory.mktemp("cdk.out.vision"))
 

@@ -61,6 +61,8 @@ def test_artifact_store_is_a_versioned_encrypted_retained_bucket_with_a_writer_a
         cluster_log_group=names.container_log_group(CLUSTER),
         training_job_log_group=names.SAGEMAKER_LOG_GROUP,
         training_job_prefix=names.training_job_prefix("demo"),
+        reader_role_arns=[],
+        reader_tag=names.reader_tag("demo"),
     )
     template = Template.from_stack(stack)
     template.has_resource(

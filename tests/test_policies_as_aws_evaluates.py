@@ -17,7 +17,19 @@ from smoke_job.config import parse_args
 from beacon_constructs.image_repository import FENCED_ACTIONS, PULL_ACTIONS, PUSH_ACTIONS
 from beacon_ops.templates import kubernetes_objects
 from config import TeamConfig, names
-from tests.support.policy_eval import ACCOUNT, REGION, Decision, Deployment, Request, merge, wildcard_match
+from tests.conftest import VISION_OPERATOR, VISION_READER
+from tests.support.policy_eval import (
+    ACCOUNT,
+    REGION,
+    Decision,
+    Deployment,
+    PolicyDoc,
+    PolicyKind,
+    Request,
+    explain,
+    merge,
+    wildcard_match,
+)
 from tests.support.synth import Synthesized
 from workloads import manifests
 
@@ -679,3 +691,37 @@ def test_issue25_item5_every_role_that_trusts_pod_identity_in_the_app_is_one_of_
                 trusted.add((name.rsplit("-", 1)[-1], next(p for p in (v[1] for v in POD_ROLES.values())
                                                             if logical_id.startswith(p))))  # fmt: skip
     assert trusted == {(component, prefix) for component, prefix, _, _ in POD_ROLES.values()}
+
+
+ASSUME_ANY_ROLE = {
+    "Effect": "Allow",
+    "Action": "sts:AssumeRole",
+    "Resource": "*",
+}  # an account's operators often have it
+
+
+def take_reader(aws: Deployment, team: str, principal: str, **tags: str) -> Decision:
+    """Whether `principal` (a role outside the templates, allowed sts:AssumeRole on every role by its own policy)
+    may take `team`'s reader role, carrying principal tags `tags`."""
+    request = Request(
+        "sts:AssumeRole", reader(aws, team), principal, {f"aws:PrincipalTag/{k}": v for k, v in tags.items()}
+    )
+    extra = [PolicyDoc.of(PolicyKind.IDENTITY, {"Statement": [ASSUME_ANY_ROLE]}, "its own policy")]
+    return explain(aws.policies_for(request) + extra, request).decision
+
+
+def test_issue25_item6_the_reader_is_taken_by_the_roles_the_team_file_names_and_its_tagged_roles_alone(
+    aws: Deployment,
+) -> None:
+    """The reader trusted the account root: anyone allowed sts:AssumeRole on * (another team's operators) read every
+    run, the team's container logs and its training jobs."""
+    someone = f"arn:aws:iam::{ACCOUNT}:role/another-teams-operator"
+    for team in (DEMO, VISION):
+        assert take_reader(aws, team, someone) is not Decision.ALLOW, "the account's roles are not readers by default"
+        assert take_reader(aws, team, someone, **{names.reader_tag(team): "true"}) is Decision.ALLOW
+        other = VISION if team == DEMO else DEMO
+        assert take_reader(aws, team, someone, **{names.reader_tag(other): "true"}) is not Decision.ALLOW
+        assert take_reader(aws, team, someone, **{names.reader_tag(team): "false"}) is not Decision.ALLOW
+    for named in (VISION_OPERATOR, VISION_READER):  # the team file's roles, by name: their own policy aside
+        assert_allowed(aws, Request("sts:AssumeRole", reader(aws, VISION), named))
+        assert take_reader(aws, DEMO, named) is not Decision.ALLOW, "another team's named reader reads nothing of ours"

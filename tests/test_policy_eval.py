@@ -166,6 +166,23 @@ def test_key_policy_must_take_part() -> None:
     assert evaluate([root], use_key) is Decision.IMPLICIT_DENY
 
 
+def test_a_role_is_taken_only_if_its_trust_policy_allows_the_caller_an_identity_allow_is_not_enough() -> None:
+    """STS asks the role's trust policy: naming the caller suffices; naming its account delegates to the caller's
+    own policy, which must allow too; and an identity policy allowing sts:AssumeRole on * alone takes no role."""
+    role = "arn:aws:iam::111122223333:role/reader"
+    take = Request("sts:AssumeRole", role, ROLE, {})
+    anywhere = identity({"Effect": "Allow", "Action": "sts:AssumeRole", "Resource": "*"})
+
+    def trust(principal: str) -> PolicyDoc:
+        statement = {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"AWS": principal}}
+        return PolicyDoc.of(PolicyKind.TRUST, {"Statement": [statement]})
+
+    assert evaluate([trust(ROLE)], take) is Decision.ALLOW
+    assert evaluate([trust(ROOT)], take) is Decision.IMPLICIT_DENY
+    assert evaluate([trust(ROOT), anywhere], take) is Decision.ALLOW
+    assert evaluate([trust("arn:aws:iam::111122223333:role/someone-else"), anywhere], take) is Decision.IMPLICIT_DENY
+
+
 def test_principal_arn_is_the_callers_role_and_absent_for_a_service_or_anonymous() -> None:
     """AWS sets aws:PrincipalArn on every request of an IAM principal; a negated operator on it is then
     false for the named role, and true for a service principal or anonymous caller (the key is missing)."""

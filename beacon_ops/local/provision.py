@@ -222,7 +222,9 @@ def provision_team(
 ) -> Provisioned:
     """Provision the artifact and monitoring stacks, and an operator user that may assume their roles."""
     iam = clients("iam")
-    operator = iam.create_user(UserName=OPERATOR)["User"]
+    # The operator reads as a team's reader may: tagged as the reader role's trust asks (moto does not check the tag;
+    # a real account does: `aws iam tag-role --role-name <yours> --tags Key=beacon-reader-<team>,Value=true`).
+    operator = iam.create_user(UserName=OPERATOR, Tags=[{"Key": names.reader_tag(team), "Value": "true"}])["User"]
     iam.put_user_policy(
         UserName=OPERATOR,
         PolicyName="assume-beacon-roles",

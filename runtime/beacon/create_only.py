@@ -42,7 +42,7 @@ class Outcome:
 
 
 def precondition_failed(error: ClientError) -> bool:
-    return error.response.get("Error", {}).get("Code") == "PreconditionFailed"
+    return bool(error.response.get("Error", {}).get("Code") == "PreconditionFailed")
 
 
 def put_create_only(s3: Any, *, bucket: str, key: str, body: bytes, compare: bool = True) -> Outcome:

@@ -54,6 +54,9 @@ class PolicyKind(StrEnum):
     IDENTITY = "identity"  # attached to the principal: no Principal element
     RESOURCE = "resource"  # bucket, topic, queue, file system or trust policy: Principal decides
     KEY = "key"  # a KMS key policy: a resource policy that must take part in every decision
+    # A role's trust policy, likewise: an identity policy alone never lets anyone take a role (STS asks the trust
+    # policy, which allows a principal itself, or its account: then the principal's own policy must allow too).
+    TRUST = "trust"
 
 
 @dataclass(frozen=True)
@@ -286,7 +289,7 @@ def explain(policies: Iterable[PolicyDoc], request: Request) -> Explanation:
     account_allows: list[str] = []
     key_policy_present = False
     for policy in policies:
-        key_policy_present |= policy.kind is PolicyKind.KEY
+        key_policy_present |= policy.kind in (PolicyKind.KEY, PolicyKind.TRUST)
         for statement in policy.statements:
             if not (
                 _action_match(statement, request.action) and _resource_match(statement, request.resource, policy.kind)
@@ -311,7 +314,7 @@ def explain(policies: Iterable[PolicyDoc], request: Request) -> Explanation:
     if denies:
         return Explanation(Decision.EXPLICIT_DENY, tuple(denies))
     if key_policy_present:
-        # KMS: the key policy must allow, itself or by enabling IAM policies of its account.
+        # KMS and STS: the key or trust policy must allow, itself or by enabling IAM policies of its account.
         if direct_allows:
             return Explanation(Decision.ALLOW, tuple(direct_allows))
         if account_allows and identity_allows:
@@ -475,7 +478,7 @@ class Deployment:
                     document = self.resolve(
                         name, template.resources[logical_id]["Properties"]["AssumeRolePolicyDocument"]
                     )
-                    return PolicyDoc.of(PolicyKind.RESOURCE, document, f"{name}/{logical_id}:trust")
+                    return PolicyDoc.of(PolicyKind.TRUST, document, f"{name}/{logical_id}:trust")
         raise TemplateError(f"no role {role_arn}")
 
     def resource_policies(self, resource_arn: str) -> list[PolicyDoc]:
@@ -498,7 +501,8 @@ class Deployment:
                 elif resource["Type"] == "AWS::KMS::Key":
                     kind, targets, document = PolicyKind.KEY, [self.arn(name, logical_id)], properties["KeyPolicy"]
                 elif resource["Type"] == "AWS::IAM::Role":  # the trust policy is the role's resource policy
-                    targets, document = [self.arn(name, logical_id)], properties["AssumeRolePolicyDocument"]
+                    kind, targets = PolicyKind.TRUST, [self.arn(name, logical_id)]
+                    document = properties["AssumeRolePolicyDocument"]
                 elif resource["Type"] == "AWS::EFS::FileSystem" and "FileSystemPolicy" in properties:
                     targets, document = [self.arn(name, logical_id)], properties["FileSystemPolicy"]
                 elif resource["Type"] == "AWS::ECR::Repository" and "RepositoryPolicyText" in properties:
