@@ -35,6 +35,9 @@ class TrainingNamespace(Construct):
         super().__init__(scope, construct_id)
         tag_component(self, "training-namespace")
         self.namespace = cluster.add_manifest("Namespace", manifests.namespace())
+        # Before any pod of the namespace: a pod selecting no Beacon pool would land on a system node (IMDS hop limit 2)
+        self.pool_policy = cluster.add_manifest("PodsOnBeaconPools", *manifests.pool_admission_policy())
+        self.pool_policy.node.add_dependency(self.namespace)
         self.service_account = cluster.add_manifest("ServiceAccount", manifests.service_account())
         self.service_account.node.add_dependency(self.namespace)
         self.pod_identity = eks.CfnPodIdentityAssociation(

@@ -39,8 +39,64 @@ NON_RETRIABLE_EXIT_CODES = [2, 3]
 LAUNCH_COMMAND = ["python", "-m", "beacon.launch"]
 
 
+# Pod Security Admission on the training namespace: no host network, PID or IPC, no privileged container, no hostPath
+# (a pod on the host's network reaches the node's instance metadata, and its role, whatever the hop limit).
+POD_SECURITY_LEVEL = "baseline"
+
+
 def namespace(name: str = contract.TRAINING_NAMESPACE) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {"beacon/managed": "true"}}}
+    labels = {
+        "beacon/managed": "true",
+        "pod-security.kubernetes.io/enforce": POD_SECURITY_LEVEL,
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+# Every pod of the training namespace runs on a Beacon pool (Karpenter's nodes: IMDSv2, hop limit 1), never on a
+# system node, whose instance metadata answers a pod with the node's role at EKS's default hop limit of 2: a
+# ValidatingAdmissionPolicy refuses, at creation, a pod that selects no pool (an operator's `kubectl run` debug pod)
+# or names its node itself. Each rule: (CEL expression over the pod, the message when it does not hold).
+POOL_RULES = (
+    (
+        "has(object.spec.nodeSelector) && '%(label)s' in object.spec.nodeSelector && "
+        "object.spec.nodeSelector['%(label)s'] in %(pools)s",
+        "pods in %(namespace)s run on Beacon's pools: set nodeSelector %(label)s to one of %(pools)s (a pod elsewhere "
+        "lands on a system node, whose instance metadata hands out the node's role)",
+    ),
+    (
+        "!has(object.spec.nodeName) || object.spec.nodeName == ''",
+        "pods in %(namespace)s are placed by the scheduler on Beacon's pools: spec.nodeName is refused",
+    ),
+)
+POOL_POLICY_NAME = "beacon-training-pods-on-beacon-pools"
+
+
+def pool_admission_policy(ns: str = contract.TRAINING_NAMESPACE) -> list[dict[str, Any]]:
+    """The policy and its binding (Deny), matching pods created in `ns`."""
+    values = {"label": POOL_LABEL, "pools": json.dumps([GPU_POOL, CPU_POOL]).replace('"', "'"), "namespace": ns}
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POOL_POLICY_NAME},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                ],
+            },
+            "validations": [{"expression": rule % values, "message": message % values} for rule, message in POOL_RULES],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": POOL_POLICY_NAME},
+        "spec": {"policyName": POOL_POLICY_NAME, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
 
 
 def service_account(name: str = TRAINING_SERVICE_ACCOUNT, ns: str = contract.TRAINING_NAMESPACE) -> dict[str, Any]:
