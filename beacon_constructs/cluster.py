@@ -3,7 +3,7 @@ encrypted secrets, a small system node group for Karpenter and add-ons, access e
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
@@ -43,6 +43,12 @@ OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT = "amazon-cloudwatch", "c
 # boots. So the host engine tolerates the GPU pool's taint (the add-on's dcgmAgent.tolerations).
 NODE_MONITORING_ADDON = "eks-node-monitoring-agent"
 NODE_MONITORING_CONFIGURATION = {"dcgmAgent": {"tolerations": [toleration_for(GPU_TAINT)]}}
+# One DCGM host engine per GPU node: the observability add-on's dcgm-exporter embeds a host engine of its own by
+# default, and two engines on one node can mark the GPU unhealthy (aws/containers-roadmap 2763,
+# aws/eks-node-monitoring-agent 255 and 256): AcceleratedHardwareReady=False, and node repair replaces the node ten
+# minutes later, mid-run. The agent's engine stays (node repair reads the GPU's health through it); the exporter goes,
+# and with it Container Insights' GPU utilisation metrics. Its chart cannot point it at another engine.
+OBSERVABILITY_CONFIGURATION = {"dcgmExporter": {"enabled": False}}
 
 
 class TrainingCluster(Construct):
@@ -111,8 +117,9 @@ class TrainingCluster(Construct):
             "ObservabilityRole", "CloudWatchAgentServerPolicy", OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT
         )
         self.addons[OBSERVABILITY_ADDON] = self._addon_with_identity(
-            "Addon-observability", OBSERVABILITY_ADDON, self.observability_role, OBSERVABILITY_SERVICE_ACCOUNT
-        )
+            "Addon-observability", OBSERVABILITY_ADDON, self.observability_role, OBSERVABILITY_SERVICE_ACCOUNT,
+            configuration=OBSERVABILITY_CONFIGURATION,
+        )  # fmt: skip
         self.addons[NODE_MONITORING_ADDON] = eks.Addon(
             self,
             "Addon-node-monitoring",
@@ -122,9 +129,17 @@ class TrainingCluster(Construct):
         )
         self._acknowledge()
 
-    def _addon_with_identity(self, addon_id: str, name: str, role: iam.IRole, service_account: str) -> eks.Addon:
+    def _addon_with_identity(
+        self,
+        addon_id: str,
+        name: str,
+        role: iam.IRole,
+        service_account: str,
+        *,
+        configuration: dict[str, Any] | None = None,
+    ) -> eks.Addon:
         """The add-on creates its own Pod Identity association, so its pods never start without it."""
-        addon = eks.Addon(self, addon_id, cluster=self._icluster, addon_name=name)
+        addon = eks.Addon(self, addon_id, cluster=self._icluster, addon_name=name, configuration_values=configuration)
         cfn_addon = cast(eks.CfnAddon, addon.node.default_child)
         cfn_addon.pod_identity_associations = [
             eks.CfnAddon.PodIdentityAssociationProperty(role_arn=role.role_arn, service_account=service_account)

@@ -321,7 +321,6 @@ class TrainingMonitoring(Construct):
         silent_line = cw.HorizontalAnnotation(value=contract.SILENT_BUDGET_S, label="silent: 120 s")
         stall_line = cw.HorizontalAnnotation(value=contract.STALLED_BUDGET_S, label="stalled: 180 s")
         stall_threshold = cw.HorizontalAnnotation(value=contract.STALL_THRESHOLD_S, label="stall threshold")
-        insights = {"ClusterName": cluster_name}
         dashboard.add_widgets(
             cw.TextWidget(
                 markdown="\n".join(
@@ -415,20 +414,7 @@ class TrainingMonitoring(Construct):
             cw.GraphWidget(
                 title="Failed pods (training namespace; the Job replaces each)",
                 left=[self.restarts_alarm.metric],
-                width=12,
+                width=24,
             ),
-            cw.GraphWidget(
-                title="GPU utilisation (Container Insights)",
-                left=[
-                    cw.Metric(
-                        namespace=contract.CONTAINER_INSIGHTS_NAMESPACE,
-                        metric_name=contract.GPU_UTILIZATION,
-                        dimensions_map=insights,
-                        statistic="Average",
-                        period=Duration.minutes(1),
-                    )
-                ],
-                width=12,
-            ),
-        )
+        )  # No GPU utilisation: one DCGM host engine per GPU node, the node monitoring agent's (cluster.py)
         return dashboard

@@ -455,6 +455,43 @@ def test_the_node_monitoring_agents_dcgm_host_engine_runs_on_the_tainted_gpu_nod
     assert not tolerates([], taint), "the chart's default (dcgmAgent.tolerations: []) would not"
 
 
+# The DCGM host engines the add-ons can run, as their charts make them: (add-on, what it calls it, whether it runs
+# at all given the add-on's configuration, the tolerations it gets). Issue 25, item 8.
+def dcgm_host_engines(configurations: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool, list[dict[str, str]]]]:
+    monitoring = configurations.get("eks-node-monitoring-agent", {})
+    observability = configurations.get("amazon-cloudwatch-observability", {})
+    exporter = observability.get("dcgmExporter", {})
+    return [
+        # dcgm-server: the host engine the agent reads each GPU through; dcgmAgent.tolerations (chart default: none)
+        ("eks-node-monitoring-agent", "dcgm-server", True, monitoring.get("dcgmAgent", {}).get("tolerations", [])),
+        # dcgm-exporter: embeds its own host engine (no --remote-hostengine-info in its chart); on by default
+        # (dcgmExporter.enabled), tolerating every taint (the chart's root tolerations)
+        ("amazon-cloudwatch-observability", "dcgm-exporter", exporter.get("enabled", True),
+         exporter.get("tolerations", [{"operator": "Exists"}])),
+    ]  # fmt: skip
+
+
+def test_at_most_one_dcgm_host_engine_can_run_on_a_gpu_node(
+    cluster: SynthesizedTemplate, objects: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Two host engines on one GPU node can mark it unhealthy (AcceleratedHardwareReady=False); with node repair on,
+    Karpenter replaces the node 10 minutes later, and the 20 % guard rounds up: a one-node GPU pool is repaired
+    mid-run. From the add-ons' configurations as synthesized: the agent's engine runs there, the exporter's does not."""
+    configurations = {
+        a["Properties"]["AddonName"]: json.loads(a["Properties"].get("ConfigurationValues", "{}"))
+        for a in cluster.of_type("AWS::EKS::Addon").values()
+    }
+    (taint,) = one(objects, "NodePool", "gpu-training")["spec"]["template"]["spec"]["taints"]
+    on_gpu_nodes = [name for _, name, runs, tolerations in dcgm_host_engines(configurations)
+                    if runs and tolerates(tolerations, taint)]  # fmt: skip
+    assert on_gpu_nodes == ["dcgm-server"], on_gpu_nodes
+    defaults = {"eks-node-monitoring-agent": {"dcgmAgent": configurations["eks-node-monitoring-agent"]["dcgmAgent"]}}
+    assert [n for _, n, runs, t in dcgm_host_engines(defaults) if runs and tolerates(t, taint)] == [
+        "dcgm-server",
+        "dcgm-exporter",
+    ], "the observability add-on's default would be the second engine"
+
+
 def test_cpu_smoke_pool_has_its_own_limits(objects: dict[str, list[dict[str, Any]]], demo: Synthesized) -> None:
     spec = one(objects, "NodePool", "cpu-smoke")["spec"]
     assert spec["limits"] == {"cpu": str(demo.config.compute.smoke_cpu_limit)}

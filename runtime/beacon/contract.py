@@ -570,7 +570,6 @@ CONTAINER_INSIGHTS_NAMESPACE = "ContainerInsights"
 # container restart. Published per pod only (no {ClusterName, Namespace} roll-up).
 CONTAINER_FAILED_PODS = "pod_status_failed"
 CONTAINER_INSIGHTS_POD_DIMENSIONS = ("ClusterName", "Namespace", "PodName")
-GPU_UTILIZATION = "node_gpu_utilization"
 TRAINING_NAMESPACE = "training"
 
 
