@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -126,10 +127,22 @@ def zero_bytes(path: Path, line: int, count: int = 20) -> None:
     path.write_bytes(bytes(body))
 
 
-DAMAGE = {
-    "torn-state": lambda d: (d / "state.json").write_bytes((d / "state.json").read_bytes()[:7]),
-    "zeroed-sealed-chunk": lambda d: zero_bytes(sorted((d / "sealed").glob("chunk-*.jsonl"))[1], 3),
-    "zeroed-open-chunk": lambda d: zero_bytes(d / "open.jsonl", 1),
+def tear_state(directory: Path) -> None:
+    (directory / "state.json").write_bytes((directory / "state.json").read_bytes()[:7])
+
+
+def zero_a_sealed_line(directory: Path) -> None:
+    zero_bytes(sorted((directory / "sealed").glob("chunk-*.jsonl"))[1], 3)
+
+
+def zero_an_open_line(directory: Path) -> None:
+    zero_bytes(directory / "open.jsonl", 1)
+
+
+DAMAGE: dict[str, Callable[[Path], None]] = {
+    "torn-state": tear_state,
+    "zeroed-sealed-chunk": zero_a_sealed_line,
+    "zeroed-open-chunk": zero_an_open_line,
 }
 
 

@@ -324,7 +324,7 @@ class SageMakerStandIn:
         self.uploads.append(("CompleteMultipartUpload", f"{base}output.tar.gz"))
 
     def home(self, job: LocalTrainingJob, host: str = "algo-1") -> Path:
-        return self.workdir / job.request["TrainingJobName"] / host
+        return self.workdir / str(job.request["TrainingJobName"]) / host
 
 
 def tarball(directory: Path) -> bytes:
