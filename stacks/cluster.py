@@ -9,7 +9,7 @@ from beacon import contract
 from constructs import Construct
 
 from beacon_constructs.bastion import ClusterBastion
-from beacon_constructs.cluster import EFS_CSI_ADDON, TrainingCluster
+from beacon_constructs.cluster import EFS_CSI_ADDON, OBSERVABILITY_ADDON, TrainingCluster
 from beacon_constructs.gpu_device_plugin import NvidiaDevicePlugin
 from beacon_constructs.karpenter import Karpenter, PoolSettings
 from beacon_constructs.karpenter_manifests import pool_node_labels, pool_node_taints
@@ -103,6 +103,17 @@ class ClusterStack(Stack):
                 self.karpenter.node_pool_manifest,
             ],
         )
+        # What takes AWS credentials by Pod Identity starts once the agent that serves them is there: a preflight
+        # that cannot get credentials exits 3, which the Job's podFailurePolicy takes as final.
+        agent = cluster.eks_pod_identity_agent
+        if agent is not None:
+            for dependent in (
+                self.karpenter.chart,
+                self.training_cluster.addons[EFS_CSI_ADDON],
+                self.training_cluster.addons[OBSERVABILITY_ADDON],
+                self.smoke_job.manifest,
+            ):
+                dependent.node.add_dependency(agent)
         if config.cluster.bastion:
             self.bastion = ClusterBastion(self, "Bastion", vpc=vpc, subnets=node_subnets)
             cluster.connections.allow_from(

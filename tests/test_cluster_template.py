@@ -547,6 +547,30 @@ def test_destroy_removes_node_pools_before_node_classes_chart_and_cluster(
     assert pools in depends_on(cluster, job), "the smoke Job goes before the pools that run it"
 
 
+def depends_transitively(cluster: SynthesizedTemplate, logical_id: str) -> set[str]:
+    seen: set[str] = set()
+    pending = depends_on(cluster, logical_id)
+    while pending:
+        current = pending.pop()
+        if current not in seen:
+            seen.add(current)
+            pending += depends_on(cluster, current)
+    return seen
+
+
+def test_whatever_takes_credentials_by_pod_identity_starts_after_the_agent_that_serves_them(
+    cluster: SynthesizedTemplate, objects: dict[str, list[dict[str, Any]]]
+) -> None:
+    """Karpenter, the EFS and observability add-ons and the smoke Job take their roles by Pod Identity; started before
+    the agent serves credentials, a preflight fails (exit 3, final for the Job's podFailurePolicy); issue 25, item 9."""
+    addons = {a["Properties"]["AddonName"]: k for k, a in cluster.of_type("AWS::EKS::Addon").items()}
+    agent = addons["eks-pod-identity-agent"]
+    chart, _ = helm_chart(cluster, "karpenter")
+    for dependent in (chart, addons["aws-efs-csi-driver"], addons["amazon-cloudwatch-observability"],
+                      manifest_id(objects, "Job")):  # fmt: skip
+        assert agent in depends_transitively(cluster, dependent), dependent
+
+
 # --- volume and the smoke Job ----------------------------------------------------------------
 def test_efs_is_encrypted_backed_up_tiered_retained_and_reachable_only_from_training_nodes(demo: Synthesized) -> None:
     artifacts = demo.template("artifacts")
