@@ -13,10 +13,11 @@ from aws_cdk.lambda_layer_kubectl_v35 import KubectlV35Layer
 from constructs import Construct
 
 from beacon_constructs.gpu_device_plugin import toleration_for
-from beacon_constructs.log_groups import log_group
+from beacon_constructs.log_groups import AdoptedLogGroups, log_group
 from beacon_constructs.nag import acknowledge
 from beacon_constructs.pod_identity import pod_identity_principal
 from beacon_constructs.tagging import tag_component
+from config import names
 from workloads.manifests import EFS_CSI_NAMESPACE, GPU_TAINT
 
 KUBERNETES_VERSIONS = {"1.35": eks.KubernetesVersion.V1_35}
@@ -116,10 +117,18 @@ class TrainingCluster(Construct):
         self.observability_role = self._pod_identity_role(
             "ObservabilityRole", "CloudWatchAgentServerPolicy", OBSERVABILITY_NAMESPACE, OBSERVABILITY_SERVICE_ACCOUNT
         )
+        # The add-on's Container Insights groups, held to the team's retention from before it first writes
+        self.container_insights_logs = AdoptedLogGroups(
+            self,
+            "ContainerInsightsLogs",
+            names=names.container_insights_log_groups(cluster_name),
+            retention_days=log_retention_days,
+        )
         self.addons[OBSERVABILITY_ADDON] = self._addon_with_identity(
             "Addon-observability", OBSERVABILITY_ADDON, self.observability_role, OBSERVABILITY_SERVICE_ACCOUNT,
             configuration=OBSERVABILITY_CONFIGURATION,
         )  # fmt: skip
+        self.addons[OBSERVABILITY_ADDON].node.add_dependency(*self.container_insights_logs.held)
         self.addons[NODE_MONITORING_ADDON] = eks.Addon(
             self,
             "Addon-node-monitoring",

@@ -3,11 +3,19 @@
 The stateful stack is termination-protected so that no one deletes it by accident; its data
 (bucket, file system, image repository, keys) has DeletionPolicy Retain, so deleting the stack never
 deletes the data.
-`make destroy` records what will remain, lifts the protection, destroys the stacks one by one in
-reverse dependency order (read from the synthesized cloud assembly), and prints how to remove the rest.
+`make destroy` records what will remain, lifts the protection, stops what runs on the cluster, destroys the
+stacks one by one in reverse dependency order (read from the synthesized cloud assembly), and prints how to
+remove the rest.
+
+A GPU job stops the destroy unless it is stopped first: its pods carry do-not-disrupt, the GPU pool's nodes
+wait up to its terminationGracePeriod (24 h) for them, and deleting the EC2NodeClass waits on its finalizer
+longer than the kubectl handler's 15 minutes. So `drain` deletes the team's Jobs (their pods drain on SIGTERM)
+and NodePools (Karpenter terminates their nodes) first, waits a bounded time, and otherwise says in one line
+what still runs and how to end it.
 
     python -m beacon_ops.teardown order CDK_OUT            stack names, the order to destroy them
     python -m beacon_ops.teardown prepare --team T CDK_OUT record retained resources, lift protection
+    python -m beacon_ops.teardown drain --team T           stop the team's Jobs and NodePools, wait for them
     python -m beacon_ops.teardown remains --team T         what is left and how to remove it
 """
 
@@ -16,10 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.aws_access import AccessError, describe_aws_error, open_session
@@ -104,15 +115,125 @@ def prepare(cloudformation: Any, team: str, cdk_out: Path) -> list[Retained]:
 
 
 def remains_text(team: str, retained: list[Retained]) -> str:
+    outside = [
+        f"  {group}: `aws logs delete-log-group --log-group-name {group}`"
+        for group in names.container_insights_log_groups(names.cluster_name(team))
+    ]
+    kept = [
+        "Outside the stacks (Container Insights' log groups, which the observability add-on created and the stack "
+        "held to your retention; they keep your training output until it expires), if they exist:",
+        *outside,
+    ]
     if not retained:
-        return f"beacon: every stack of {team} is gone, and nothing was retained."
+        return "\n".join([f"beacon: every stack of {team} is gone, and nothing was retained.", *kept])
     lines = [
         f"beacon: the stacks of {team} are gone. Retained on purpose (your training history and its keys), "
         "still billed until you remove them:"
     ]
     lines += [f"  {r.resource_type} {r.physical_id or r.logical_id} (from {r.stack}): {r.removal()}" for r in retained]
-    lines.append("A later `make deploy` creates new ones; it does not adopt these.")
+    lines += kept
+    lines.append("A later `make deploy` creates new ones; it adopts the log groups, not the retained resources.")
     return "\n".join(lines)
+
+
+DRAIN_BOUND_S = 600.0  # a Job's pods drain within their shutdown budget (60 s by default), nodes within minutes
+DRAIN_POLL_S = 10.0
+KARPENTER = ("karpenter.sh", "v1")
+
+
+@dataclass
+class StillRunning:
+    pods: list[tuple[str, str]] = field(default_factory=list)  # (pod, node)
+    node_claims: list[tuple[str, str]] = field(default_factory=list)  # (NodeClaim, node)
+
+    def __bool__(self) -> bool:
+        return bool(self.pods or self.node_claims)
+
+    def line(self, team: str, waited_s: float) -> str:
+        held = [f"pod {contract.TRAINING_NAMESPACE}/{p} (node {n or '-'})" for p, n in self.pods]
+        held += [f"nodeclaim {c} (node {n or '-'})" for c, n in self.node_claims]
+        ends = [
+            f"`kubectl -n {contract.TRAINING_NAMESPACE} delete pod {p} --grace-period=0 --force`" for p, _ in self.pods
+        ]
+        ends += [f"`kubectl delete nodeclaim {c}`" for c, _ in self.node_claims]
+        return (
+            f"beacon destroy: still running after {waited_s:.0f} s: {', '.join(held)}; end them with "
+            f"{' and '.join(ends)}, then `make destroy TEAM={team}` again"
+        )
+
+
+def drain_cluster(
+    api: Any,
+    *,
+    bound_s: float = DRAIN_BOUND_S,
+    poll_s: float = DRAIN_POLL_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    show: Callable[[str], None] = print,
+) -> StillRunning:
+    """Delete the training namespace's Jobs and every NodePool, then wait until no pod of the namespace and no
+    NodeClaim is left, `bound_s` at most: what still runs then."""
+    from kubernetes import client as k8s
+
+    batch, core, custom = k8s.BatchV1Api(api), k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
+    namespace = contract.TRAINING_NAMESPACE
+    jobs = [job.metadata.name for job in batch.list_namespaced_job(namespace).items]
+    for job in jobs:  # its pods get SIGTERM and drain within their budget; do-not-disrupt stops Karpenter alone
+        batch.delete_namespaced_job(job, namespace, propagation_policy="Background")
+    pools = [pool["metadata"]["name"] for pool in custom.list_cluster_custom_object(*KARPENTER, "nodepools")["items"]]
+    for pool in pools:  # Karpenter drains and terminates the pool's nodes
+        custom.delete_cluster_custom_object(*KARPENTER, "nodepools", pool)
+    show(f"beacon destroy: stopping {len(jobs)} Job(s) in {namespace} and {len(pools)} NodePool(s); waiting for them")
+    started = clock()
+    while True:
+        running = StillRunning(
+            pods=[(p.metadata.name, p.spec.node_name or "") for p in core.list_namespaced_pod(namespace).items],
+            node_claims=[
+                (c["metadata"]["name"], c.get("status", {}).get("nodeName", ""))
+                for c in custom.list_cluster_custom_object(*KARPENTER, "nodeclaims")["items"]
+            ],
+        )
+        if not running or clock() - started >= bound_s:
+            return running
+        sleep(poll_s)
+
+
+def drain(team: str, *, kubernetes_url: str | None, bound_s: float = DRAIN_BOUND_S) -> int:
+    """`drain --team T`: 0 once nothing runs (or the cluster stack is gone), 1 with the line when something still
+    does, 2 when the cluster cannot be reached."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from beacon_ops.jobs.eks import cluster_api
+    from beacon_ops.jobs.flow import JobError
+
+    config = load_team(team)
+    session = open_session(region_flag=None, team_region=config.region)
+    stack = names.stack_name(team, "cluster")
+    try:
+        session.client("cloudformation").describe_stacks(StackName=stack)
+    except ClientError as error:
+        if "does not exist" in str(error):
+            return 0  # nothing of the cluster is left to stop
+        raise
+    reach = "run it from inside the VPC, or through the bastion's tunnel: `make destroy TEAM=<team> KUBERNETES_URL=...`"
+    try:
+        api = cluster_api(session, names.cluster_name(team), config.region, url_override=kubernetes_url)
+        running = drain_cluster(api, bound_s=bound_s)
+    except JobError as error:
+        print(f"beacon destroy: {error}; a job still running would hold its GPU node for up to 24 h", file=sys.stderr)
+        return 2
+    except (ApiException, HTTPError, OSError) as error:
+        print(
+            f"beacon destroy: cannot stop what runs on cluster {names.cluster_name(team)} ({error}); {reach} "
+            "(or `DRAIN=off` to destroy anyway)",
+            file=sys.stderr,
+        )
+        return 2
+    if running:
+        print(running.line(team, bound_s), file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +246,21 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("cdk_out", type=Path)
     remains = sub.add_parser("remains")
     remains.add_argument("--team", required=True)
+    stopping = sub.add_parser("drain")
+    stopping.add_argument("--team", required=True)
+    stopping.add_argument("--kubernetes-url", default=None, help="the cluster's API through a tunnel")
     args = parser.parse_args(argv)
+    if args.step == "drain":
+        try:
+            return drain(args.team, kubernetes_url=args.kubernetes_url or None)
+        except ConfigError as error:
+            for line in error.lines:
+                print(f"beacon destroy: {line}", file=sys.stderr)
+            return 2
+        except (AccessError, ClientError, BotoCoreError) as error:
+            detail = describe_aws_error(error) if isinstance(error, ClientError | BotoCoreError) else str(error)
+            print(f"beacon destroy: {detail}", file=sys.stderr)
+            return 2
     if args.step == "order":
         print(" ".join(destroy_order(args.cdk_out)))
         return 0

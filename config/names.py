@@ -41,9 +41,17 @@ TRAINING_JOB_NAME_LIMIT = 63  # SageMaker's TrainingJobName
 SAGEMAKER_LOG_GROUP = "/aws/sagemaker/TrainingJobs"  # the account's, shared by every team: streams <job>/algo-<n>-<t>
 
 
+CONTAINER_INSIGHTS_LOG_KINDS = ("application", "dataplane", "host", "performance")
+
+
+def container_insights_log_groups(cluster: str) -> list[str]:
+    """The groups a cluster's observability add-on (Container Insights) writes to, creating them itself."""
+    return [f"/aws/containerinsights/{cluster}/{kind}" for kind in CONTAINER_INSIGHTS_LOG_KINDS]
+
+
 def container_log_group(cluster: str) -> str:
     """Where a cluster's observability add-on (Container Insights) ships its containers' logs."""
-    return f"/aws/containerinsights/{cluster}/application"
+    return container_insights_log_groups(cluster)[0]
 
 
 def training_job_prefix(team: str) -> str:

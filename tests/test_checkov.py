@@ -22,6 +22,8 @@ CHECKOV = ROOT / ".beacon" / "tools" / "checkov-venv" / "bin" / "checkov"
 CDK_KUBECTL_FUNCTIONS = r"ClusterKubectlProvider(Handler|frameworkonEvent)[0-9A-F]{8}"
 CDK_DEFAULT_SG_FUNCTION = r"CustomVpcRestrictDefaultSGCustomResourceProviderHandler[0-9A-F]{8}"
 CDK_KUBECTL_LOG_GROUPS = r"ClusterKubectlProvider(Handler|frameworkonEvent)LogGroup[0-9A-F]{8}"
+# CDK's one SDK-call function of the cluster stack: it holds Container Insights' log groups to the team's retention
+CDK_SDK_CALL_FUNCTION = r"cluster:AWS::Lambda::Function\.AWS679f53fac002430cb0da5b7982bd2287[0-9A-F]{8}"
 VERDICT_FUNCTION = r"monitoring:AWS::Lambda::Function\.AlarmVerdictFunction[0-9A-F]{8}"
 
 # (check id, "<stack>:<resource type>.<logical id>" as a regular expression) -> why it stays.
@@ -54,6 +56,18 @@ ACKNOWLEDGED = {
         "CKV_AWS_158",
         rf"cluster:AWS::Logs::LogGroup\.{CDK_KUBECTL_LOG_GROUPS}",
     ): ("CDK's kubectl handler logs; encrypted at rest by CloudWatch Logs, no secrets logged."),
+    ("CKV_AWS_158", r"cluster:AWS::Logs::LogGroup\.ClusterContainerInsightsLogsFunctionLogs[0-9A-F]{8}"): (
+        "The SDK-call function's own log (log group names and retentions); CloudWatch Logs encrypts it at rest."
+    ),
+    ("CKV_AWS_115", CDK_SDK_CALL_FUNCTION): (
+        "CloudFormation invokes it a few times per deploy; reserving concurrency would take from the account's pool."
+    ),
+    ("CKV_AWS_116", CDK_SDK_CALL_FUNCTION): (
+        "CloudFormation invokes it synchronously and fails the deploy on an error; a DLQ would get nothing."
+    ),
+    ("CKV_AWS_117", CDK_SDK_CALL_FUNCTION): (
+        "It calls only the CloudWatch Logs API (create a log group, set its retention); a VPC would add an endpoint."
+    ),
     ("CKV_AWS_115", VERDICT_FUNCTION): (
         "Invoked only by the team's metrics-lost alarms; reserving concurrency takes from the account's pool and "
         "fails on accounts at Lambda's minimum of 10 unreserved."

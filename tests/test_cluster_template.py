@@ -21,7 +21,8 @@ from beacon_constructs.karpenter import INTERRUPTION_RULES, NODE_MANAGED_POLICIE
 from beacon_ops.doctor.eks_state import NODE_EVENTS_NAMESPACE
 from beacon_ops.templates import Template as SynthesizedTemplate
 from beacon_ops.templates import kubernetes_objects, shape_resolver
-from config import TeamConfig
+from config import TeamConfig, names
+from tests.support.moto_server import MotoServer
 from tests.support.synth import ROOT, Synthesized, synthesize
 from workloads import manifests
 
@@ -723,3 +724,61 @@ def test_the_operators_may_read_what_the_doctor_reads_beyond_the_namespace_and_n
     assert allowed("get", "nodepools", None, "karpenter.sh"), "a node's NodePool: its expireAfter"
     for verb, resource in (("patch", "nodepools"), ("delete", "nodepools"), ("list", "nodeclaims"), ("get", "pods")):
         assert not allowed(verb, resource, None, "karpenter.sh"), (verb, resource)
+
+
+# --- issue 25, item 10: the add-on's Container Insights log groups, held to the team's retention ----------------
+def sdk_calls(cluster: SynthesizedTemplate, event: str) -> list[dict[str, Any]]:
+    """Each Custom::AWS resource's call for `event` (Create, Update), as CDK's SDK-call function reads it."""
+    return [
+        json.loads(r["Properties"][event]) for r in cluster.of_type("Custom::AWS").values() if event in r["Properties"]
+    ]
+
+
+def run_as_the_provider(logs: Any, call: dict[str, Any]) -> None:
+    """What CDK's SDK-call function does with one call: the SDK action, and an error whose code matches
+    `ignoreErrorCodesMatching` counts as success."""
+    action = re.sub(r"(?<!^)(?=[A-Z])", "_", call["action"]).lower()
+    try:
+        getattr(logs, action)(**call["parameters"])
+    except logs.exceptions.ClientError as error:
+        if not re.search(call.get("ignoreErrorCodesMatching", "^$"), error.response["Error"]["Code"]):
+            raise
+
+
+def test_every_container_insights_group_is_created_or_adopted_then_held_to_the_teams_retention(
+    cluster: SynthesizedTemplate, demo: Synthesized
+) -> None:
+    groups = names.container_insights_log_groups(names.cluster_name("demo"))
+    for event in ("Create", "Update"):
+        calls = sdk_calls(cluster, event)
+        made = [c["parameters"]["logGroupName"] for c in calls if c["action"] == "createLogGroup"]
+        kept = {c["parameters"]["logGroupName"]: c["parameters"]["retentionInDays"]
+                for c in calls if c["action"] == "putRetentionPolicy"}  # fmt: skip
+        assert sorted(made) == sorted(groups), event
+        assert kept == dict.fromkeys(groups, demo.config.monitoring.log_retention_days), event
+        assert all(c["ignoreErrorCodesMatching"] == "ResourceAlreadyExistsException"
+                   for c in calls if c["action"] == "createLogGroup")  # fmt: skip
+    addons = {a["Properties"]["AddonName"]: k for k, a in cluster.of_type("AWS::EKS::Addon").items()}
+    held = set(cluster.of_type("Custom::AWS"))
+    assert held <= depends_transitively(cluster, addons["amazon-cloudwatch-observability"]), "before it first writes"
+
+
+@pytest.mark.parametrize("stack", ["new", "deployed-before"])
+def test_the_upgrade_path_a_group_the_add_on_already_made_is_adopted_and_a_new_one_made(
+    cluster: SynthesizedTemplate, demo: Synthesized, moto_server: MotoServer, stack: str
+) -> None:
+    """On a stack deployed before, the add-on made these groups with no retention: an AWS::Logs::LogGroup of the same
+    name would fail the update (AlreadyExists). The calls, run against the embedded AWS as CDK's function runs them,
+    adopt it there and make it on a new stack; the retention is the team's either way."""
+    logs = moto_server.client("logs")
+    groups = names.container_insights_log_groups(names.cluster_name("demo"))
+    if stack == "deployed-before":
+        for group in groups:
+            logs.create_log_group(logGroupName=group)  # the add-on's own, kept forever
+        with pytest.raises(logs.exceptions.ResourceAlreadyExistsException):
+            logs.create_log_group(logGroupName=groups[0])  # what a CloudFormation log group of that name would meet
+    for call in sorted(sdk_calls(cluster, "Update" if stack == "deployed-before" else "Create"),
+                       key=lambda c: c["action"] != "createLogGroup"):  # fmt: skip
+        run_as_the_provider(logs, call)
+    described = {g["logGroupName"]: g.get("retentionInDays") for g in logs.describe_log_groups()["logGroups"]}
+    assert {g: described.get(g) for g in groups} == dict.fromkeys(groups, demo.config.monitoring.log_retention_days)

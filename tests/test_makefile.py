@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from beacon_ops.teardown import Retained, destroy_order, prepare, remains_text, retained_resources
+from config import names
 from tests.support.synth import ROOT, Synthesized
 
 
@@ -69,6 +70,10 @@ def test_destroy_names_what_remains_and_how_to_remove_it(account_team: Synthesiz
     assert "aws s3api delete-bucket --bucket beacon-vision-bucket-1" in text
     assert "aws ecr delete-repository --repository-name beacon-vision-images-1 --force" in text
     assert "nothing was retained" in remains_text("vision", [])
+    # Outside the stacks: the observability add-on's own groups (issue 25, item 10)
+    for text in (remains_text("vision", [bucket, images]), remains_text("vision", [])):
+        for group in names.container_insights_log_groups("beacon-vision"):
+            assert f"`aws logs delete-log-group --log-group-name {group}`" in text
 
 
 class FakeCloudFormation:

@@ -725,3 +725,20 @@ def test_issue25_item6_the_reader_is_taken_by_the_roles_the_team_file_names_and_
     for named in (VISION_OPERATOR, VISION_READER):  # the team file's roles, by name: their own policy aside
         assert_allowed(aws, Request("sts:AssumeRole", reader(aws, VISION), named))
         assert take_reader(aws, DEMO, named) is not Decision.ALLOW, "another team's named reader reads nothing of ours"
+
+
+def test_issue25_item10_the_log_group_keeper_touches_its_clusters_container_insights_groups_alone(
+    aws: Deployment,
+) -> None:
+    """CDK's SDK-call function creates (or adopts) the add-on's Container Insights groups and sets their retention:
+    those four of this team's cluster, nothing else."""
+    name = stack(DEMO, "cluster")
+    role = aws.arn(name, aws.find(name, "AWS::IAM::Role", "AWS679f53fac002430cb0da5b7982bd2287"))
+    own = names.container_insights_log_groups(names.cluster_name(DEMO))
+    for group in own:
+        for action in ("logs:CreateLogGroup", "logs:PutRetentionPolicy"):
+            assert_allowed(aws, Request(action, log_group_arn(group), role))
+    for group in (*names.container_insights_log_groups(names.cluster_name(VISION)), "/aws/lambda/anything"):
+        assert_refused(aws, Request("logs:PutRetentionPolicy", log_group_arn(group), role))
+    for action in ("logs:DeleteLogGroup", "logs:DeleteRetentionPolicy", "logs:GetLogEvents"):
+        assert_refused(aws, Request(action, log_group_arn(own[0]), role))

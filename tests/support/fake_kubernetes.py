@@ -15,6 +15,9 @@ What is faked, and how far:
   with no kubelet behind them: a pod OOMKilled, Pending, pulling an image in vain, a node Karpenter
   interrupted. Events are listed per namespace with `involvedObject.*` field selectors; nodes are read by
   name (404 once gone).
+- For `make destroy`'s drain: Jobs listed per namespace; NodePools listed and deleted; NodeClaims listed, and a
+  Karpenter that removes a deleted pool's NodeClaims once no pod runs, unless a claim is `stuck` (its
+  finalizer never clears, as on a node whose do-not-disrupt pod outlives the pool's termination grace period).
 """
 
 from __future__ import annotations
@@ -192,6 +195,8 @@ class FakeKubernetes:
         self.events: list[dict[str, Any]] = []
         self.nodes: dict[str, dict[str, Any]] = {}
         self.node_pools: dict[str, dict[str, Any]] = {}  # karpenter.sh/v1 NodePools, cluster-scoped
+        self.node_claims: dict[str, dict[str, Any]] = {}  # karpenter.sh/v1 NodeClaims, by name
+        self.stuck_claims: set[str] = set()  # NodeClaims whose finalizer never clears
         self.forbidden: set[str] = set()  # path prefixes answered 403, as RBAC would
         self.lock = threading.RLock()
         fake = self
@@ -254,9 +259,13 @@ class FakeKubernetes:
         events: Sequence[dict[str, Any]] = (),
         nodes: Sequence[dict[str, Any]] = (),
         node_pools: Sequence[dict[str, Any]] = (),
+        node_claims: Sequence[dict[str, Any]] = (),
+        stuck: Sequence[str] = (),
     ) -> None:
         """Objects as the API serves them (with `status`), standing still: nothing runs them."""
         with self.lock:
+            self.node_claims.update({c["metadata"]["name"]: c for c in node_claims})
+            self.stuck_claims.update(stuck)
             if job is not None:
                 self.seeded_jobs[(job["metadata"]["namespace"], job["metadata"]["name"])] = job
             self.seeded_pods += list(pods)
@@ -293,6 +302,9 @@ class FakeKubernetes:
             if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/(serviceaccounts|persistentvolumeclaims)/([^/]+)", path):
                 return self._namespaced_object(m[1], m[2], m[3])
             if m := re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs", path):
+                if method == "GET":
+                    listed = [j.as_object() for (ns, _), j in self.jobs.items() if ns == m[1] and not j.deleted]
+                    return 200, {"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": listed}
                 return self._create_job(m[1], body) if method == "POST" else (405, status_body(405, "Method", path))
             m = re.fullmatch(r"/apis/batch/v1/namespaces/([^/]+)/jobs/([^/]+)", path)
             if m and method == "GET" and (m[1], m[2]) in self.seeded_jobs:
@@ -318,11 +330,29 @@ class FakeKubernetes:
                 if m[1] not in self.nodes:
                     return 404, status_body(404, "NotFound", f'nodes "{m[1]}" not found')
                 return 200, self.nodes[m[1]]
+            if path == "/apis/karpenter.sh/v1/nodepools":
+                return 200, {"apiVersion": "karpenter.sh/v1", "kind": "NodePoolList", "metadata": {},
+                             "items": list(self.node_pools.values())}  # fmt: skip
             if m := re.fullmatch(r"/apis/karpenter.sh/v1/nodepools/([^/]+)", path):
                 if m[1] not in self.node_pools:
                     return 404, status_body(404, "NotFound", f'nodepools.karpenter.sh "{m[1]}" not found')
+                if method == "DELETE":
+                    del self.node_pools[m[1]]
+                    return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
                 return 200, self.node_pools[m[1]]
+            if path == "/apis/karpenter.sh/v1/nodeclaims":
+                self._karpenter()
+                return 200, {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaimList", "metadata": {},
+                             "items": list(self.node_claims.values())}  # fmt: skip
         return 404, status_body(404, "NotFound", f"the fake has no route for {method} {path}")
+
+    def _karpenter(self) -> None:
+        """A deleted pool's NodeClaims go once no pod runs (their nodes drained), unless stuck."""
+        running = self.running_processes() or any(p["metadata"].get("namespace") for p in self.seeded_pods)
+        for name, claim in list(self.node_claims.items()):
+            pool = claim["metadata"].get("labels", {}).get("karpenter.sh/nodepool")
+            if pool not in self.node_pools and not running and name not in self.stuck_claims:
+                del self.node_claims[name]
 
     def _namespace(self, name: str) -> tuple[int, dict[str, Any]]:
         if name not in self.namespaces:
