@@ -100,12 +100,14 @@ class ArtifactStore(Construct):
         self._deny_overwriting_history()
 
         stack = Stack.of(self)
-        # SageMaker may hand out the writer only to training jobs of this account.
+        # SageMaker may hand out the writer only to this team's training jobs (named with its prefix) of this account
         sagemaker = iam.ServicePrincipal("sagemaker.amazonaws.com").with_conditions(
             {
                 "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID},
                 "ArnLike": {
-                    "aws:SourceArn": stack.format_arn(service="sagemaker", resource="training-job", resource_name="*")
+                    "aws:SourceArn": stack.format_arn(
+                        service="sagemaker", resource="training-job", resource_name=f"{training_job_prefix}*"
+                    )
                 },
             }
         )
@@ -161,22 +163,19 @@ class ArtifactStore(Construct):
         )
 
         # Not the account root: another team's operators (anyone allowed sts:AssumeRole on *) would read every run,
-        # the team's container logs and its training jobs. The roles the team file names, and roles of the
-        # account that carry the team's reader tag (set by whoever administers IAM, never by the role itself).
+        # the team's container logs and its training jobs. The roles the team file names; a team that names none,
+        # roles of the account tagged with its reader tag (weaker: a session tag satisfies aws:PrincipalTag too, so
+        # whoever may tag a session they take can read; name the roles to close that).
+        tagged = iam.AccountRootPrincipal().with_conditions(
+            {"StringEquals": {f"aws:PrincipalTag/{reader_tag}": "true"}}
+        )
+        named = [iam.ArnPrincipal(arn) for arn in reader_role_arns]
         self.reader_role = iam.Role(
             self,
             "ReaderRole",
             description="People and dashboards: read and list Beacon artifacts",
-            assumed_by=iam.AccountRootPrincipal().with_conditions(
-                {"StringEquals": {f"aws:PrincipalTag/{reader_tag}": "true"}}
-            ),
+            assumed_by=iam.CompositePrincipal(*named) if named else tagged,
         )
-        if reader_role_arns:
-            self.reader_role.assume_role_policy.add_statements(  # type: ignore[union-attr]
-                iam.PolicyStatement(
-                    actions=["sts:AssumeRole"], principals=[iam.ArnPrincipal(arn) for arn in reader_role_arns]
-                )
-            )
         self.reader_policy = iam.Policy(
             self,
             "ReaderPolicy",
@@ -367,7 +366,8 @@ class ArtifactStore(Construct):
         acknowledge(
             self.writer_policy,
             "IAM5[Resource::*]",
-            "cloudwatch:PutMetricData has no resource type; the cloudwatch:namespace condition limits it to Beacon.",
+            "cloudwatch:PutMetricData has no resource type; the cloudwatch:namespace condition limits it to the team's "
+            "namespace and the one SageMaker publishes training-job metric definitions under.",
         )
 
     def _acknowledge_job_log_findings(

@@ -123,6 +123,7 @@ class TrainingCluster(Construct):
             "ContainerInsightsLogs",
             names=names.container_insights_log_groups(cluster_name),
             retention_days=log_retention_days,
+            component="cluster",
         )
         self.addons[OBSERVABILITY_ADDON] = self._addon_with_identity(
             "Addon-observability", OBSERVABILITY_ADDON, self.observability_role, OBSERVABILITY_SERVICE_ACCOUNT,

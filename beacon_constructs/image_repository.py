@@ -79,6 +79,8 @@ class ImageRepository(Construct):
             image_tag_mutability=ecr.TagMutability.IMMUTABLE,  # a tag names one image forever
             encryption=ecr.RepositoryEncryption.KMS,
             encryption_key=encryption_key,
+            # A repository that goes with its stack goes with its images (Beacon's smoke image: rebuilt by deploy)
+            empty_on_delete=removal_policy is RemovalPolicy.DESTROY,
             lifecycle_rules=[
                 ecr.LifecycleRule(
                     rule_priority=1,

@@ -11,6 +11,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from beacon_constructs.nag import acknowledge, nag_arn
+from beacon_constructs.tagging import tag_component
 
 
 def log_group(scope: Construct, construct_id: str, *, retention_days: int, name: str | None = None) -> logs.LogGroup:
@@ -30,7 +31,9 @@ class AdoptedLogGroups(Construct):
     CreateLogGroup (its AlreadyExists ignored), then PutRetentionPolicy. Nothing deletes them: `make destroy` says they
     remain, and how to remove them."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, names: Sequence[str], retention_days: int) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, names: Sequence[str], retention_days: int, component: str
+    ) -> None:
         super().__init__(scope, construct_id)
         self.names = list(names)
         stack = Stack.of(self)
@@ -81,6 +84,7 @@ class AdoptedLogGroups(Construct):
         # CDK's one SDK-call function of the stack, which every AwsCustomResource shares
         function = stack.node.try_find_child("AWS" + cr.AwsCustomResource.PROVIDER_FUNCTION_UUID.replace("-", ""))
         if function is not None:
+            tag_component(function, component)  # it lives at the stack's root, outside the construct that made it
             acknowledge(
                 function,
                 "IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",

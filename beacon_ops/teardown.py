@@ -9,13 +9,13 @@ remove the rest.
 
 A GPU job stops the destroy unless it is stopped first: its pods carry do-not-disrupt, the GPU pool's nodes
 wait up to its terminationGracePeriod (24 h) for them, and deleting the EC2NodeClass waits on its finalizer
-longer than the kubectl handler's 15 minutes. So `drain` deletes the team's Jobs (their pods drain on SIGTERM)
-and NodePools (Karpenter terminates their nodes) first, waits a bounded time, and otherwise says in one line
-what still runs and how to end it.
+longer than the kubectl handler's 15 minutes. So `drain`, before anything else, deletes the team's Jobs (their
+pods drain on SIGTERM) and waits a bounded time for the training namespace to be empty, else says in one line
+what still runs and how to end it; the stacks' deletion then removes the NodePools from empty nodes.
 
     python -m beacon_ops.teardown order CDK_OUT            stack names, the order to destroy them
     python -m beacon_ops.teardown prepare --team T CDK_OUT record retained resources, lift protection
-    python -m beacon_ops.teardown drain --team T           stop the team's Jobs and NodePools, wait for them
+    python -m beacon_ops.teardown drain --team T           stop the team's Jobs, wait for their pods
     python -m beacon_ops.teardown remains --team T         what is left and how to remove it
 """
 
@@ -136,29 +136,24 @@ def remains_text(team: str, retained: list[Retained]) -> str:
     return "\n".join(lines)
 
 
-DRAIN_BOUND_S = 600.0  # a Job's pods drain within their shutdown budget (60 s by default), nodes within minutes
+DRAIN_BOUND_S = 600.0  # a Job's pods drain within their shutdown budget (60 s by default)
 DRAIN_POLL_S = 10.0
-KARPENTER = ("karpenter.sh", "v1")
 
 
 @dataclass
 class StillRunning:
-    pods: list[tuple[str, str]] = field(default_factory=list)  # (pod, node)
-    node_claims: list[tuple[str, str]] = field(default_factory=list)  # (NodeClaim, node)
+    pods: list[tuple[str, str]] = field(default_factory=list)  # (pod, node) in the training namespace
 
     def __bool__(self) -> bool:
-        return bool(self.pods or self.node_claims)
+        return bool(self.pods)
 
     def line(self, team: str, waited_s: float) -> str:
-        held = [f"pod {contract.TRAINING_NAMESPACE}/{p} (node {n or '-'})" for p, n in self.pods]
-        held += [f"nodeclaim {c} (node {n or '-'})" for c, n in self.node_claims]
-        ends = [
-            f"`kubectl -n {contract.TRAINING_NAMESPACE} delete pod {p} --grace-period=0 --force`" for p, _ in self.pods
-        ]
-        ends += [f"`kubectl delete nodeclaim {c}`" for c, _ in self.node_claims]
+        namespace = contract.TRAINING_NAMESPACE
+        held = ", ".join(f"{namespace}/{pod} (node {node or '-'})" for pod, node in self.pods)
+        ends = " ".join(pod for pod, _ in self.pods)
         return (
-            f"beacon destroy: still running after {waited_s:.0f} s: {', '.join(held)}; end them with "
-            f"{' and '.join(ends)}, then `make destroy TEAM={team}` again"
+            f"beacon destroy: still running after {waited_s:.0f} s: {held}; end them with `kubectl -n {namespace} "
+            f"delete pod {ends} --grace-period=0 --force`, then `make destroy TEAM={team}` again"
         )
 
 
@@ -171,36 +166,30 @@ def drain_cluster(
     sleep: Callable[[float], None] = time.sleep,
     show: Callable[[str], None] = print,
 ) -> StillRunning:
-    """Delete the training namespace's Jobs and every NodePool, then wait until no pod of the namespace and no
-    NodeClaim is left, `bound_s` at most: what still runs then."""
+    """Delete the training namespace's Jobs (their pods get SIGTERM and drain within their budget), then wait until
+    no pod of the namespace is left, `bound_s` at most: what still runs then. Only the namespace's objects are
+    touched (an operator's edit rights there suffice); the stack's own deletion then removes the NodePools, whose
+    nodes, no do-not-disrupt pod left on them, Karpenter terminates at once."""
     from kubernetes import client as k8s
 
-    batch, core, custom = k8s.BatchV1Api(api), k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
+    batch, core = k8s.BatchV1Api(api), k8s.CoreV1Api(api)
     namespace = contract.TRAINING_NAMESPACE
     jobs = [job.metadata.name for job in batch.list_namespaced_job(namespace).items]
-    for job in jobs:  # its pods get SIGTERM and drain within their budget; do-not-disrupt stops Karpenter alone
+    for job in jobs:
         batch.delete_namespaced_job(job, namespace, propagation_policy="Background")
-    pools = [pool["metadata"]["name"] for pool in custom.list_cluster_custom_object(*KARPENTER, "nodepools")["items"]]
-    for pool in pools:  # Karpenter drains and terminates the pool's nodes
-        custom.delete_cluster_custom_object(*KARPENTER, "nodepools", pool)
-    show(f"beacon destroy: stopping {len(jobs)} Job(s) in {namespace} and {len(pools)} NodePool(s); waiting for them")
+    show(f"beacon destroy: stopping {len(jobs)} Job(s) in {namespace}; waiting for their pods to drain")
     started = clock()
     while True:
-        running = StillRunning(
-            pods=[(p.metadata.name, p.spec.node_name or "") for p in core.list_namespaced_pod(namespace).items],
-            node_claims=[
-                (c["metadata"]["name"], c.get("status", {}).get("nodeName", ""))
-                for c in custom.list_cluster_custom_object(*KARPENTER, "nodeclaims")["items"]
-            ],
-        )
+        pods = core.list_namespaced_pod(namespace).items
+        running = StillRunning([(p.metadata.name, p.spec.node_name or "") for p in pods])
         if not running or clock() - started >= bound_s:
             return running
         sleep(poll_s)
 
 
 def drain(team: str, *, kubernetes_url: str | None, bound_s: float = DRAIN_BOUND_S) -> int:
-    """`drain --team T`: 0 once nothing runs (or the cluster stack is gone), 1 with the line when something still
-    does, 2 when the cluster cannot be reached."""
+    """`drain --team T`: 0 once nothing runs in the training namespace (or the cluster stack is gone), 1 with the
+    line naming what still does, 2 when the cluster cannot be reached or refuses."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
@@ -216,17 +205,25 @@ def drain(team: str, *, kubernetes_url: str | None, bound_s: float = DRAIN_BOUND
         if "does not exist" in str(error):
             return 0  # nothing of the cluster is left to stop
         raise
-    reach = "run it from inside the VPC, or through the bastion's tunnel: `make destroy TEAM=<team> KUBERNETES_URL=...`"
+    cluster = names.cluster_name(team)
+    later = "(`DRAIN=off` destroys anyway: a GPU job still running holds its node up to 24 h and stops the destroy)"
     try:
-        api = cluster_api(session, names.cluster_name(team), config.region, url_override=kubernetes_url)
+        api = cluster_api(session, cluster, config.region, url_override=kubernetes_url)
         running = drain_cluster(api, bound_s=bound_s)
     except JobError as error:
-        print(f"beacon destroy: {error}; a job still running would hold its GPU node for up to 24 h", file=sys.stderr)
+        print(f"beacon destroy: {error} {later}", file=sys.stderr)
         return 2
-    except (ApiException, HTTPError, OSError) as error:
+    except ApiException as error:
         print(
-            f"beacon destroy: cannot stop what runs on cluster {names.cluster_name(team)} ({error}); {reach} "
-            "(or `DRAIN=off` to destroy anyway)",
+            f"beacon destroy: the Kubernetes API of {cluster} answered {error.status} {error.reason} to stopping the "
+            f"{contract.TRAINING_NAMESPACE} namespace's Jobs: run it as a role in cluster.operator_role_arns {later}",
+            file=sys.stderr,
+        )
+        return 2
+    except (HTTPError, OSError) as error:
+        print(
+            f"beacon destroy: cannot reach the Kubernetes API of {cluster} ({type(error).__name__}): run it from "
+            f"inside the VPC or through the bastion's tunnel (`KUBERNETES_URL=https://localhost:8443`) {later}",
             file=sys.stderr,
         )
         return 2

@@ -290,7 +290,7 @@ class ArtifactsConfig(_Section):
     noncurrent_version_retention_days: Annotated[int, Field(ge=1, le=3650)] = 90
     abort_incomplete_multipart_days: Annotated[int, Field(ge=1, le=30)] = 7
     # Roles that may take the reader role (`beacon doctor`, `beacon tensorboard`, dashboards) beside
-    # cluster.operator_role_arns; any role of the account tagged `beacon-reader-<team> = true` may too.
+    # cluster.operator_role_arns; when neither names one, roles of the account tagged `beacon-reader-<team> = true`.
     reader_role_arns: StrList = ()
 
     @field_validator("reader_role_arns")

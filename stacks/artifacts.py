@@ -1,7 +1,7 @@
 """The stateful stack: the artifact store, the artifact volume and the image repository. Everything in it
 is RETAINed."""
 
-from aws_cdk import Aws, CfnOutput, DefaultStackSynthesizer, Duration, Stack
+from aws_cdk import Aws, CfnOutput, DefaultStackSynthesizer, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from beacon import contract
 from constructs import Construct
@@ -75,7 +75,11 @@ class ArtifactsStack(Stack):
             region="",
             resource="role",
             resource_name=names.cdk_image_publishing_role_name(
-                DefaultStackSynthesizer.DEFAULT_QUALIFIER, Aws.ACCOUNT_ID, Aws.REGION
+                # the qualifier `cdk bootstrap` was given, as the synthesizer reads it
+                self.node.try_get_context("@aws-cdk/core:bootstrapQualifier")
+                or DefaultStackSynthesizer.DEFAULT_QUALIFIER,
+                Aws.ACCOUNT_ID,
+                Aws.REGION,
             ),
         )
         self.smoke_images = ImageRepository(
@@ -87,6 +91,9 @@ class ArtifactsStack(Stack):
             pull_roles=[self.store.writer_role],
             node_role_arns=[node_role_arn],
             push_role_arns=[publishing_role_arn],
+            # Rebuilt and pushed by every deploy: it goes with the stack (retained under its fixed name, it would
+            # fail the next deploy after a destroy with AlreadyExists)
+            removal_policy=RemovalPolicy.DESTROY,
         )
         CfnOutput(self, outputs.BUCKET_NAME, value=self.store.bucket.bucket_name)
         CfnOutput(self, outputs.WRITER_ROLE_ARN, value=self.store.writer_role.role_arn)

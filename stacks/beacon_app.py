@@ -78,8 +78,9 @@ def build_app(app: App, config: TeamConfig) -> BeaconStacks:
         access_point=artifacts.volume.access_point,
         env=env,
         description=describe("EKS, Karpenter, training namespace and smoke Job"),
-        # Its image asset (the smoke image) goes into the team's smoke repository, which the artifacts stack holds:
-        # `cdk deploy` publishes a stack's assets once the stacks it depends on are deployed.
+        # Its image asset (the smoke image) goes into the team's smoke repository, which the artifacts stack holds.
+        # `cdk deploy` (CLI 2.1148) publishes a stack's assets after the stacks it depends on are deployed; a first
+        # deploy of this stack alone (`--exclusively`) needs the artifacts stack deployed before.
         synthesizer=DefaultStackSynthesizer(image_assets_repository_name=names.smoke_image_repository(config.team)),
     )
     monitoring = MonitoringStack(

@@ -376,14 +376,16 @@ def test_item11_the_writer_is_handed_out_only_to_its_own_training_pods(aws: Depl
 
 def test_item11_sagemaker_hands_out_the_writer_only_to_this_accounts_training_jobs(aws: Deployment) -> None:
     role = writer(aws, DEMO)
-    job = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/beacon-smoke-1"
+    job = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/{names.training_job_name(DEMO, 'beacon-smoke-1')}"
     assert_allowed(
         aws,
         Request(
             "sts:AssumeRole", role, "sagemaker.amazonaws.com", {"aws:SourceAccount": ACCOUNT, "aws:SourceArn": job}
         ),
     )
+    vision_job = f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:training-job/{names.training_job_name(VISION, 'r1')}"
     for context in (
+        {"aws:SourceAccount": ACCOUNT, "aws:SourceArn": vision_job},  # another team's job of the same account
         {"aws:SourceAccount": OTHER_ACCOUNT, "aws:SourceArn": job.replace(ACCOUNT, OTHER_ACCOUNT)},
         {"aws:SourceAccount": ACCOUNT, "aws:SourceArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:notebook-instance/x"},
         {},
@@ -710,21 +712,22 @@ def take_reader(aws: Deployment, team: str, principal: str, **tags: str) -> Deci
     return explain(aws.policies_for(request) + extra, request).decision
 
 
-def test_issue25_item6_the_reader_is_taken_by_the_roles_the_team_file_names_and_its_tagged_roles_alone(
+def test_issue25_item6_the_reader_is_taken_by_the_roles_the_team_file_names_else_by_its_tagged_roles_alone(
     aws: Deployment,
 ) -> None:
     """The reader trusted the account root: anyone allowed sts:AssumeRole on * (another team's operators) read every
-    run, the team's container logs and its training jobs."""
+    run, the team's container logs and its training jobs. A team that names its roles (vision) trusts them alone; one
+    that names none (demo) trusts roles tagged with its reader tag."""
     someone = f"arn:aws:iam::{ACCOUNT}:role/another-teams-operator"
-    for team in (DEMO, VISION):
-        assert take_reader(aws, team, someone) is not Decision.ALLOW, "the account's roles are not readers by default"
-        assert take_reader(aws, team, someone, **{names.reader_tag(team): "true"}) is Decision.ALLOW
-        other = VISION if team == DEMO else DEMO
-        assert take_reader(aws, team, someone, **{names.reader_tag(other): "true"}) is not Decision.ALLOW
-        assert take_reader(aws, team, someone, **{names.reader_tag(team): "false"}) is not Decision.ALLOW
+    assert take_reader(aws, DEMO, someone) is not Decision.ALLOW, "the account's roles are not readers by default"
+    assert take_reader(aws, DEMO, someone, **{names.reader_tag(DEMO): "true"}) is Decision.ALLOW
+    for tags in ({names.reader_tag(VISION): "true"}, {names.reader_tag(DEMO): "false"}):
+        assert take_reader(aws, DEMO, someone, **tags) is not Decision.ALLOW, tags
     for named in (VISION_OPERATOR, VISION_READER):  # the team file's roles, by name: their own policy aside
         assert_allowed(aws, Request("sts:AssumeRole", reader(aws, VISION), named))
         assert take_reader(aws, DEMO, named) is not Decision.ALLOW, "another team's named reader reads nothing of ours"
+    tagged = take_reader(aws, VISION, someone, **{names.reader_tag(VISION): "true"})
+    assert tagged is not Decision.ALLOW, "a team that names its readers trusts no tag"
 
 
 def test_issue25_item10_the_log_group_keeper_touches_its_clusters_container_insights_groups_alone(

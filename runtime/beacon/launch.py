@@ -87,8 +87,8 @@ def _unwritable(setting: str, directory: Path, error: OSError, *, on_sagemaker: 
     who = f"uid {os.getuid()}, gid {os.getgid()}"
     if on_sagemaker:
         fix = (
-            "SageMaker creates /opt/ml itself: in the image, `RUN mkdir -p /opt/ml/checkpoints && chown "
-            f"{os.getuid()}:{os.getgid()} /opt/ml/checkpoints` before `USER`, or run the image as root on SageMaker"
+            "SageMaker creates /opt/ml root's: run the image as root there (no `USER` in its Dockerfile; on EKS the "
+            "Job's securityContext still runs it as the volume's uid)"
         )
     else:
         fix = "fix the volume's ownership (the EFS access point's uid/gid, the pod's fsGroup) or mount it there"

@@ -15,9 +15,7 @@ What is faked, and how far:
   with no kubelet behind them: a pod OOMKilled, Pending, pulling an image in vain, a node Karpenter
   interrupted. Events are listed per namespace with `involvedObject.*` field selectors; nodes are read by
   name (404 once gone).
-- For `make destroy`'s drain: Jobs listed per namespace; NodePools listed and deleted; NodeClaims listed, and a
-  Karpenter that removes a deleted pool's NodeClaims once no pod runs, unless a claim is `stuck` (its
-  finalizer never clears, as on a node whose do-not-disrupt pod outlives the pool's termination grace period).
+- For `make destroy`'s drain: Jobs listed per namespace, and pods without a selector.
 """
 
 from __future__ import annotations
@@ -195,8 +193,6 @@ class FakeKubernetes:
         self.events: list[dict[str, Any]] = []
         self.nodes: dict[str, dict[str, Any]] = {}
         self.node_pools: dict[str, dict[str, Any]] = {}  # karpenter.sh/v1 NodePools, cluster-scoped
-        self.node_claims: dict[str, dict[str, Any]] = {}  # karpenter.sh/v1 NodeClaims, by name
-        self.stuck_claims: set[str] = set()  # NodeClaims whose finalizer never clears
         self.forbidden: set[str] = set()  # path prefixes answered 403, as RBAC would
         self.lock = threading.RLock()
         fake = self
@@ -259,13 +255,9 @@ class FakeKubernetes:
         events: Sequence[dict[str, Any]] = (),
         nodes: Sequence[dict[str, Any]] = (),
         node_pools: Sequence[dict[str, Any]] = (),
-        node_claims: Sequence[dict[str, Any]] = (),
-        stuck: Sequence[str] = (),
     ) -> None:
         """Objects as the API serves them (with `status`), standing still: nothing runs them."""
         with self.lock:
-            self.node_claims.update({c["metadata"]["name"]: c for c in node_claims})
-            self.stuck_claims.update(stuck)
             if job is not None:
                 self.seeded_jobs[(job["metadata"]["namespace"], job["metadata"]["name"])] = job
             self.seeded_pods += list(pods)
@@ -330,29 +322,11 @@ class FakeKubernetes:
                 if m[1] not in self.nodes:
                     return 404, status_body(404, "NotFound", f'nodes "{m[1]}" not found')
                 return 200, self.nodes[m[1]]
-            if path == "/apis/karpenter.sh/v1/nodepools":
-                return 200, {"apiVersion": "karpenter.sh/v1", "kind": "NodePoolList", "metadata": {},
-                             "items": list(self.node_pools.values())}  # fmt: skip
             if m := re.fullmatch(r"/apis/karpenter.sh/v1/nodepools/([^/]+)", path):
                 if m[1] not in self.node_pools:
                     return 404, status_body(404, "NotFound", f'nodepools.karpenter.sh "{m[1]}" not found')
-                if method == "DELETE":
-                    del self.node_pools[m[1]]
-                    return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
                 return 200, self.node_pools[m[1]]
-            if path == "/apis/karpenter.sh/v1/nodeclaims":
-                self._karpenter()
-                return 200, {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaimList", "metadata": {},
-                             "items": list(self.node_claims.values())}  # fmt: skip
         return 404, status_body(404, "NotFound", f"the fake has no route for {method} {path}")
-
-    def _karpenter(self) -> None:
-        """A deleted pool's NodeClaims go once no pod runs (their nodes drained), unless stuck."""
-        running = self.running_processes() or any(p["metadata"].get("namespace") for p in self.seeded_pods)
-        for name, claim in list(self.node_claims.items()):
-            pool = claim["metadata"].get("labels", {}).get("karpenter.sh/nodepool")
-            if pool not in self.node_pools and not running and name not in self.stuck_claims:
-                del self.node_claims[name]
 
     def _namespace(self, name: str) -> tuple[int, dict[str, Any]]:
         if name not in self.namespaces:
