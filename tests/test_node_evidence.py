@@ -326,17 +326,20 @@ def test_rank_0_frozen_by_sigstop_node_1s_leader_uploads_and_the_doctor_says_ran
         print(f"named {took:.1f} s after the freeze")
         prefix = contract.run_prefix("smoke", run) + contract.RANKS + "/"
         uploaded = [k.removeprefix(prefix) for k in keys_under(s3, as_writer.bucket, prefix)]
-        # Rank 1 (node 0's local rank 1) stands in for rank 0; node 1's leader uploads ranks 2-3 beside it
-        standing_in = [k for k in uploaded if k.startswith("attempt-00000/node-00000/live-")]
+        # Rank 1 (node 0's local rank 1) stands in for rank 0, node 1's leader uploading ranks 2-3 beside it; or, when
+        # rank 1's document looked stale too (3 s here, on a loaded machine), node 1's leader stands in itself.
+        # Either way every rank's document arrives, from the node leaders' live snapshots alone.
         assert all(k.startswith(("attempt-00000/node-00000/live-", "attempt-00000/node-00001/live-")) for k in uploaded)
-        assert {k.rsplit("/", 1)[1] for k in standing_in} >= {rank_document_name(r) for r in range(4)}, uploaded
+        assert {k.rsplit("/", 1)[1] for k in uploaded} >= {rank_document_name(r) for r in range(4)}, uploaded
         (named,) = [v for v in diagnose(inputs).verdicts if v.check == "rank"]
         assert named.verdict == "silent", named
         assert named.evidence.startswith("rank 0 on pod train-0, node node-0 went silent at step "), named.evidence
         # In all_reduce, or in backward when the freeze caught rank 0 before DDP's gradient all-reduce (in C++).
         # Not always all three: a rank whose dump caught it between frames of no collective is not listed
         # (a run here saw "2 rank(s) wait in all_reduce (2, 3)"); whoever is listed waits, and is not rank 0.
-        waiting = re.search(r"; \d rank\(s\) wait in (all_reduce|_engine_run_backward) \(([\d, ]+)\)", named.evidence)
+        waiting = re.search(
+            r"; \d rank\(s\) wait in (all_reduce|DDP's gradient all_reduce \(backward\)) \(([\d, ]+)\)", named.evidence
+        )
         assert waiting, named
         assert {int(r) for r in waiting.group(2).split(", ")} <= {1, 2, 3}, named
         assert named.fix.startswith("no stack dump"), named.fix

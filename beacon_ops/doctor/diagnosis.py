@@ -42,6 +42,9 @@ NOT_YET_RUNNING = frozenset({"waiting-for-node", "starting"})
 # Beacon's verdicts that say why a container exited, and lead a bare exit code.
 BEACON_SPECIFIC = frozenset({"endpoint", "permission", "spool", "ranks", "rank", "job"})
 SILENT_BEATS = 3  # heartbeats missed before the doctor calls a run silent
+# ... and never sooner than this: a beat sent takes seconds to be read back from CloudWatch, so a run beating every
+# second would read as silent between each beat and its reading.
+SILENT_FLOOR_S = 30.0
 DEFAULT_HEARTBEAT_S = 15.0
 
 
@@ -90,7 +93,7 @@ class DoctorInputs:
     cloudwatch: Any  # read access to metrics and alarms
     probe_s3: Any | None = None  # the job's identity, for the write probe
     probe_unavailable: str = ""  # why there is no probe_s3 (the writer role trusts only the job's services)
-    stall_after_s: float = contract.STALL_THRESHOLD_S
+    stall_after_s: float | None = None  # the stall threshold; None: the run's own (its preflight), else Beacon's
     now: datetime | None = None
     # The job as its orchestrator sees it, read by the caller (`beacon doctor` reads the Kubernetes API; the
     # alarm's Lambda does not): its verdict leads the others when it fails.
@@ -137,10 +140,17 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         evidence = read_run(inputs.s3, inputs.bucket, inputs.experiment, inputs.run, tail_only=True)
     dims = contract.run_dimensions(inputs.team, inputs.experiment, inputs.run)
     interval = float((evidence.preflight or {}).get("heartbeat_interval", DEFAULT_HEARTBEAT_S))
+    # The run's own stall threshold, when its preflight says it (a run of another version: the doctor's)
+    stall_after = inputs.stall_after_s or float(
+        (evidence.preflight or {}).get("stall_dump_after", contract.STALL_THRESHOLD_S)
+    )
     beats = _samples(inputs, contract.HEARTBEAT, dims, "SampleCount", now)
     progress = _samples(inputs, contract.PROGRESS_AGE, dims, "Maximum", now)
-    heartbeat_age = (now - beats[-1].at).total_seconds() if beats else None
-    progress_age = progress[-1].value + (now - progress[-1].at).total_seconds() if progress else None
+    # Ages as of the moment the metrics were read, not of whatever reading follows (the flight recorders' takes
+    # seconds): a beat that arrived meanwhile was not seen, and must not count as missed.
+    read_at = inputs.now or datetime.now(UTC)
+    heartbeat_age = (read_at - beats[-1].at).total_seconds() if beats else None
+    progress_age = progress[-1].value + (read_at - progress[-1].at).total_seconds() if progress else None
 
     world_size = max((r.world_size for r in evidence.ranks()[0]), default=0)
     recorder = read_flight_recorder(evidence.flight_recorder_dumps(), world_size=world_size)
@@ -154,7 +164,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         *([platform] if platform is not None else []),
         *logs,
         _job_state(evidence, inputs),
-        _liveness(evidence, heartbeat_age, progress_age, interval, inputs.stall_after_s, inputs),
+        _liveness(evidence, heartbeat_age, progress_age, interval, stall_after, inputs),
         _delivery(inputs, evidence, dims, now),
         _write_probe(inputs, evidence),
         _endpoint(inputs, evidence),
@@ -376,7 +386,7 @@ def _liveness(
         return Verdict(
             "liveness", OK, "finished", f"the run ended ({evidence.final_state}); its heartbeat stopped on purpose"
         )
-    silent_after = SILENT_BEATS * interval
+    silent_after = max(SILENT_BEATS * interval, SILENT_FLOOR_S)
     if heartbeat_age is None:
         return Verdict(
             "liveness",
@@ -390,7 +400,8 @@ def _liveness(
             "liveness",
             FAIL,
             "silent",
-            f"last heartbeat {heartbeat_age:.0f} s ago (> {SILENT_BEATS} beats of {interval:g} s)",
+            f"last heartbeat {heartbeat_age:.0f} s ago (> {silent_after:g} s: {SILENT_BEATS} beats of {interval:g} s, "
+            f"at least {SILENT_FLOOR_S:g} s)",
             "the process is frozen, killed or cut off: "
             + (
                 "check the training job's status and its instance's log"
@@ -404,8 +415,9 @@ def _liveness(
             FAIL,
             "stalled",
             f"heartbeat {heartbeat_age:.0f} s ago, but no step for {progress_age:.0f} s (> {stall_after:g} s)",
-            "the loop hangs while the process lives: py-spy dump the rank 0 process; DataLoader workers and "
-            "collectives waiting on a dead rank are the usual causes",
+            "the loop hangs while the process lives: each rank dumps its stacks into ranks/stacks-rank-<r>.txt once "
+            "stalled, and the rank check names the one that stopped; a DataLoader or a collective waiting on a dead "
+            "rank is the usual cause",
         )
     age = f"{progress_age:.0f} s" if progress_age is not None else "unknown"
     return Verdict("liveness", OK, "healthy", f"heartbeat {heartbeat_age:.0f} s ago, last step {age} ago")
@@ -572,7 +584,8 @@ def _stopped_rank(evidence: RunEvidence, recorder: FlightRecorderReading | None)
     # What torch read goes with the evidence; where the dumps lie, when it could not, goes with the fix.
     read = f"; {recorder.line()}" if recorder is not None and not recorder.unread else ""
     unread = recorder.line() if recorder is not None and recorder.unread else ""
-    stopped = which_rank(documents, stacks)
+    not_joined = recorder.mismatch.missing if recorder is not None and recorder.mismatch is not None else None
+    stopped = which_rank(documents, stacks, not_joined=not_joined)
     if stopped is None:
         return Verdict(
             "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others{read}", unread

@@ -73,18 +73,56 @@ def dumped_at(dump: str) -> float:
     return times[-1] if times else 0.0
 
 
+# Where a rank waits for its peers though no collective frame shows: the collectives run in C++ from hooks.
+# (path part of a torch frame, its functions or () for any, how the verdict names the wait)
+HIDDEN_COLLECTIVES = (
+    ("torch/distributed/fsdp/", (), "FSDP's collectives"),
+    ("torch/distributed/_composable/fsdp/", (), "FSDP's collectives"),
+    ("torch/nn/parallel/distributed.py", (), "DDP's forward sync"),
+    # DDP's reducer all-reduces each gradient bucket from autograd hooks: a stalled rank inside backward waits there
+    ("torch/autograd/", ("_engine_run_backward", "run_backward", "backward"), "DDP's gradient all_reduce (backward)"),
+)
+DATA_LOADER = "torch/utils/data/"  # a rank waiting here waits for its own data, not for a peer
+
+
+def in_standard_library(frame: Frame) -> bool:
+    """Python's own modules (queue, threading, selectors), wherever the interpreter lives."""
+    return ("/lib/python3" in frame.file and "-packages/" not in frame.file) or frame.file.startswith("<frozen")
+
+
+def torch_frames(frames: list[Frame]) -> list[Frame]:
+    """The innermost frames inside torch (below any of the standard library's: a queue's wait), up to its caller."""
+    inside = []
+    for frame in frames:
+        if in_standard_library(frame) and not inside:
+            continue
+        if "/torch/" not in frame.file:
+            break
+        inside.append(frame)
+    return inside
+
+
 def collective_of(frames: list[Frame]) -> str | None:
-    """The collective the main thread waits in, if its innermost torch.distributed frame is one."""
+    """What the main thread waits for its peers in: a torch.distributed collective, or one that runs hidden from
+    Python (DDP's backward, FSDP's hooks); None when it is elsewhere (the team's code, its DataLoader)."""
     for frame in frames:
         if "torch/distributed" in frame.file and frame.function in COLLECTIVES:
             return frame.function
+    inner = torch_frames(frames)
+    for part, functions, name in HIDDEN_COLLECTIVES:
+        if any(part in f.file and (not functions or f.function in functions) for f in inner):
+            return name
     return None
+
+
+def in_data_loader(frames: list[Frame]) -> bool:
+    return any(DATA_LOADER in f.file for f in torch_frames(frames))
 
 
 def user_frame(frames: list[Frame]) -> Frame | None:
     """The innermost frame outside the interpreter, torch and Beacon: where the team's code is."""
     for frame in frames:
-        if not any(part in frame.file for part in ("/threading.py", "/torch/", "/beacon/", "<frozen")):
+        if not in_standard_library(frame) and not any(part in frame.file for part in ("/torch/", "/beacon/")):
             return frame
     return frames[0] if frames else None
 
@@ -159,8 +197,11 @@ def rank_list(ranks: list[int]) -> str:
     return ", ".join(str(r) for r in ranks) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]}"
 
 
-def which_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict | None:
-    """The rank that stopped the run, or None when no rank stands out (every one progressing)."""
+def which_rank(
+    ranks: list[RankProgress], stacks: dict[int, str], *, not_joined: list[int] | None = None
+) -> RankVerdict | None:
+    """The rank that stopped the run, or None when no rank stands out (every one progressing). `not_joined`: the
+    ranks the flight recorders say never issued the first collective the others joined."""
     if len(ranks) < 2 and max((r.world_size for r in ranks), default=1) < 2:
         return _the_only_rank(ranks, stacks)
     newest = max(r.wall_time for r in ranks)
@@ -181,6 +222,12 @@ def which_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict
         for r in ranks
         if r.rank not in in_collective and r.rank in stacks and main[r.rank] and not r.working_in_phase(newest)
     ]
+    # The flight recorders name who did not join: among the hung, that one; and a rank outside every collective
+    # that never joined is hung there even when no other rank's stack shows the collective (a C++ wait)
+    if not_joined:
+        hung = [r for r in hung if r.rank in not_joined] or hung
+        if not in_collective and hung:
+            in_collective = {r.rank for r in ranks if r.rank not in not_joined}
     # What each rank that dumped its stacks waits in: its collective, else its innermost frame (DDP's
     # gradient all-reduce runs in C++ inside backward: no collective frame shows).
     dumped = {r.rank for r in ranks if main[r.rank]}
@@ -216,6 +263,9 @@ def which_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict
         return None
     frames = main[stopped.rank]
     where = user_frame(frames)
+    place = str(where) if where else ""
+    if place and in_data_loader(frames):
+        place += ", waiting for its DataLoader"
     return RankVerdict(
         rank=stopped.rank,
         how=how,
@@ -224,7 +274,7 @@ def which_rank(ranks: list[RankProgress], stacks: dict[int, str]) -> RankVerdict
         pod=stopped.pod,
         node=stopped.node,
         instance=stopped.instance,
-        where=str(where) if where else "",
+        where=place,
         stack=[str(f) for f in frames],
         waiting={k: sorted(v) for k, v in waiting.items() if stopped.rank not in v},
         ended=stopped.ended,

@@ -102,6 +102,7 @@ class PreflightRecord:
     s3_endpoint: str
     namespace: str
     heartbeat_interval: float
+    stall_dump_after: float = float(contract.STALL_THRESHOLD_S)  # the run's stall threshold, for every stall test
 
 
 @dataclass(frozen=True)
@@ -318,6 +319,7 @@ def run_preflight(
         s3_endpoint=_endpoint(s3),
         namespace=config.namespace,
         heartbeat_interval=config.heartbeat_interval,
+        stall_dump_after=config.stall_dump_after,
     )
     key = contract.preflight_key(
         config.experiment, config.run, f"{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}.json"
