@@ -101,7 +101,7 @@ destroy: install
 	@rm -rf cdk.out && $(CDK) synth --quiet -c team=$(TEAM) >/dev/null
 	@# A running GPU job holds its node up to 24 h and the EC2NodeClass's deletion past the kubectl handler's limit:
 	@# stopped first, before the stateful stack's protection is lifted
-	@test "$(DRAIN)" = off || $(PY) -m beacon_ops.teardown drain --team $(TEAM) $(if $(KUBERNETES_URL),--kubernetes-url $(KUBERNETES_URL))
+	@test "$(DRAIN)" = off || $(PY) -m beacon_ops.jobs.drain --team $(TEAM) $(if $(KUBERNETES_URL),--kubernetes-url $(KUBERNETES_URL))
 	@$(PY) -m beacon_ops.teardown prepare --team $(TEAM) cdk.out
 	@for stack in $$($(PY) -m beacon_ops.teardown order cdk.out); do \
 		echo "beacon: destroying $$stack"; \

@@ -17,7 +17,6 @@ from beacon_constructs.log_groups import AdoptedLogGroups, log_group
 from beacon_constructs.nag import acknowledge
 from beacon_constructs.pod_identity import pod_identity_principal
 from beacon_constructs.tagging import tag_component
-from config import names
 from workloads.manifests import EFS_CSI_NAMESPACE, GPU_TAINT
 
 KUBERNETES_VERSIONS = {"1.35": eks.KubernetesVersion.V1_35}
@@ -66,6 +65,7 @@ class TrainingCluster(Construct):
         system_node_instance_type: str,
         system_node_count: int,
         log_retention_days: int,
+        container_insights_log_groups: list[str],
     ) -> None:
         super().__init__(scope, construct_id)
         tag_component(self, "cluster")
@@ -121,7 +121,7 @@ class TrainingCluster(Construct):
         self.container_insights_logs = AdoptedLogGroups(
             self,
             "ContainerInsightsLogs",
-            names=names.container_insights_log_groups(cluster_name),
+            names=container_insights_log_groups,
             retention_days=log_retention_days,
             component="cluster",
         )

@@ -48,6 +48,7 @@ class ClusterStack(Stack):
             system_node_instance_type=config.cluster.system_node_instance_type,
             system_node_count=config.cluster.system_node_count,
             log_retention_days=config.monitoring.log_retention_days,
+            container_insights_log_groups=names.container_insights_log_groups(cluster_name),
         )
         cluster = self.training_cluster.cluster
         compute = config.compute

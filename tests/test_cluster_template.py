@@ -89,6 +89,7 @@ def test_a_public_endpoint_is_opened_only_to_the_allow_list() -> None:
         system_node_instance_type="m7i.large",
         system_node_count=2,
         log_retention_days=30,
+        container_insights_log_groups=names.container_insights_log_groups("beacon-probe"),
     )
     Template.from_stack(stack).has_resource_properties(
         "AWS::EKS::Cluster",

@@ -189,6 +189,7 @@ def with_cluster() -> tuple[Stack, TrainingCluster]:
         system_node_instance_type="m7i.large",
         system_node_count=2,
         log_retention_days=30,
+        container_insights_log_groups=names.container_insights_log_groups(CLUSTER),
     )
     return stack, training_cluster
 

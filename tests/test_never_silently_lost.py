@@ -189,31 +189,32 @@ def test_a_step_larger_than_the_journal_ring_is_counted_not_fatal(
 
 # --- finding 8: back-pressure ------------------------------------------------------------------------------------
 FIREHOSE_LOOP = """
-import errno, os, resource
+import os, resource, threading
 import beacon
 
 run = beacon.init("lib")
-spool, real_fsync, stuck = os.environ["BEACON_SPOOL_DIR"], os.fsync, [True]
+spool, real_fsync, released = os.environ["BEACON_SPOOL_DIR"], os.fsync, threading.Event()
 
 
 def fsync(descriptor):
-    \"\"\"The spool's volume stalls (EIO, retried) while the loop logs: nothing it logs can reach the disk.\"\"\"
+    \"\"\"The spool's volume stalls (an NFS server away: fsync blocks) while the loop logs: nothing it logs
+    can reach the disk until it comes back.\"\"\"
     try:
         on_the_spool = os.readlink(f"/proc/self/fd/{descriptor}").startswith(spool)
     except OSError:
         on_the_spool = False
-    if stuck[0] and on_the_spool:
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    if on_the_spool:
+        released.wait()
     return real_fsync(descriptor)
 
 
 os.fsync = fsync
-metrics = {f"metric_{i}": 0.5 for i in range(50)}
+metrics = {f"metric_{i}": 0.5 for i in range(100)}
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 for step in range(100_000):
     run.log(metrics, step)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-stuck[0] = False
+released.set()
 report = run.finish()
 print("growth_mb", (peak - before) / 1024, "delivered", report.delivered, flush=True)
 """
@@ -223,9 +224,11 @@ print("growth_mb", (peak - before) / 1024, "delivered", report.delivered, flush=
 def test_a_loop_logging_while_the_spool_cannot_keep_up_stays_within_the_stated_memory_bound(
     harness: JobHarness,
 ) -> None:
-    """100,000 steps of 50 metrics logged while the spool's volume stalls (its fsyncs fail and are retried): the
-    records waiting in memory have a bound, and what happens there is stated. Today every one waits: about 200 MB
-    here (and 2 million steps of a loop faster than the spool grew the process by over 2 GB)."""
+    """100,000 steps of 100 metrics logged while the spool's volume stalls (its fsyncs block): the
+    records waiting in memory have a bound, and what happens there is stated; once the volume is back, every step
+    is delivered. Today every one waits: about 290 MB here (measured 291 and 293 MB: over twice the bound, so
+    the strict xfail does not pass by chance; with fsyncs failing instead of blocking it read 118 to 219 MB), and
+    2 million steps of a loop faster than the spool grew the process by over 2 GB."""
     done = run_loop(harness, "firehose", FIREHOSE_LOOP)
     assert done.returncode == 0, done.stderr[-2000:]
     growth = float(done.stdout.split("growth_mb ")[1].split()[0])

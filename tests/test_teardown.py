@@ -16,8 +16,8 @@ import boto3
 import pytest
 from beacon import contract
 
+from beacon_ops.jobs.drain import drain_cluster
 from beacon_ops.jobs.eks import cluster_api
-from beacon_ops.teardown import drain_cluster
 from config import TeamConfig, names
 from tests.support.deployed_team import BUCKET, IMAGE, TEAM, DeployedTeam
 from tests.support.fake_kubernetes import FakeKubernetes
@@ -41,7 +41,7 @@ def running_job(kubernetes: FakeKubernetes, demo_config: TeamConfig) -> str:
 
 def drain(deployed: DeployedTeam, kubernetes: FakeKubernetes) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "beacon_ops.teardown", "drain", "--team", TEAM, "--kubernetes-url", kubernetes.url],
+        [sys.executable, "-m", "beacon_ops.jobs.drain", "--team", TEAM, "--kubernetes-url", kubernetes.url],
         cwd=ROOT, env=deployed.env(), capture_output=True, text=True, timeout=240,
     )  # fmt: skip
 
@@ -104,7 +104,7 @@ def test_what_still_runs_after_the_bound_is_one_line_saying_how_to_end_it(
 def test_the_makefile_drains_before_the_protection_is_lifted_and_any_stack_goes() -> None:
     recipe = subprocess.run(["make", "-n", "destroy", "TEAM=vision"], cwd=ROOT, capture_output=True, text=True).stdout
     lines = recipe.splitlines()
-    drain = next(i for i, line in enumerate(lines) if "beacon_ops.teardown drain --team vision" in line)
+    drain = next(i for i, line in enumerate(lines) if "beacon_ops.jobs.drain --team vision" in line)
     prepare = next(i for i, line in enumerate(lines) if "beacon_ops.teardown prepare --team vision" in line)
     first_destroy = next(i for i, line in enumerate(lines) if "destroy --force --exclusively" in line)
     assert drain < prepare < first_destroy
