@@ -469,13 +469,15 @@ def test_the_wait_for_rank_evidence_stays_within_what_lambda_says_the_function_h
     assert notify.rank_wait_for(None) == notify.RANK_EVIDENCE_WAIT_S
 
 
-def topic_with_queue_as_admin(as_writer: WriterSession) -> tuple[str, Any, str, dict[str, str]]:
+def topic_with_queue_as_admin(
+    as_writer: WriterSession, experiment: str = EXPERIMENT, run: str = RUN
+) -> tuple[str, Any, str, dict[str, str]]:
     """The topic and queue, the run's own alarms (as the job creates them), and an identity that may only
     publish, set up by the admin."""
     publisher = as_writer.aws.user_without_rights("verdict-publisher")
     as_writer.aws.reset_auth_only()
     try:
-        RunAlarms(as_writer.aws.client("cloudwatch"), as_writer.aws.client("ssm"), TEAM, EXPERIMENT, RUN).arm()
+        RunAlarms(as_writer.aws.client("cloudwatch"), as_writer.aws.client("ssm"), TEAM, experiment, run).arm()
         topic, sqs, queue = topic_with_queue(as_writer.aws)
         statement = {"Effect": "Allow", "Action": "sns:Publish", "Resource": "*"}  # moto matches no topic ARN
         as_writer.aws.client("iam").put_user_policy(

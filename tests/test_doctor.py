@@ -83,6 +83,7 @@ def test_a_finished_run_is_finished_and_every_check_passes(
         "spool",
         "loss",
         "checkpoints",
+        "evidence",
         "alarms",
     ], "in order of likelihood"
     assert verdict(result, "rank") == "not applicable", "one rank: no other to compare it with"
@@ -209,7 +210,7 @@ def test_the_cli_reads_options_from_the_environment_and_prints_json(
     assert answer["diagnosis"] == "finished" and answer["healthy"] is True
     assert [v["check"] for v in answer["verdicts"]] == [
         *("orchestrator", "logs", "job", "liveness", "delivery", "permission", "endpoint"),
-        *("ranks", "rank", "spool", "loss", "checkpoints", "alarms"),
+        *("ranks", "rank", "spool", "loss", "checkpoints", "evidence", "alarms"),
     ]
     # No cluster stack in this sandbox: the orchestrator's verdict says so, and how to fix it, without failing.
     orchestrator = answer["verdicts"][0]

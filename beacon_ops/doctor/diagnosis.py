@@ -173,6 +173,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         _spool(evidence),
         _divergence(inputs, dims, now),
         _checkpoints(inputs, evidence, dims, now),
+        _set_aside(evidence),
         _alarms(inputs),
     ]
     by_check: dict[str, Verdict] = {}
@@ -660,6 +661,24 @@ def _checkpoints(inputs: DoctorInputs, evidence: RunEvidence, dims: dict[str, st
         text + ": the one before was still being written",
         "checkpoints take longer than the interval between them: see the delivery and endpoint checks (S3 away, "
         "a slow link), or checkpoint less often",
+    )
+
+
+def _set_aside(evidence: RunEvidence) -> Verdict:
+    """The run's files that did not validate or contradict the run: left out of every verdict above, and named. The
+    run's writer can write anything under its prefix (a bug, another version, a compromised container)."""
+    if not evidence.set_aside:
+        return Verdict("evidence", OK, "valid", "every file read validates")
+    shown = "; ".join(evidence.set_aside[:5]) + (
+        f"; and {len(evidence.set_aside) - 5} more" if len(evidence.set_aside) > 5 else ""
+    )
+    return Verdict(
+        "evidence",
+        WARN,
+        "set aside",
+        f"{len(evidence.set_aside)} file(s) or line(s) set aside: {shown}",
+        "left out of the verdicts above; the run's writer wrote them (another version of Beacon, a bug or a "
+        "compromised container): read them under the run's prefix",
     )
 
 

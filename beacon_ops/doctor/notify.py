@@ -251,6 +251,14 @@ def notify(
                 f"Alarm {alarmed.alarm} is in ALARM; the doctor could not read the run's evidence: {error}\n"
                 f"Run: beacon doctor --team {team} --experiment {alarmed.experiment} --run {alarmed.run}"
             )
+        except Exception as error:  # a file nobody foresaw: the team still hears of the alarm, and what to run
+            log.exception("the diagnosis of %s/%s failed", alarmed.experiment, alarmed.run)
+            diagnosis = None
+            message = (
+                f"Alarm {alarmed.alarm} is in ALARM; the doctor failed on the run's evidence: "
+                f"{type(error).__name__}: {error}\n"
+                f"Run: beacon doctor --team {team} --experiment {alarmed.experiment} --run {alarmed.run}"
+            )
     notification = Notification(subject_of(alarmed, diagnosis), message)
     sns.publish(TopicArn=topic_arn, Subject=notification.subject, Message=notification.message)
     return notification

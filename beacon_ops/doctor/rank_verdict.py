@@ -92,7 +92,7 @@ def in_standard_library(frame: Frame) -> bool:
 
 def torch_frames(frames: list[Frame]) -> list[Frame]:
     """The innermost frames inside torch (below any of the standard library's: a queue's wait), up to its caller."""
-    inside = []
+    inside: list[Frame] = []
     for frame in frames:
         if in_standard_library(frame) and not inside:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -39,13 +40,36 @@ class RunEvidence:
     # Read from the tail (`read_run(tail_only=True)`): the indexed chunks' summaries, whose records were not
     # read; `records` then holds the tail's alone. Empty when every chunk was read.
     indexed: list[contract.ChunkSummary] = field(default_factory=list)
+    # What did not validate, or contradicts the run, each "<where>: <why>": left out of every verdict, and named.
+    # A run's writer can write anything under its prefix (a bug, a compromised container); create-only, forever.
+    set_aside: list[str] = field(default_factory=list)
 
     def ranks(self) -> tuple[list[RankProgress], dict[int, str]]:
-        """Every rank's last document, and each rank's stack dumps, from the rank files."""
+        """Every rank's last document, and each rank's stack dumps, from the rank files. A document that does not
+        parse, or names a rank outside the run's world (its preflight's), is set aside."""
         documents, stacks, at_signal = [], {}, {}
+        world = self.world_size
         for name, body in sorted(self.rank_files.items()):
             if name.startswith("rank-") and name.endswith(".json"):
-                documents.append(RankProgress.from_document(body))
+                where = self.rank_file_keys.get(name, name).split(f"/{contract.RANKS}/", 1)[-1]
+                try:
+                    document = RankProgress.from_document(body)
+                except ValueError as error:
+                    self._set_aside(f"{contract.RANKS}/{where}", str(error))
+                    continue
+                if document.rank != rank_of_file(name):
+                    self._set_aside(
+                        f"{contract.RANKS}/{where}",
+                        f"named rank {rank_of_file(name)}, but its document says rank {document.rank}",
+                    )
+                    continue
+                if world and not (0 <= document.rank < world and document.world_size == world):
+                    self._set_aside(
+                        f"{contract.RANKS}/{where}",
+                        f"rank {document.rank} of {document.world_size}: the run's preflight says {world} rank(s)",
+                    )
+                    continue
+                documents.append(document)
             elif (rank := rank_of_file(name)) is not None and name == stacks_name(rank):
                 stacks[rank] = body.decode(errors="replace")
             elif rank is not None and name == signal_stacks_name(rank):
@@ -142,6 +166,17 @@ class RunEvidence:
     def preflight(self) -> dict[str, Any] | None:
         return self.preflights[-1] if self.preflights else None
 
+    @property
+    def world_size(self) -> int:
+        """The run's ranks, as its newest preflight says (0: not known)."""
+        value = (self.preflight or {}).get("world_size", 0)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    def _set_aside(self, where: str, why: str) -> None:
+        entry = f"{where}: {why}"
+        if entry not in self.set_aside:
+            self.set_aside.append(entry)
+
 
 @dataclass
 class Delivery:
@@ -193,6 +228,57 @@ def _read(s3: Any, bucket: str, key: str) -> bytes:
     return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
+def _records(body: bytes, where: str, evidence: RunEvidence) -> list[contract.Record]:
+    """A chunk's records, line by line: a line that is not a record is set aside, its neighbours kept."""
+    found = []
+    for number, line in enumerate(body.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = contract.Record.from_line(line)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            evidence._set_aside(f"{where} line {number}", f"not a record ({type(error).__name__}: {error})")
+            continue
+        if (record.experiment, record.run) != (evidence.experiment, evidence.run):
+            evidence._set_aside(f"{where} line {number}", f"a record of {record.experiment}/{record.run}")
+            continue
+        found.append(record)
+    return found
+
+
+NUMBER = (int, float)
+# The fields a reader uses of each document kind, and their types: a document whose field has another is set aside.
+PREFLIGHT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "world_size": int, "heartbeat_interval": NUMBER, "stall_dump_after": NUMBER, "spool_dir": str,
+    "spool_filesystem": str, "spool_persistent": bool, "started_at": str, "host": str, "s3_endpoint": str,
+    "region": str,
+}  # fmt: skip
+FINAL_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "state": str, "attempt": int, "ended_at": NUMBER, "last_step": int, "unacknowledged_records": int,
+    "checkpoints": list, "checkpoints_skipped": list, "values_set_aside": dict,
+}  # fmt: skip
+
+
+def _document(
+    body: bytes, where: str, evidence: RunEvidence, fields: dict[str, type | tuple[type, ...]]
+) -> dict[str, Any] | None:
+    """A JSON object (a preflight, a final state) whose known fields have their types, or None and set aside."""
+    try:
+        document = json.loads(body)
+    except ValueError as error:
+        evidence._set_aside(where, f"not JSON ({error})")
+        return None
+    if not isinstance(document, dict):
+        evidence._set_aside(where, f"not a JSON object but {type(document).__name__}")
+        return None
+    for name, kind in fields.items():
+        value = document.get(name)
+        if value is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
+            evidence._set_aside(where, f"{name}: {value!r} is not {getattr(kind, '__name__', 'a number')}")
+            return None
+    return document
+
+
 def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool = False) -> RunEvidence:
     """Everything the run left in S3. `tail_only` (the doctor, on a run of any length): the index's
     summaries stand for the chunks they cover, and only the chunks after them (the tail) are read."""
@@ -208,14 +294,16 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
     skipped = {contract.events_key(experiment, run, s.chunk) for s in evidence.indexed}
     for key in keys:
         kind = key.removeprefix(prefix).split("/", 1)[0]
+        where = key.removeprefix(prefix)
         if kind == contract.EVENTS:
             evidence.chunk_keys.append(key)
             if key not in skipped:
-                evidence.records.extend(contract.records_of(_read(s3, bucket, key)))
+                evidence.records.extend(_records(_read(s3, bucket, key), where, evidence))
         elif kind == contract.PREFLIGHT:
-            evidence.preflights.append(json.loads(_read(s3, bucket, key)))
+            if (preflight := _document(_read(s3, bucket, key), where, evidence, PREFLIGHT_FIELDS)) is not None:
+                evidence.preflights.append(preflight)
         elif kind == contract.STATUS and key == contract.final_status_key(experiment, run):
-            evidence.final = json.loads(_read(s3, bucket, key))
+            evidence.final = _document(_read(s3, bucket, key), where, evidence, FINAL_FIELDS)
         elif kind == contract.CHECKPOINTS:
             evidence.checkpoints.append(key)
         elif kind == contract.TENSORBOARD:
@@ -223,7 +311,9 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
     if evidence.final is not None and final_superseded(evidence.final, evidence):
         evidence.superseded_final, evidence.final = evidence.final, None
     sources = rank_sources(prefix, keys)
-    merged = merge_rank_files([{key.rsplit("/", 1)[1]: (key, _read(s3, bucket, key)) for key in k} for k, _ in sources])
+    merged = merge_rank_files(
+        [{key.rsplit("/", 1)[1]: (key, _read(s3, bucket, key)) for key in k} for k, _ in sources], evidence._set_aside
+    )
     evidence.rank_files = {name: body for name, (_, body) in merged.items()}
     evidence.rank_file_keys = {name: key for name, (key, _) in merged.items()}
     evidence.rank_files_from = ", ".join(where for _, where in sources if where)
@@ -315,19 +405,24 @@ def _uploaders_choice(ranks: str, base: str, paths: list[list[str]]) -> tuple[li
     return [f"{ranks}{base}/{'/'.join(path)}" for path in chosen], f"{base}/{snapshot}"
 
 
-def merge_rank_files(sources: list[dict[str, tuple[str, bytes]]]) -> dict[str, tuple[str, bytes]]:
+def merge_rank_files(
+    sources: list[dict[str, tuple[str, bytes]]], set_aside: Callable[[str, str], None] | None = None
+) -> dict[str, tuple[str, bytes]]:
     """The uploads of one attempt (rank 0's first; file name -> (key, body)) as one set: each rank's files
     from the upload that holds its newest document (by the time it was written; rank 0's on a tie), so a
-    rank's document and stacks come from one moment; a file of a rank no document names, from the first."""
+    rank's document and stacks come from one moment; a file of a rank no document names, from the first.
+    A document that does not parse is told to `set_aside` (its key from the ranks folder on, why)."""
     newest: dict[int, tuple[float, int]] = {}  # rank -> (its document's wall time, the upload's index)
     for index, files in enumerate(sources):
-        for name, (_, body) in files.items():
+        for name, (key, body) in files.items():
             rank = rank_of_file(name)
             if rank is None or not name.startswith("rank-"):
                 continue
             try:
                 written = RankProgress.from_document(body).wall_time
-            except (ValueError, TypeError):
+            except ValueError as error:
+                if set_aside is not None:
+                    set_aside(f"{contract.RANKS}/{key.split(f'/{contract.RANKS}/', 1)[-1]}", str(error))
                 continue
             if rank not in newest or written > newest[rank][0]:
                 newest[rank] = (written, index)

@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -158,10 +158,28 @@ class RankProgress:
     @classmethod
     def from_document(cls, body: bytes) -> RankProgress:
         """A document of this or another Beacon version: fields it does not know are left out (a function deployed
-        from older code still reads a newer job's documents)."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in json.loads(body).items() if k in known})
+        from older code still reads a newer job's documents). ValueError, naming the field, when it is not one: not
+        a JSON object, a field missing, or of another type (`"rank": "1"`). The one parser every reader uses."""
+        try:
+            document = json.loads(body)
+        except ValueError as error:  # torn, or not text at all
+            raise ValueError(f"not JSON ({error})") from None
+        if not isinstance(document, dict):
+            raise ValueError(f"not a JSON object but {type(document).__name__}")
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            if spec.name not in document:
+                if spec.default is MISSING:
+                    raise ValueError(f"no field {spec.name!r}")
+                continue
+            value, kind = document[spec.name], _DOCUMENT_TYPES[str(spec.type)]
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ValueError(f"{spec.name}: {value!r} is not {spec.type}")
+            values[spec.name] = float(value) if isinstance(value, int | float) and spec.type == "float" else value
+        return cls(**values)
 
+
+_DOCUMENT_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str}
 
 # The ranks of an attempt start together (torchrun restarts its workers together, and a rank that dies takes
 # the others' collectives with it): a document written this long before a reader's own start is an earlier

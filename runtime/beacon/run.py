@@ -583,7 +583,7 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
     s3 = aws.client("s3", settings.region)
     cloudwatch = aws.client("cloudwatch", settings.region)
     ssm = aws.client("ssm", settings.region) if settings.alarms else None
-    fast = {"attempts": 1, "connect_timeout": 2, "read_timeout": 5}  # preflight retries within its budget
+    fast: dict[str, Any] = {"attempts": 1, "connect_timeout": 2, "read_timeout": 5}  # preflight retries in its budget
     started = time.monotonic()
     try:
         record = run_preflight(
