@@ -65,8 +65,18 @@ def test_a_finished_run_is_finished_and_every_check_passes(
     harness: JobHarness, as_writer: WriterSession, reader: dict[str, str]
 ) -> None:
     assert harness.run("--run-id", "doc-done", "--steps", "30").returncode == 0
+    # The backlog the run last published while it ran (CloudWatch's, before its drain at the end) is older than
+    # what its final state says it left: the doctor says the latter.
+    as_writer.client("cloudwatch").put_metric_data(
+        Namespace=contract.metric_namespace("demo"),
+        MetricData=[{"MetricName": contract.SPOOL_BACKLOG.name, "Value": 48, "Unit": "Count",
+                     "Dimensions": [{"Name": k, "Value": v} for k, v in
+                                    contract.run_dimensions("demo", "smoke", "doc-done").items()]}],
+    )  # fmt: skip
     result = doctor(as_writer, reader, "doc-done")
     assert result.diagnosis == "finished" and result.healthy
+    delivery = next(v.evidence for v in result.verdicts if v.check == "delivery")
+    assert "spool backlog 0 at its end" in delivery, delivery
     assert verdict(result, "job") == "succeeded"
     assert verdict(result, "permission") == "writable"
     assert verdict(result, "ranks") == "rank 0 only"

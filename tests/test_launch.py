@@ -2,13 +2,15 @@
 the resource configuration SageMaker writes on it (`/opt/ml/input/config/resourceconfig.json`).
 
 The whole path, two stand-in instances running a team's job through `beacon run --target sagemaker --nodes 2`, is
-in tests/test_run_command.py; here, what each instance makes of its file.
+in tests/test_run_command.py; here, what each instance makes of its file. And on any launcher: a team's own
+script that `beacon.init` refuses exits with Beacon's code and one line, read last (`beacon.error_file`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,8 @@ import pytest
 from beacon import contract
 from beacon.launch import LaunchError, SageMakerInstance, VolumeError, check_volumes, resolve, with_rendezvous
 
+from tests.support.job_harness import JobHarness
+from tests.support.moto_server import MotoServer
 from tests.support.synth import ROOT
 
 ARGS = [contract.SAGEMAKER_RENDEZVOUS, "--nproc-per-node=8", "train.py", "--lr", "3e-4"]
@@ -127,3 +131,64 @@ def test_the_directories_the_ranks_write_are_made_and_one_that_cannot_be_is_name
         cwd=ROOT, env={**os.environ, **environ}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 3 and done.stderr.strip() == f"beacon.launch: {message}", done.stderr[-2000:]
+
+
+# --- a team's own script that beacon.init refuses ------------------------------------------------------------
+REFUSED_LOOP = """
+import beacon
+
+run = beacon.init("lib")  # the bucket is not there: a failed preflight, on every rank
+"""
+
+
+def refused_by_preflight(
+    tmp_path: Path, moto_server: MotoServer, launcher: list[str]
+) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "train.py"
+    script.write_text(REFUSED_LOOP)
+    credentials = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+    env = {
+        **JobHarness(moto_server.url, "no-such-bucket", tmp_path, credentials).env(),
+        "BEACON_BUCKET": "no-such-bucket", "BEACON_RUN_ID": "refused", "BEACON_ALARMS": "false",
+        "BEACON_SPOOL_DIR": str(tmp_path / "spool"), "BEACON_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+        "BEACON_HEARTBEAT_FILE": str(tmp_path / "heartbeat"),
+    }  # fmt: skip
+    return subprocess.run(
+        [*launcher, "--standalone", "--nproc-per-node=2", str(script)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_teams_failed_preflight_exits_3_with_beacons_line_last(tmp_path: Path, moto_server: MotoServer) -> None:
+    """torchrun says 1 for every failed worker, and its dump runs to 65-92 lines: the rank's error file carries
+    Beacon's one line and code, so the Job fails at once (no retry fixes a preflight) and the line is read last."""
+    done = refused_by_preflight(tmp_path, moto_server, [sys.executable, "-m", "beacon.launch"])
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == contract.EXIT_PREFLIGHT, done.stderr[-3000:]
+    # every rank raises rank 0's preflight failure: torchrun's first failure is whichever wrote its file first
+    assert re.match(r"beacon\.launch: rank [01]: PreflightError: s3:PutObject s3://no-such-bucket/", last), last
+    assert "no such bucket; check --bucket/BEACON_BUCKET" in last and last.endswith(" s)"), last
+
+
+def test_under_plain_torchrun_the_summary_shows_beacons_line_not_a_hint(
+    tmp_path: Path, moto_server: MotoServer
+) -> None:
+    done = refused_by_preflight(tmp_path, moto_server, [sys.executable, "-m", "torch.distributed.run"])
+    assert done.returncode == 1, "torchrun's own code; beacon.launch is what keeps Beacon's"
+    summary = done.stderr.split("Failures:", 1)[-1] if "Failures:" in done.stderr else done.stderr
+    assert "traceback : beacon: PreflightError: s3:PutObject" in summary, done.stderr[-3000:]
+    assert "To enable traceback see" not in done.stderr.split("Root Cause", 1)[-1]
+
+
+def test_a_teams_record_decorator_keeps_beacons_code(tmp_path: Path) -> None:
+    """torchelastic's `@record` writes the error file itself ("<type>: <message>" and the traceback): the
+    launcher still reads Beacon's error and code from it; a team's own error is the team's."""
+    from beacon.error_file import failure_of
+
+    line = "PreflightError: spool dir /artifacts/spool: the volume is mounted read-only (Read-only file system)"
+    recorded = {"message": {"message": line, "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "1"}}}
+    assert failure_of(recorded) == (contract.EXIT_PREFLIGHT, line)
+    settings = {"message": {"message": "beacon.settings.SettingsError: resume: must be one of auto, never"}}
+    assert failure_of(settings) == (contract.EXIT_BAD_INPUT, settings["message"]["message"])
+    assert failure_of({"message": {"message": "RuntimeError: CUDA out of memory", "extraInfo": {}}}) is None
+    assert failure_of({"message": "", "timestamp": 0}) is None and failure_of({}) is None

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from beacon.preflight import PREFLIGHT_BUDGET_S, REFUSED_BUDGET_S, PreflightError, Retrying, check_spool
+from beacon.settings import RunSettings
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
 from smoke_job.config import parse_args
 
@@ -118,6 +119,36 @@ def test_a_full_disk_is_reported_as_a_full_disk_not_as_ownership(tmp_path: Path,
     with pytest.raises(PreflightError, match="disk full") as raised:
         check_spool(config(), tmp_path / "spool")
     assert "ownership" not in str(raised.value)
+
+
+def test_a_read_only_volume_is_reported_as_read_only_not_as_ownership(tmp_path: Path, monkeypatch: Any) -> None:
+    real_open = open
+
+    def read_only(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path).startswith(str(tmp_path / "spool")):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", read_only)
+    expected = "mounted read-only (Read-only file system); mount it read-write"
+    with pytest.raises(PreflightError, match=re.escape(expected)) as raised:
+        check_spool(config(), tmp_path / "spool")
+    assert "ownership" not in str(raised.value)
+
+
+def test_the_advice_for_a_missing_alarm_template_names_settings_that_exist() -> None:
+    """The fix a preflight gives is one the library takes: both spellings it names resolve to no alarms."""
+    with pytest.raises(PreflightError) as raised:
+        retrying(FakeTime()).call(
+            failing([client_error("ParameterNotFound", 400)]), action="ssm:GetParameter", target="t", client=LOCAL
+        )
+    variable = re.search(r"(BEACON_[A-Z_]+)=false", str(raised.value))
+    keyword = re.search(r"beacon\.init\((\w+)=False\)", str(raised.value))
+    assert variable and keyword, str(raised.value)
+    from_environment = RunSettings.resolve({variable.group(1): "false", "BEACON_BUCKET": "b"})
+    from_keyword = RunSettings.resolve({"BEACON_BUCKET": "b"}, **{keyword.group(1): False})
+    assert from_environment.alarms is False and from_keyword.alarms is False
+    assert "--alarms" not in str(raised.value), "a flag of the smoke job alone, not of the library"
 
 
 def mounts(tmp_path: Path, spool_line: str) -> Path:

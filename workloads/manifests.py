@@ -34,7 +34,7 @@ POOL_LABEL = "beacon/pool"
 GPU_POOL, CPU_POOL = "gpu-training", "cpu-smoke"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 # Bad input (2) and a failed preflight (3) will not get better with a retry.
-NON_RETRIABLE_EXIT_CODES = [2, 3]
+NON_RETRIABLE_EXIT_CODES = [contract.EXIT_BAD_INPUT, contract.EXIT_PREFLIGHT]
 # torchrun, keeping the job's exit code (beacon/launch.py); the image has no other entry point.
 LAUNCH_COMMAND = ["python", "-m", "beacon.launch"]
 

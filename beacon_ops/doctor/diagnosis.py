@@ -434,13 +434,16 @@ def _delivery(inputs: DoctorInputs, evidence: RunEvidence, dims: dict[str, str],
         )
     in_s3 = evidence.last_step
     seen = int(max(s.value for s in steps)) if steps else None
-    pending = int(backlog[-1].value) if backlog else 0
+    # A run that ended says in its final state what it left unacknowledged: newer than the last backlog it
+    # published while it ran (the drain at its end comes after).
+    at_end = (evidence.final or {}).get("unacknowledged_records")
+    pending = at_end if isinstance(at_end, int) else int(backlog[-1].value) if backlog else 0
     failed = int(sum(s.value for s in failures))
     # From the index, when the run has one: every chunk counted, the tail's records read.
     counted = f" ({len(evidence.indexed)} chunks counted from the index)" if evidence.indexed else ""
     text = (
         f"{evidence.record_count} records in S3{counted}, last step {in_s3}; last step in CloudWatch: {seen}; "
-        f"spool backlog {pending}; upload failures {failed}"
+        f"spool backlog {pending}{' at its end' if isinstance(at_end, int) else ''}; upload failures {failed}"
     )
     if in_s3 is None and seen is None:
         return Verdict("delivery", INFO, "nothing yet", text, "see the job check: no step was logged yet")

@@ -46,6 +46,10 @@ SAGEMAKER_OUTPUT = "sagemaker-output"
 # with this instance's, from the resource configuration SageMaker writes on every instance.
 SAGEMAKER_RENDEZVOUS = "--beacon-sagemaker-rendezvous"
 RENDEZVOUS_PORT = 29500  # where node 0's torchrun listens for the others, on EKS and SageMaker
+# How a job's container exits when no retry can help (the Job's podFailurePolicy fails it at once): bad input
+# (a setting, an argument) and a failed preflight (a sink unreachable, a spool that cannot keep records).
+EXIT_BAD_INPUT = 2
+EXIT_PREFLIGHT = 3
 # What a diagnosis reads of a run (the doctor, the alarm's function): its records, their index, its preflights,
 # its final state and its ranks' evidence; never its checkpoints (the model), TensorBoard files or hyperparameters.
 DIAGNOSED_KINDS = (EVENTS, INDEX, PREFLIGHT, STATUS, RANKS)

@@ -2,7 +2,9 @@
 
 - torchrun exits 1 whenever a worker fails, so the Job's podFailurePolicy could not tell bad input
   (2) or a failed preflight (3), which no retry fixes, from a crash worth retrying. This runs torchrun
-  in this process and exits with the first failing worker's code (128 + N if signal N killed it).
+  in this process and exits with the first failing worker's code (128 + N if signal N killed it); when that
+  worker's error file holds Beacon's error (`beacon.error_file`: a team's own `beacon.init` that raised), with
+  its code, after printing its one line last, below torchrun's dump.
 - Kubernetes and SageMaker send SIGTERM to the container's first process only. torchrun's own
   handler would stop the workers and exit with an error however cleanly they drained; here SIGTERM
   is forwarded to the workers instead, torchrun waits for them as for any exit, and a worker that
@@ -34,7 +36,7 @@ from types import FrameType
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun
 
-from beacon import contract
+from beacon import contract, error_file
 
 # torchrun handles the rest; SIGTERM is ours to forward.
 SIGNALS_FOR_TORCHRUN = "SIGINT,SIGHUP,SIGQUIT"
@@ -48,8 +50,7 @@ RESOLVE_FOR_S = 300.0
 RESOLVE_EVERY_S = 2.0
 
 
-EXIT_BAD_INPUT = 2
-EXIT_PREFLIGHT = 3  # as a rank's failed preflight exits (smoke_job.train)
+EXIT_BAD_INPUT, EXIT_PREFLIGHT = contract.EXIT_BAD_INPUT, contract.EXIT_PREFLIGHT
 # Where the ranks write, from the environment the Job or the training job sets (`beacon.settings`).
 VOLUME_SETTINGS = ("BEACON_SPOOL_DIR", "BEACON_CHECKPOINT_DIR")
 
@@ -233,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun([f"--signals-to-handle={SIGNALS_FOR_TORCHRUN}", *args])
     except ChildFailedError as error:
-        _, failure = error.get_first_failure()
+        rank, failure = error.get_first_failure()
+        beacons = error_file.failure_of(failure.error_file_data)
+        if beacons is not None:  # Beacon's own one line, last, and its code: torchrun says 1 for every failure
+            code, line = beacons
+            print(f"beacon.launch: rank {rank}: {line}", file=sys.stderr, flush=True)
+            return code
         code = int(failure.exitcode)
         if code < 0:
             return 128 - code

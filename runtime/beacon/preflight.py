@@ -167,6 +167,11 @@ def check_spool(
             raise PreflightError(
                 f"spool dir {spool_dir}: disk full ({error.strerror}); free space on the volume or grow it"
             ) from None
+        if error.errno == errno.EROFS:
+            raise PreflightError(
+                f"spool dir {spool_dir}: the volume is mounted read-only ({error.strerror}); mount it read-write "
+                "(the pod's volumeMount without readOnly, a ReadWriteMany claim)"
+            ) from None
         raise PreflightError(
             f"spool dir {spool_dir}: cannot create and fsync a file as uid {os.getuid()} ({error.strerror}); "
             "fix the volume's ownership (EFS access point uid/gid, pod fsGroup) or mount it there"
@@ -224,7 +229,8 @@ def _explain(error: BaseException, *, action: str, target: str, client: Any, att
             )
         if code == "ParameterNotFound":
             return PreflightError(
-                f"{action} {target}: not found; deploy the team's monitoring stack or pass --alarms false"
+                f"{action} {target}: not found; deploy the team's monitoring stack, or run without the run's alarms "
+                "(BEACON_ALARMS=false, or beacon.init(alarms=False))"
             )
         return PreflightError(f"{action} {target}: {code}{tries}: {error.response['Error'].get('Message', '')}")
     return PreflightError(f"{action} {target}: {error}{tries} (endpoint {_endpoint(client)})")

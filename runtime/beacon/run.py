@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon import aws, contract
+from beacon import aws, contract, error_file
 from beacon.checkpoint import (
     AsyncCheckpointer,
     Uploader,
@@ -388,7 +388,28 @@ def init(
     preflight on rank 0, and the resume point every rank agrees on.
 
     Raises `SettingsError` (a setting is unusable) or `PreflightError` (a sink is unreachable, the
-    spool cannot keep records, or another job holds this run id), each one line."""
+    spool cannot keep records, or another job holds this run id), each one line, also written into the
+    rank's torchrun error file (`beacon.error_file`) so torchrun's summary and `beacon.launch` show it."""
+    try:
+        run = _start(experiment, run_id, resume, settings, handle_signals, overrides)
+    except PreflightError as error:
+        error_file.record(error, exit_code=contract.EXIT_PREFLIGHT)
+        raise
+    except SettingsError as error:
+        error_file.record(error, exit_code=contract.EXIT_BAD_INPUT)
+        raise
+    error_file.clear()
+    return run
+
+
+def _start(
+    experiment: str | None,
+    run_id: str | None,
+    resume: str,
+    settings: RunSettings | None,
+    handle_signals: bool,
+    overrides: dict[str, Any],
+) -> Run:
     if resume not in RESUME_MODES:
         raise SettingsError(f"resume: must be one of {', '.join(RESUME_MODES)}, got {resume!r}")
     if settings is None:

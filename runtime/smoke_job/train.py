@@ -27,11 +27,12 @@ import logging  # noqa: E402
 import sys  # noqa: E402
 
 import beacon  # noqa: E402
+from beacon import contract  # noqa: E402
 
 from smoke_job.config import parse_args  # noqa: E402
 from smoke_job.job import Job  # noqa: E402
 
-EXIT_PREFLIGHT = 3
+EXIT_PREFLIGHT = contract.EXIT_PREFLIGHT
 
 
 def main(argv: list[str] | None = None) -> int:
