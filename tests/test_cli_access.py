@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -86,8 +87,10 @@ def test_region_order_in_the_session_opener(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_version_and_short_help() -> None:
     done = beacon("--version", env=BARE)
-    assert done.returncode == 0 and done.stdout.startswith("beacon ")
-    assert beacon("-h", env=BARE).returncode == 0
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert done.returncode == 0 and done.stdout.strip() == f"beacon {declared}", done.stdout
+    helped = beacon("-h", env=BARE)
+    assert helped.returncode == 0 and "doctor" in helped.stdout, "beacon doctor is findable from the help"
     assert "Usage: beacon smoke" in beacon("smoke", "-h", env=BARE).stdout
 
 

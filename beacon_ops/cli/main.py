@@ -37,8 +37,8 @@ app = typer.Typer(
 
 def show_version(value: bool) -> None:
     if value:
-        try:
-            print(f"beacon {version('beacon')}")
+        try:  # the command's own distribution (the runtime, `beacon`, is the training image's)
+            print(f"beacon {version('beacon-ops')}")
         except PackageNotFoundError:
             print("beacon (not installed; run `make install`)")
         raise typer.Exit(0)
