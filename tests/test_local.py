@@ -82,3 +82,108 @@ def test_beacon_local_stopped_with_sigterm_mid_scenario_leaves_no_process(tmp_pa
         if cli.poll() is None:
             cli.kill()
     assert wait_for(lambda: demo_processes(tmp_path) == [], timeout=30), demo_processes(tmp_path)
+
+
+# --- beacon local -- <command>: a team's own script ------------------------------------------------------------
+OWN_DDP_SCRIPT = """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+import beacon
+
+run = beacon.init()  # the experiment and run from the environment `beacon local` sets, as a Job sets it
+model = DDP(torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(run.resume_step, 40):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    run.log({"loss": loss.item()}, step)
+run.finish()
+"""
+
+
+# Run from the team's directory, this checkout's code (whichever checkout the environment's .pth names)
+CHECKOUT = os.pathsep.join([str(ROOT), str(ROOT / "runtime")])
+
+
+def test_a_teams_own_two_rank_ddp_script_runs_through_beacon_local_and_every_step_arrives_once(
+    tmp_path: Path,
+) -> None:
+    """What a newcomer runs first with their own loop: no account, their command as they would type it."""
+    (tmp_path / "train.py").write_text(OWN_DDP_SCRIPT)
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    workdir = tmp_path / "beacon"
+    done = subprocess.run(
+        [sys.executable, "-m", "beacon_ops.cli", "local", "--workdir", str(workdir), "--experiment", "mine",
+         "--run", "ddp-1", "--", torchrun, "--standalone", "--nproc-per-node", "2", "train.py"],
+        cwd=tmp_path, env={**os.environ, MARKER: str(workdir), "PYTHONPATH": CHECKOUT},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((workdir / "report.json").read_text())
+    assert (report["experiment"], report["run"], report["exit_code"]) == ("mine", "ddp-1", 0)
+    verification = report["verification"]
+    assert verification["records_in_s3"] == 40, "every step in S3"
+    assert verification["records_lost"] == 0 and verification["records_duplicated"] == 0, "each once"
+    assert verification["writer_ranks"] == [0]
+    assert "Heartbeat" in verification["metrics_present"], "heartbeats in CloudWatch"
+    assert report["doctor"] == "finished", report["headline"]
+    assert "ALARM" not in verification["alarms"].values()
+    assert demo_processes(workdir) == [], "nothing left running"
+
+
+KILLED_ONCE_SCRIPT = """
+import os, signal, time
+from pathlib import Path
+import torch
+import beacon
+
+run = beacon.init()
+model = torch.nn.Linear(4, 1)
+if (state := run.load_checkpoint()) is not None:  # what the killed attempt saved
+    model.load_state_dict(state["model"])
+print("resumed at step", run.resume_step, flush=True)
+for step in range(run.resume_step, 40):
+    run.log({"loss": 1.0 / (step + 1)}, step)
+    if step == 19:
+        run.checkpoint({"model": model.state_dict()}, step)
+        time.sleep(2)  # its records fsync'd, it is the latest: what a restart resumes from
+    if step == 25 and not Path("killed-once").exists():
+        Path("killed-once").touch()
+        os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer, the first time only
+run.finish()
+"""
+
+
+def test_a_killed_command_run_again_with_its_run_id_resumes_and_each_step_is_live_once(tmp_path: Path) -> None:
+    """The way a restarted Job resumes: `--keep` leaves the embedded AWS (and the volume) for the next run, the
+    doctor reads the killed run on it, and the rerun takes over where S3 and the spool end."""
+    (tmp_path / "train.py").write_text(KILLED_ONCE_SCRIPT)
+    workdir = tmp_path / "beacon"
+    env = {**os.environ, MARKER: str(workdir), "PYTHONPATH": CHECKOUT, "COLUMNS": "200"}
+
+    def beacon(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "beacon_ops.cli", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+
+    try:
+        first = beacon("local", "--workdir", str(workdir), "--run", "again", "--keep", "--", sys.executable, "train.py")
+        assert first.returncode == 1 and "the run did not hold" in first.stderr, first.stdout[-3000:] + first.stderr
+        assert json.loads((workdir / "report.json").read_text())["exit_code"] == -signal.SIGKILL
+        shown = f"beacon doctor --local --workdir {workdir} --experiment default --run again"
+        assert shown in first.stdout, first.stdout[-3000:]
+        doctor = beacon(*shown.split()[1:], "--json")
+        assert json.loads(doctor.stdout)["run"] == "again", doctor.stdout + doctor.stderr
+
+        second = beacon("local", "--workdir", str(workdir), "--run", "again", "--", sys.executable, "train.py")
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    finally:
+        beacon("local", "--workdir", str(workdir), "--stop")
+    resumed = int(second.stdout.split("resumed at step ")[1].split()[0])
+    assert resumed == 20, "it resumed after the killed attempt's checkpoint"
+    verification = json.loads((workdir / "report.json").read_text())["verification"]
+    live = verification["records_in_s3"] - verification["records_superseded"]
+    assert live == 40 and verification["records_lost"] == 0 and verification["records_duplicated"] == 0, verification
+    assert json.loads((workdir / "report.json").read_text())["doctor"] == "finished"
+    assert demo_processes(workdir) == [], "the rerun stopped the embedded AWS it was given"

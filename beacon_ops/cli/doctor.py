@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, NoReturn
 
 import boto3
@@ -126,7 +127,7 @@ def read_sagemaker(
 
 
 def doctor(
-    team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name")],
+    team: Annotated[str | None, typer.Option(envvar="BEACON_TEAM", help="team name (not with --local)")] = None,
     run: Annotated[str | None, typer.Option(envvar="BEACON_RUN_ID", help="a Beacon run id")] = None,
     job: Annotated[
         str | None, typer.Option(help="any Kubernetes Job on the team's cluster, with or without Beacon's library")
@@ -144,6 +145,12 @@ def doctor(
         Where, typer.Option(help="the job's orchestrator: eks (a Kubernetes Job) or sagemaker (a training job)")
     ] = Where.EKS,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    local: Annotated[
+        bool, typer.Option(help="a run of `beacon local --keep -- <command>`, on the embedded AWS it left running")
+    ] = False,
+    workdir: Annotated[
+        Path, typer.Option(envvar="BEACON_DEMO_DIR", help="with --local: beacon local's work directory")
+    ] = Path(".beacon/demo"),
 ) -> None:
     """Why are my metrics missing? Verdicts with evidence and fixes, most likely first."""
     if (run is None) == (job is None):
@@ -154,6 +161,10 @@ def doctor(
                 contract.validate_id(kind, value)
             except ValueError as error:
                 raise fail("doctor", str(error), as_json=as_json) from None
+    if local:
+        doctor_local(workdir, experiment=experiment, run=run, as_json=as_json)
+    if team is None:
+        raise fail("doctor", "Missing option '--team' (or --local, for a run of beacon local)", as_json=as_json)
     training_job_name = job
     run_jobs: list[str] = []
     if target is Where.SAGEMAKER and run is not None:
@@ -227,6 +238,19 @@ def doctor(
         why = f"stack output {error} is missing"
         raise fail("doctor", f"cannot read team {team!r} in {region}: {why}", as_json=as_json) from None
     show(result, as_json=as_json)
+
+
+def doctor_local(workdir: Path, *, experiment: str, run: str | None, as_json: bool) -> NoReturn:
+    """A run of `beacon local --keep -- <command>`: its embedded AWS and identities from the work directory."""
+    from beacon_ops.local.own_command import KEPT, LocalAws, doctor_inputs
+
+    kept = LocalAws.kept(workdir)
+    if kept is None:
+        raise fail("doctor", f"--local: no embedded AWS running from {workdir / KEPT}: start one with "
+                   f"`beacon local --workdir {workdir} --keep -- <command>`", as_json=as_json)  # fmt: skip
+    if run is None:
+        raise fail("doctor", "--local: give --run", as_json=as_json)
+    show(diagnose(doctor_inputs(kept, experiment=experiment, run=run)), as_json=as_json)
 
 
 def show(result: Diagnosis, *, as_json: bool) -> NoReturn:

@@ -55,7 +55,11 @@ def main_options(
 
 # In the order `beacon --help` has always listed them.
 for command in (doctor, tensorboard, smoke, run, local, sync):
-    app.command()(command)
+    # `beacon local -- <command>`: what follows `--` is the team's own command, passed on as it is
+    if command is local:
+        app.command(context_settings={"allow_extra_args": True}, options_metavar="[OPTIONS] [-- COMMAND...]")(local)
+    else:
+        app.command()(command)
 
 
 class Terminated(KeyboardInterrupt):

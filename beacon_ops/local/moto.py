@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -149,6 +150,7 @@ def add_aws_strictness() -> None:
 class EmbeddedAws:
     url: str
     _stop: Callable[[], None]
+    pid: int = 0  # its own process's, when it has one (`start_process`)
 
     @classmethod
     def start(cls) -> EmbeddedAws:
@@ -181,7 +183,7 @@ class EmbeddedAws:
         if not line.startswith(READY):
             stop()
             raise RuntimeError("embedded AWS did not start in time")
-        return cls(line.removeprefix(READY).strip(), stop)
+        return cls(line.removeprefix(READY).strip(), stop, process.pid)
 
     def stop(self) -> None:
         self._stop()
@@ -223,6 +225,11 @@ def serve() -> None:
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     print(f"{READY}{aws.url}", flush=True)
+    # Nothing more to say, and one kept running (`beacon local --keep`) must not hold its starter's output open:
+    # whoever reads that (a pipeline, a test) would wait for it to end
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, sys.stderr.fileno())
     done.wait()
     aws.stop()
 

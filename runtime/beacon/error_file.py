@@ -57,6 +57,7 @@ def failure_of(data: Any) -> tuple[int, str] | None:
     """From a failed worker's error file (torchrun's parsed `error_file_data`): Beacon's exit code and one line,
     whether Beacon wrote the file or a team's `@record` wrote the Beacon error it caught; None otherwise."""
     message = data.get("message") if isinstance(data, dict) else None
+    extra: Any
     if isinstance(message, str):
         line, extra = message, {}
     elif isinstance(message, dict) and isinstance(message.get("message"), str):
