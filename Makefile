@@ -22,7 +22,7 @@ CDK := JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 npx --no-install cdk
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install demo test synth lint bootstrap diff deploy destroy bench gpu-check clean
+.PHONY: help install demo test synth lint docs bootstrap diff deploy destroy bench gpu-check clean
 
 help:
 	@echo "make demo    install what is missing, then run Beacon end to end on an embedded AWS (no account)"
@@ -35,6 +35,7 @@ help:
 	@echo "make deploy TEAM=<name>     npx cdk deploy --all -c team=<name>"
 	@echo "make destroy TEAM=<name>    every stack but the retained data (bucket, file system, keys); says what remains"
 	@echo "make gpu-check  the job on CUDA with nccl (one rank per GPU); needs a GPU"
+	@echo "make docs       serve the documentation site (docs/) at http://127.0.0.1:8000; make test builds it strictly"
 
 # Reinstalls only when a pin changes; a second run touches no network.
 $(STAMP_PY): requirements.txt requirements-dev.txt runtime/requirements.txt constraints.txt pyproject.toml runtime/pyproject.toml
@@ -81,6 +82,9 @@ demo: install
 TEST_WORKERS ?= 2
 test: install $(STAMP_CHECKOV)
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+
+docs: install
+	@NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 lint: install
 	@$(PY) -m ruff check .

@@ -1,0 +1,61 @@
+"""The documentation site (docs/, mkdocs.yml): it builds strictly (a broken link or a page left out of the
+navigation fails), and what its pages state about the code is checked against the code."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from beacon.settings import RunSettings
+
+from tests.support.synth import ROOT
+
+SETTINGS_PAGE = ROOT / "docs" / "runtime" / "settings.md"
+
+
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "runtime" / "settings" / "index.html").is_file()
+
+
+def shown_default(value: object) -> str:
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if value in ("", ()):
+        return "empty"
+    return f"`{value}`"
+
+
+def test_the_settings_table_is_every_setting_with_its_variable_and_default() -> None:
+    rows = re.findall(r"^\| `(\w+)` \| `(BEACON_\w+)` \| ([^|]+) \|", SETTINGS_PAGE.read_text(), re.MULTILINE)
+    table = [(name, variable, default.strip()) for name, variable, default in rows]
+    expected = [
+        (f.name, "BEACON_RUN_ID" if f.name == "run" else f"BEACON_{f.name.upper()}", shown_default(f.default))
+        for f in dataclasses.fields(RunSettings)
+    ]
+    assert table == expected
+    for setting in dataclasses.fields(RunSettings):  # each variable named is the one that sets it
+        variable = next(v for name, v, _ in table if name == setting.name)
+        resolved = RunSettings.resolve({"BEACON_BUCKET": "b", variable: another_value(setting.name, setting.default)})
+        assert getattr(resolved, setting.name) != setting.default, variable
+
+
+def another_value(name: str, default: object) -> str:
+    """A valid value other than the default, as text in the environment."""
+    if name == "wandb_mode":
+        return "offline"
+    if isinstance(default, bool):
+        return str(not default).lower()
+    if isinstance(default, int | float):
+        return str(default * 2 + 1)
+    if isinstance(default, tuple):
+        return "wandb" if name == "mirrors" else "loss,lr"
+    return "/elsewhere" if isinstance(default, Path) else "other-1"
