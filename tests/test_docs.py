@@ -10,8 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from beacon.ranks import rank_document_name
 from beacon.settings import RunSettings
 
+from beacon_ops.doctor.diagnosis import Diagnosis
+from tests.conftest import WriterSession
 from tests.support.synth import ROOT
 
 SETTINGS_PAGE = ROOT / "docs" / "runtime" / "settings.md"
@@ -59,3 +62,26 @@ def another_value(name: str, default: object) -> str:
     if isinstance(default, tuple):
         return "wandb" if name == "mirrors" else "loss,lr"
     return "/elsewhere" if isinstance(default, Path) else "other-1"
+
+
+def text_blocks(page: Path) -> list[str]:
+    return [block.strip() for block in re.findall(r"```text\n(.*?)```", page.read_text(), re.DOTALL)]
+
+
+def test_the_doctors_example_verdicts_are_what_it_says_on_such_a_run(as_writer: WriterSession) -> None:
+    """Issue 27: the examples are produced, not written by hand."""
+    from tests.test_hostile_evidence import diagnosed, ranks_key, seed_finished_run
+
+    def shown(diagnosis: Diagnosis) -> str:
+        (evidence,) = [v for v in diagnosis.verdicts if v.check == "evidence"]
+        return f"{diagnosis.headline()}\n[{evidence.status}] evidence: {evidence.verdict}: {evidence.evidence}"
+
+    seed_finished_run(as_writer)
+    clean = diagnosed(as_writer)
+    finished = shown(clean)
+    as_writer.client("s3").put_object(Bucket=as_writer.bucket, Key=ranks_key(rank_document_name(1)), Body=b"[]")
+    set_aside = shown(diagnosed(as_writer))
+    page = ROOT / "docs" / "doctor.md"
+    assert text_blocks(page) == [finished, set_aside]
+    listed = re.findall(r"^\| `(\w+)` \|", page.read_text(), re.MULTILINE)
+    assert listed == [v.check for v in clean.verdicts], "the checks' table, in the order the doctor gives them"
