@@ -68,9 +68,18 @@ class LocalAws:
         state = {"url": self.url, "pid": self.pid, "bucket": self.bucket, "writer": self.writer, "reader": self.reader}
         (self.workdir / KEPT).write_text(json.dumps(state, indent=2))
 
-    def stop(self) -> None:
+    def stop(self, *, grace_s: float = 10) -> None:
+        """SIGTERM, then SIGKILL after `grace_s`; returns once the process is gone."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while _alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(self.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            while _alive(self.pid) and time.monotonic() < deadline + grace_s:
+                time.sleep(0.05)
         (self.workdir / KEPT).unlink(missing_ok=True)
 
     @classmethod
@@ -84,6 +93,20 @@ class LocalAws:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return aws
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs: reaped if it is this process's own child (a zombie answers signals too)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass  # another process's child: a kept one, started by an earlier `beacon local`
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # ended, waiting for a parent (or an init that does not reap) to collect it
 
 
 def local_aws(workdir: Path, log: Callable[[str], None]) -> tuple[LocalAws, dict[str, Template]]:
