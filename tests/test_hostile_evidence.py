@@ -114,6 +114,18 @@ CASES: dict[str, tuple[str, Callable[[RankProgress], bytes], str]] = {
         lambda _: json.dumps({"world_size": "1", "started_at": "2026-12-01T10:01:00+00:00"}).encode(),
         "world_size: '1' is not int",
     ),
+    "a preflight of nothing": (contract.preflight_key(EXPERIMENT, RUN, "2-bad.json"), lambda _: b"{}", "no field"),
+    "a preflight that never calls a rank stalled": (
+        contract.preflight_key(EXPERIMENT, RUN, "2-bad.json"),
+        lambda _: json.dumps({"spool_dir": "/s", "spool_filesystem": "nfs4", "started_at": "2026-12-01T10:01:00+00:00",
+                              "stall_dump_after": 0}).encode(),
+        "stall_dump_after: 0 is not a positive number",
+    ),
+    "an index entry whose counts are text": (
+        contract.index_key(EXPERIMENT, RUN, 0),
+        lambda _: json.dumps({"group": 0, "chunks": [{"chunk": 0, "records": "x"}]}).encode(),
+        "an index that is not one (records: 'x' is not a count)",
+    ),
 }  # fmt: skip
 
 
@@ -173,6 +185,11 @@ def test_a_bad_final_state_is_named_and_the_run_reads_as_one_that_wrote_none(as_
     (evidence,) = [v for v in doctor.verdicts if v.check == "evidence"]
     assert evidence.verdict == "set aside" and "state: 5 is not str" in evidence.evidence, evidence
     assert doctor.diagnosis != "finished"
+    as_writer.client("s3").put_object(Bucket=as_writer.bucket, Key=key, Body=b'{"state": "bogus", "attempt": 0}')
+    doctor = diagnosed(as_writer)
+    (evidence,) = [v for v in doctor.verdicts if v.check == "evidence"]
+    assert "state: 'bogus' is not a state a run ends in" in evidence.evidence, evidence
+    assert doctor.diagnosis != "bogus", "an invented state is not a verdict"
 
 
 def test_an_unforeseen_failure_of_the_diagnosis_still_reaches_the_team(

@@ -171,10 +171,12 @@ def test_a_killed_command_run_again_with_its_run_id_resumes_and_each_step_is_liv
         first = beacon("local", "--workdir", str(workdir), "--run", "again", "--keep", "--", sys.executable, "train.py")
         assert first.returncode == 1 and "the run did not hold" in first.stderr, first.stdout[-3000:] + first.stderr
         assert json.loads((workdir / "report.json").read_text())["exit_code"] == -signal.SIGKILL
-        shown = f"beacon doctor --local --workdir {workdir} --experiment default --run again"
+        shown = f"beacon doctor --local --workdir {workdir} --run again"  # nothing else: no team, no roles
         assert shown in first.stdout, first.stdout[-3000:]
-        doctor = beacon(*shown.split()[1:], "--json")
-        assert json.loads(doctor.stdout)["run"] == "again", doctor.stdout + doctor.stderr
+        doctor = json.loads(beacon(*shown.split()[1:], "--json").stdout)
+        assert (doctor["experiment"], doctor["run"]) == ("default", "again")
+        assert not [v for v in doctor["verdicts"] if v["verdict"] == "unreadable"], doctor["verdicts"]
+        assert "killed-once" in os.listdir(tmp_path) and doctor["headline"], doctor
 
         second = beacon("local", "--workdir", str(workdir), "--run", "again", "--", sys.executable, "train.py")
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]

@@ -132,7 +132,10 @@ def doctor(
     job: Annotated[
         str | None, typer.Option(help="any Kubernetes Job on the team's cluster, with or without Beacon's library")
     ] = None,
-    experiment: Annotated[str, typer.Option(envvar="BEACON_EXPERIMENT")] = "smoke",
+    experiment: Annotated[
+        str | None,
+        typer.Option(envvar="BEACON_EXPERIMENT", help="default: smoke; with --local, the one the run was started in"),
+    ] = None,
     namespace: Annotated[
         str | None, typer.Option(help="the Job's namespace (default: the stack's training namespace)")
     ] = None,
@@ -163,6 +166,7 @@ def doctor(
                 raise fail("doctor", str(error), as_json=as_json) from None
     if local:
         doctor_local(workdir, experiment=experiment, run=run, as_json=as_json)
+    experiment = experiment or "smoke"
     if team is None:
         raise fail("doctor", "Missing option '--team' (or --local, for a run of beacon local)", as_json=as_json)
     training_job_name = job
@@ -240,7 +244,7 @@ def doctor(
     show(result, as_json=as_json)
 
 
-def doctor_local(workdir: Path, *, experiment: str, run: str | None, as_json: bool) -> NoReturn:
+def doctor_local(workdir: Path, *, experiment: str | None, run: str | None, as_json: bool) -> NoReturn:
     """A run of `beacon local --keep -- <command>`: its embedded AWS and identities from the work directory."""
     from beacon_ops.local.own_command import KEPT, LocalAws, doctor_inputs
 
@@ -250,6 +254,7 @@ def doctor_local(workdir: Path, *, experiment: str, run: str | None, as_json: bo
                    f"`beacon local --workdir {workdir} --keep -- <command>`", as_json=as_json)  # fmt: skip
     if run is None:
         raise fail("doctor", "--local: give --run", as_json=as_json)
+    experiment = experiment or kept.runs.get(run, "default")  # `beacon local` remembers where each run wrote
     show(diagnose(doctor_inputs(kept, experiment=experiment, run=run)), as_json=as_json)
 
 

@@ -253,6 +253,8 @@ PREFLIGHT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "spool_filesystem": str, "spool_persistent": bool, "started_at": str, "host": str, "s3_endpoint": str,
     "region": str,
 }  # fmt: skip
+PREFLIGHT_REQUIRED = frozenset({"spool_dir", "spool_filesystem", "started_at"})  # what the verdicts read
+POSITIVE_FIELDS = frozenset({"world_size", "heartbeat_interval", "stall_dump_after"})
 FINAL_FIELDS: dict[str, type | tuple[type, ...]] = {
     "state": str, "attempt": int, "ended_at": NUMBER, "last_step": int, "unacknowledged_records": int,
     "checkpoints": list, "checkpoints_skipped": list, "values_set_aside": dict,
@@ -260,9 +262,15 @@ FINAL_FIELDS: dict[str, type | tuple[type, ...]] = {
 
 
 def _document(
-    body: bytes, where: str, evidence: RunEvidence, fields: dict[str, type | tuple[type, ...]]
+    body: bytes,
+    where: str,
+    evidence: RunEvidence,
+    fields: dict[str, type | tuple[type, ...]],
+    required: frozenset[str] = frozenset(),
 ) -> dict[str, Any] | None:
-    """A JSON object (a preflight, a final state) whose known fields have their types, or None and set aside."""
+    """A JSON object (a preflight, a final state) whose known fields have their types (the `required` ones
+    present, intervals positive and finite, a final state one of `FinalState`), or None and set aside."""
+    positive = POSITIVE_FIELDS
     try:
         document = json.loads(body)
     except ValueError as error:
@@ -273,9 +281,18 @@ def _document(
         return None
     for name, kind in fields.items():
         value = document.get(name)
+        if value is None and name in required:
+            evidence._set_aside(where, f"no field {name!r}")
+            return None
         if value is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
             evidence._set_aside(where, f"{name}: {value!r} is not {getattr(kind, '__name__', 'a number')}")
             return None
+        if value is not None and name in positive and not (math.isfinite(value) and value > 0):
+            evidence._set_aside(where, f"{name}: {value!r} is not a positive number")
+            return None
+    if "state" in fields and document.get("state") not in {*contract.FinalState, None}:
+        evidence._set_aside(where, f"state: {document['state']!r} is not a state a run ends in")
+        return None
     return document
 
 
@@ -290,7 +307,7 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
         evidence.errors.append(f"s3:ListBucket s3://{bucket}/{prefix}: {describe_error(error)}")
         return evidence
     if tail_only:
-        evidence.indexed = _indexed(s3, bucket, prefix, keys)
+        evidence.indexed = _indexed(s3, bucket, prefix, keys, evidence._set_aside)
     skipped = {contract.events_key(experiment, run, s.chunk) for s in evidence.indexed}
     for key in keys:
         kind = key.removeprefix(prefix).split("/", 1)[0]
@@ -300,7 +317,8 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
             if key not in skipped:
                 evidence.records.extend(_records(_read(s3, bucket, key), where, evidence))
         elif kind == contract.PREFLIGHT:
-            if (preflight := _document(_read(s3, bucket, key), where, evidence, PREFLIGHT_FIELDS)) is not None:
+            preflight = _document(_read(s3, bucket, key), where, evidence, PREFLIGHT_FIELDS, PREFLIGHT_REQUIRED)
+            if preflight is not None:
                 evidence.preflights.append(preflight)
         elif kind == contract.STATUS and key == contract.final_status_key(experiment, run):
             evidence.final = _document(_read(s3, bucket, key), where, evidence, FINAL_FIELDS)
@@ -338,7 +356,9 @@ def final_superseded(final: dict[str, Any], evidence: RunEvidence) -> bool:
     return False
 
 
-def _indexed(s3: Any, bucket: str, prefix: str, keys: list[str]) -> list[contract.ChunkSummary]:
+def _indexed(
+    s3: Any, bucket: str, prefix: str, keys: list[str], set_aside: Callable[[str, str], None] | None = None
+) -> list[contract.ChunkSummary]:
     """The summaries of the index documents among `keys`, less the chunks a reader must still read: an
     unreadable document's, and any the newest attempt shares with an older one (its last step is then
     not in the summary). Chunks in S3 that no summary covers are the tail."""
@@ -347,7 +367,11 @@ def _indexed(s3: Any, bucket: str, prefix: str, keys: list[str]) -> list[contrac
         if key.removeprefix(prefix).split("/", 1)[0] == contract.INDEX:
             try:
                 summaries.extend(contract.summaries_of(_read(s3, bucket, key)))
-            except (ClientError, BotoCoreError, ValueError, KeyError, TypeError):
+            except (ClientError, BotoCoreError):
+                continue  # its chunks are read instead
+            except (ValueError, KeyError, TypeError) as error:  # as for a bad evidence file: named
+                if set_aside is not None:
+                    set_aside(key.removeprefix(prefix), f"an index that is not one ({error})")
                 continue  # its chunks are read instead
     newest = max((a for s in summaries for a in s.attempts), default=0)
     return [s for s in summaries if not (newest in s.attempts and len(s.attempts) > 1)]

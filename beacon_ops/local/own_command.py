@@ -24,7 +24,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -56,6 +56,7 @@ class LocalAws:
     writer: dict[str, str]
     reader: dict[str, str]
     workdir: Path
+    runs: dict[str, str] = field(default_factory=dict)  # each run of a command here, and its experiment
 
     def client(self, service: str, credentials: dict[str, str] | None = None) -> Any:
         return EmbeddedAws(self.url, lambda: None).client(service, **(credentials or self.writer))
@@ -65,7 +66,8 @@ class LocalAws:
         return {**base, **aws_env(endpoint=self.url, region=REGION, credentials=credentials)}
 
     def save(self) -> None:
-        state = {"url": self.url, "pid": self.pid, "bucket": self.bucket, "writer": self.writer, "reader": self.reader}
+        state = {"url": self.url, "pid": self.pid, "bucket": self.bucket, "writer": self.writer, "reader": self.reader,
+                 "runs": self.runs}  # fmt: skip
         (self.workdir / KEPT).write_text(json.dumps(state, indent=2))
 
     def stop(self, *, grace_s: float = 10) -> None:
@@ -87,7 +89,11 @@ class LocalAws:
         """The one `--keep` left in `workdir`, if it still answers."""
         try:
             state = json.loads((workdir / KEPT).read_text())
-            aws = cls(state["url"], int(state["pid"]), state["bucket"], state["writer"], state["reader"], workdir)
+            aws = cls(state["url"], int(state["pid"]), state["bucket"], state["writer"], state["reader"], workdir,
+                      dict(state.get("runs") or {}))  # fmt: skip
+            # the process is still the embedded AWS (a pid is reused after a reboot; 0 would be a process group)
+            if aws.pid <= 1 or b"beacon_ops.local.moto" not in Path(f"/proc/{aws.pid}/cmdline").read_bytes():
+                return None
             address = urlparse(aws.url)
             socket.create_connection((address.hostname, address.port), timeout=2).close()
         except (OSError, ValueError, KeyError, TypeError):
@@ -224,6 +230,7 @@ def run_own_command(
         )
         result = OwnRun(command, experiment, run, code, verdict.verification, verdict.diagnosis, verdict.unreadable)
     finally:
+        aws.runs[run] = experiment
         if keep:
             aws.save()
         else:
@@ -238,7 +245,7 @@ def kept_lines(aws: LocalAws, *, experiment: str, run: str) -> list[str]:
     writer = " ".join(f"{k}={v}" for k, v in aws.env(aws.writer).items() if k.startswith("AWS_"))
     return [
         f"the embedded AWS stays up at {aws.url}; the next `beacon local --workdir {aws.workdir}` uses it",
-        f"  the doctor:        beacon doctor --local --workdir {aws.workdir} --experiment {experiment} --run {run}",
+        f"  the doctor:        beacon doctor --local --workdir {aws.workdir} --run {run}",
         f"  a stranded spool:  {writer} BEACON_BUCKET={aws.bucket} python -m beacon.sync {spool}",
         f"  stop it:           beacon local --workdir {aws.workdir} --stop",
     ]

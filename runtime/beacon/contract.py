@@ -394,7 +394,24 @@ class ChunkSummary:
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> ChunkSummary:
-        return cls(**{**body, "attempts": tuple(int(a) for a in body["attempts"])})
+        """An index entry; ValueError naming the field when it is not one (a reader sets its document aside)."""
+        if not isinstance(body, Mapping):
+            raise ValueError(f"an index entry is not a JSON object but {type(body).__name__}")
+        values: dict[str, Any] = {}
+        for name in ("chunk", "records", "first_seq", "last_seq", "first_step", "last_step"):
+            value = body.get(name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: {value!r} is not a count")
+            values[name] = value
+        for name in ("first_wall_time", "last_wall_time"):
+            value = body.get(name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"{name}: {value!r} is not a time")
+            values[name] = float(value)
+        attempts = body.get("attempts")
+        if not isinstance(attempts, list) or not all(type(a) is int and a >= 0 for a in attempts):
+            raise ValueError(f"attempts: {attempts!r} is not a list of attempts")
+        return cls(**values, attempts=tuple(attempts))
 
 
 def index_document(group: int, summaries: list[ChunkSummary]) -> bytes:

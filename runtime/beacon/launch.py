@@ -235,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         torchrun([f"--signals-to-handle={SIGNALS_FOR_TORCHRUN}", *args])
     except ChildFailedError as error:
         rank, failure = error.get_first_failure()
-        beacons = error_file.failure_of(failure.error_file_data)
+        # Only an uncaught exception (exit 1) is the error its file names: a team that caught Beacon's error and
+        # later died otherwise (a signal, its own exit code) leaves a stale line there
+        beacons = error_file.failure_of(failure.error_file_data) if failure.exitcode == 1 else None
         if beacons is not None:  # Beacon's own one line, last, and its code: torchrun says 1 for every failure
             code, line = beacons
             print(f"beacon.launch: rank {rank}: {line}", file=sys.stderr, flush=True)
