@@ -287,7 +287,7 @@ def _document(
         if value is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
             evidence._set_aside(where, f"{name}: {value!r} is not {getattr(kind, '__name__', 'a number')}")
             return None
-        if value is not None and name in positive and not (math.isfinite(value) and value > 0):
+        if isinstance(value, int | float) and name in positive and not (math.isfinite(value) and value > 0):
             evidence._set_aside(where, f"{name}: {value!r} is not a positive number")
             return None
     if "state" in fields and document.get("state") not in {*contract.FinalState, None}:
