@@ -113,9 +113,13 @@ def test_a_rank_hung_in_a_ddp_loop_is_named_where_it_hangs_and_rank_0_waits_in_d
         assert wait_for(live, timeout=180), "rank 0's live snapshot of the stall reached S3"
         # A first snapshot can precede rank 1's own dump (each rank dumps at its own stall age): the doctor, like
         # the alarm function, reads again until a snapshot names the rank
-        readings = []
-        wait_for(lambda: readings.append(doctor(as_writer, "ddp", run)) or readings[-1].diagnosis == "rank-hung",
-                 timeout=60, interval=2)  # fmt: skip
+        readings: list[Any] = []
+
+        def names_the_rank() -> bool:
+            readings.append(doctor(as_writer, "ddp", run))
+            return bool(readings[-1].diagnosis == "rank-hung")
+
+        wait_for(names_the_rank, timeout=60, interval=2)
         diagnosis = readings[-1]
     finally:
         signal_group(job, signal.SIGKILL)
