@@ -25,6 +25,7 @@ from stacks.beacon_app import build_app
 ROOT = Path(__file__).resolve().parent.parent
 PRICES_PATH = Path(__file__).with_name("prices.json")
 README = ROOT / "README.md"
+COST_PAGE = ROOT / "docs" / "cost.md"  # the table; the README keeps the one-line summary
 TABLE, SUMMARY = "idle-cost", "idle-cost-summary"  # the README's generated sections
 # EKS managed node groups get a 20 GiB root volume unless DiskSize says otherwise.
 DEFAULT_NODE_DISK_GIB = 20
@@ -129,7 +130,7 @@ def readme_summary(standard: list[Line], lean: list[Line], prices: Mapping[str, 
     return (
         f"**Idle cost per team**: about ${total(standard):,.0f} a month (lean profile: ${total(lean):,.0f}) at "
         f"{prices['region']} list prices of {prices['as_of']}, before logs, data and training nodes; "
-        "see [What it costs](#what-it-costs)."
+        "see [What it costs](docs/cost.md)."
     )
 
 
@@ -167,13 +168,13 @@ def section(text: str, name: str) -> str:
     return text[text.index(begin) + len(begin) : text.index(end)].strip("\n")
 
 
-def bench_idle_cost(workdir: Path, readme: Path = README) -> dict[str, Any]:
-    """Price both profiles, rewrite the README's table, and return the figures for the report."""
+def bench_idle_cost(workdir: Path, readme: Path = README, page: Path = COST_PAGE) -> dict[str, Any]:
+    """Price both profiles, rewrite the cost page's table and the README's line, and return the figures."""
     prices = load_prices()
     standard_templates, lean_templates = demo_profiles(workdir)
     standard, lean = idle_cost(standard_templates, prices), idle_cost(lean_templates, prices)
-    text = replace_section(readme.read_text(), TABLE, readme_section(standard, lean, prices))
-    readme.write_text(replace_section(text, SUMMARY, readme_summary(standard, lean, prices)))
+    page.write_text(replace_section(page.read_text(), TABLE, readme_section(standard, lean, prices)))
+    readme.write_text(replace_section(readme.read_text(), SUMMARY, readme_summary(standard, lean, prices)))
     return {
         "idle_cost_per_month_usd": round(total(standard), 2),
         "idle_cost_lean_per_month_usd": round(total(lean), 2),

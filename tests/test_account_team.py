@@ -97,8 +97,8 @@ def test_no_bastion_unless_the_team_file_asks(demo: Synthesized) -> None:
 
 
 def test_the_readme_walks_through_the_bastion_with_the_real_output_names(account_team: Synthesized) -> None:
-    readme = (ROOT / "README.md").read_text()
-    steps = readme[readme.index("### Reaching the private cluster") :]
+    page = (ROOT / "docs" / "smoke.md").read_text()
+    steps = page[page.index("## Reaching the private cluster") :]
     for output in ("BastionInstanceId", "ClusterEndpoint"):
         assert output in account_team.template("cluster").body["Outputs"]
         assert f"OutputKey=='{output}'" in steps

@@ -107,8 +107,7 @@ def test_the_readmes_layout_table_has_a_row_for_every_source_folder() -> None:
         for path in tracked.stdout.split()
         if "/" in path and not path.startswith(("tests/", ".")) and Path(path).name != "__main__.py"
     }
-    readme = (ROOT / "README.md").read_text()
-    layout = readme[readme.index("## Layout") :]
+    layout = (ROOT / "docs" / "architecture.md").read_text()
     rows = set(re.findall(r"^\| `([^`]+/)` \|", layout, re.MULTILINE))
     assert folders <= rows, sorted(folders - rows)
     assert all((ROOT / row).is_dir() for row in rows), sorted(r for r in rows if not (ROOT / r).is_dir())
