@@ -375,10 +375,15 @@ def test_while_the_run_still_hangs_rank_0s_live_snapshot_lets_the_notification_n
 
 
 def notify_as_the_function(
-    as_writer: WriterSession, topic: str, publisher: dict[str, str], sleep: Callable[[float], None] = time.sleep
+    as_writer: WriterSession,
+    topic: str,
+    publisher: dict[str, str],
+    sleep: Callable[[float], None] = time.sleep,
+    experiment: str = EXPERIMENT,
+    run: str = RUN,
 ) -> notify.Notification | None:
     """The run's metrics-lost alarm event, handled with the reader's rights and published as `publisher`."""
-    event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.METRICS_LOST)})
+    event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, experiment, run, contract.RunAlarm.METRICS_LOST)})
     return notify.notify(
         event,
         sleep=sleep,

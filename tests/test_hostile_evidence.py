@@ -25,7 +25,7 @@ from beacon_ops.doctor import notify
 from beacon_ops.doctor.diagnosis import WARN, Diagnosis, DoctorInputs, diagnose
 from tests.conftest import WriterSession
 from tests.support.moto_server import REGION
-from tests.test_alarm_notification import alarm_event, delivered, topic_with_queue_as_admin
+from tests.test_alarm_notification import delivered, notify_as_the_function, topic_with_queue_as_admin
 
 TEAM, EXPERIMENT, RUN = "demo", "smoke", "finished-alone"
 STEPS = 30
@@ -162,12 +162,7 @@ def test_a_bad_file_is_set_aside_and_named_and_the_doctor_and_the_alarm_function
     assert "rank-died" not in doctor.headline() and doctor.stopped_rank is None
 
     topic, sqs, queue, publisher = topic_with_queue_as_admin(as_writer, EXPERIMENT, RUN)
-    event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.METRICS_LOST)})
-    notification = notify.notify(
-        event, team=TEAM, bucket=as_writer.bucket, topic_arn=topic, region=REGION,
-        s3_for_run=lambda *_: as_writer.client("s3", as_writer.reader),
-        cloudwatch=as_writer.client("cloudwatch", as_writer.reader), sns=as_writer.aws.client("sns", **publisher),
-    )  # fmt: skip
+    notification = notify_as_the_function(as_writer, topic, publisher, experiment=EXPERIMENT, run=RUN)
     assert notification is not None and notification.message.startswith(doctor.headline()), notification
     assert f"[{WARN}] evidence: set aside: 1 file(s) or line(s) set aside: {where}" in notification.message
     assert "could not read" not in notification.message
@@ -204,12 +199,7 @@ def test_an_unforeseen_failure_of_the_diagnosis_still_reaches_the_team(
 
     monkeypatch.setattr(notify, "diagnose", a_bug_nobody_foresaw)
     topic, _, _, publisher = topic_with_queue_as_admin(as_writer, EXPERIMENT, RUN)
-    event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, EXPERIMENT, RUN, contract.RunAlarm.METRICS_LOST)})
-    notification = notify.notify(
-        event, team=TEAM, bucket=as_writer.bucket, topic_arn=topic, region=REGION,
-        s3_for_run=lambda *_: as_writer.client("s3", as_writer.reader),
-        cloudwatch=as_writer.client("cloudwatch", as_writer.reader), sns=as_writer.aws.client("sns", **publisher),
-    )  # fmt: skip
+    notification = notify_as_the_function(as_writer, topic, publisher, experiment=EXPERIMENT, run=RUN)
     assert notification is not None
     assert "the doctor failed on the run's evidence: AttributeError: 'list' object has no attribute 'get'" in (
         notification.message
