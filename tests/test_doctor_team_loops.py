@@ -111,15 +111,16 @@ def test_a_rank_hung_in_a_ddp_loop_is_named_where_it_hangs_and_rank_0_waits_in_d
             return any(k.endswith(contract.LIVE_SNAPSHOT_COMPLETE) for k in keys_under(s3, as_writer.bucket, prefix))
 
         assert wait_for(live, timeout=180), "rank 0's live snapshot of the stall reached S3"
-        # A first snapshot can precede rank 1's own dump (each rank dumps at its own stall age): the doctor, like
-        # the alarm function, reads again until a snapshot names the rank
+        # A first snapshot can precede a rank's own dumps (each rank dumps its stacks and its flight recorder at its
+        # own stall age): the doctor, like the alarm function, reads again until the evidence of both ranks is in
         readings: list[Any] = []
 
-        def names_the_rank() -> bool:
+        def names_the_rank_from_both_ranks() -> bool:
             readings.append(doctor(as_writer, "ddp", run))
-            return bool(readings[-1].diagnosis == "rank-hung")
+            rank = {v.check: v for v in readings[-1].verdicts}.get("rank")
+            return readings[-1].diagnosis == "rank-hung" and rank is not None and "no dump from" not in rank.evidence
 
-        wait_for(names_the_rank, timeout=60, interval=2)
+        wait_for(names_the_rank_from_both_ranks, timeout=90, interval=2)
         diagnosis = readings[-1]
     finally:
         signal_group(job, signal.SIGKILL)
