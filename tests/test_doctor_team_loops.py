@@ -4,9 +4,9 @@ A plain two-rank DDP script on gloo under torchrun, against the embedded AWS: ra
 at step 100, rank 0 waits inside `loss.backward()`, where DDP's reducer runs the gradient all_reduce from C++ hooks
 (its Python stack shows `backward`, no collective). The stall dump comes after 3 s here (90 s in a Job).
 
-And what the runtime writes of a team's run (findings 3, 4 and 5: a killed run's end, a failed preflight, a step
-logged in two calls): strict xfails until the one-log redesign (issue 29) gives the runtime one final-state rule
-and one step per step; then the doctor's reading of them here."""
+A step logged in two calls (finding 5) is one step: the contract's history merges them. What the runtime writes
+of a team's run (findings 3 and 4: a killed run's end, a failed preflight) are strict xfails until the one-log
+redesign (issue 29) gives the runtime one final-state rule; then the doctor's reading of them here."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_a_rank_hung_in_a_ddp_loop_is_named_where_it_hangs_and_rank_0_waits_in_d
     assert "(> 3 s)" in verdicts["liveness"].evidence and "py-spy" not in verdicts["liveness"].fix
 
 
-# --- what the runtime writes (findings 3, 4, 5): strict xfails until the one-log redesign ---------------------------
+# --- what the runtime writes (findings 3, 4): strict xfails until the one-log redesign ---------------------------
 REDESIGN = "issue 29 (the one log) then issue 27 fix finding"
 
 
@@ -247,12 +247,11 @@ run.finish()
 """
 
 
-@redesign(5, "several run.log calls for one step are one step: never two writers, val_loss in the live history")
 def test_an_evaluation_logged_at_its_step_is_part_of_that_step_not_a_second_writer(
     as_writer: WriterSession, strict_aws: str, tmp_path: Path
 ) -> None:
-    """It read `rank-collision: records from ranks [0], 5 duplicated step(s)`, and val_loss was left out of the
-    live history."""
+    """Several run.log calls for one step are one step: it read `rank-collision: records from ranks [0], 5
+    duplicated step(s)`, and val_loss was left out of the live history (finding 5)."""
     harness = JobHarness(strict_aws, as_writer.bucket, tmp_path, as_writer.credentials)
     done = run_script(harness, tmp_path, "evaluated", EVALUATED_LOOP)
     assert done.returncode == 0, done.stderr[-2000:]

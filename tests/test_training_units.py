@@ -101,6 +101,18 @@ def test_a_second_record_of_one_attempt_and_step_is_a_duplicate_and_old_lines_re
     assert b"attempt" not in without_attempt and contract.Record.from_line(without_attempt).attempt == 0
 
 
+def test_several_log_calls_for_one_step_are_one_step_and_only_a_metric_logged_again_is_a_duplicate() -> None:
+    """An evaluation logged at the step it ran after merges into that step, in sequence order; a call that
+    logs a metric its step already has is what a second writer does, and merges nothing."""
+    train = contract.Record("e", "r", 9, {"loss": 0.5}, 1.0, 0)
+    evaluation = contract.Record("e", "r", 9, {"val_loss": 0.7}, 1.1, 1)
+    again = contract.Record("e", "r", 9, {"loss": 0.4, "lr": 0.1}, 1.2, 2)
+    history = contract.history([again, evaluation, train])
+    assert [r.metrics for r in history.live] == [{"loss": 0.5, "val_loss": 0.7}]
+    assert history.live[0].seq == 0 and history.live[0].wall_time == 1.0, "the step is its first call's"
+    assert history.duplicated == [again]
+
+
 def test_each_restart_is_the_next_attempt_and_counts_its_own_durable_steps(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     assert spool.begin_attempt() == 0, "a fresh run is attempt 0"

@@ -561,7 +561,7 @@ def _rank_collision(evidence: RunEvidence) -> Verdict:
             "ranks",
             FAIL,
             "collision",
-            f"records from ranks {ranks}, {evidence.duplicated} duplicated step(s)",
+            f"records from ranks {ranks}, {evidence.duplicated} record(s) logged a metric its step already had",
             "only rank 0 may write: two jobs (or ranks) share this run id",
         )
     if len(hosts) > 1 and evidence.final is None:

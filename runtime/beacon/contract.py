@@ -10,7 +10,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -270,13 +270,15 @@ class Record:
 
 @dataclass(frozen=True)
 class History:
-    """A run's records as the model went through them. When attempt k resumes from a checkpoint and
-    first logs step N, the records of earlier attempts from step N on describe a past the model no
-    longer has: they are superseded (kept in S3, marked here, never deleted)."""
+    """A run's records as the model went through them. Several `run.log` calls for one step are one
+    step: their metrics merge, in sequence order, into one live record (an evaluation logged at the
+    step it ran after belongs to that step). When attempt k resumes from a checkpoint and first logs
+    step N, the records of earlier attempts from step N on describe a past the model no longer has:
+    they are superseded (kept in S3, marked here, never deleted)."""
 
-    live: list[Record]  # one per step, in step order
+    live: list[Record]  # one per step, in step order, its metrics merged from every call for the step
     superseded: list[Record]
-    duplicated: list[Record]  # a second record of one (attempt, step): never expected
+    duplicated: list[Record]  # logged a metric its (attempt, step) already had: a second writer
 
     @property
     def live_steps(self) -> list[int]:
@@ -288,18 +290,24 @@ class History:
 
 
 def history(records: Iterable[Record]) -> History:
-    """Sort `records` into the live history, the superseded records and the duplicates. An attempt's
-    first logged step is where it took over: a record of attempt a at step s is superseded when a
-    later attempt first logged at or before s."""
+    """Sort `records` into the live history, the superseded records and the duplicates. The records of
+    one (attempt, step) merge in sequence order; one that logs a metric its step already has is a
+    duplicate (never expected of one writer) and merges nothing. An attempt's first logged step is
+    where it took over: a record of attempt a at step s is superseded when a later attempt first
+    logged at or before s."""
     first_step: dict[int, int] = {}
-    unique: dict[tuple[int, int], Record] = {}
+    merged: dict[tuple[int, int], Record] = {}
     duplicated: list[Record] = []
     for record in sorted(records, key=lambda r: r.seq):
         key = (record.attempt, record.step)
-        if key in unique:
+        earlier = merged.get(key)
+        if earlier is None:
+            merged[key] = record
+        elif earlier.metrics.keys() & record.metrics.keys():
             duplicated.append(record)
             continue
-        unique[key] = record
+        else:
+            merged[key] = replace(earlier, metrics={**earlier.metrics, **record.metrics})
         first_step[record.attempt] = min(first_step.get(record.attempt, record.step), record.step)
     # The earliest step any later attempt took over at, for each attempt.
     taken_over_at: dict[int, float] = {}
@@ -309,7 +317,7 @@ def history(records: Iterable[Record]) -> History:
         earliest = min(earliest, first_step[attempt])
     live: list[Record] = []
     superseded: list[Record] = []
-    for (attempt, step), record in unique.items():
+    for (attempt, step), record in merged.items():
         (superseded if step >= taken_over_at[attempt] else live).append(record)
     live.sort(key=lambda r: r.step)
     superseded.sort(key=lambda r: (r.attempt, r.step))
