@@ -148,3 +148,12 @@ def test_a_journal_that_does_not_fit_the_spool_volume_is_a_full_spool_at_start(
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     with pytest.raises(SpoolFullError, match="spool"):
         Spool(tmp_path / "exp" / "run-1")
+
+
+def test_a_step_larger_than_the_whole_ring_is_skipped_and_counted_and_the_next_one_journaled(tmp_path: Path) -> None:
+    """Issue 26 finding 6: it was `IndexError: mmap slice assignment is wrong size` from the training thread."""
+    journal = Journal(tmp_path, capacity=16 * 1024)
+    assert journal.append(0, 1.0, {f"m{i:05d}": float(i) for i in range(5_000)}) == 0
+    assert journal.skipped == 1
+    assert journal.append(1, 2.0, {"loss": 0.5}) == 1
+    assert [step for step, _, _ in journal.unspooled()] == [1]

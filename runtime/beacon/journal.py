@@ -51,7 +51,8 @@ class Journal:
             self._epoch, self._durable, self.attempt = 0, 0, 0
         self._number = 0  # the last entry written in this epoch
         self._position = DATA_START
-        self.skipped = 0  # steps not journaled: the ring was full of steps the spool had not yet fsync'd
+        # Steps not journaled: the ring was full of steps the spool had not yet fsync'd, or one step is larger.
+        self.skipped = 0
         self.unreadable = 0  # entries recovery could not read back as numbers
 
     # --- the training thread -----------------------------------------------------------------------
@@ -62,6 +63,9 @@ class Journal:
                 return 0
         payload = marshal.dumps((step, wall_time, metrics))
         position, size = self._position, ENTRY.size + len(payload)
+        if size > self.capacity - DATA_START:  # larger than the whole ring: left to the spool's fsync
+            self.skipped += 1
+            return 0
         if position + size > self.capacity:
             if self._durable < self._number:  # wrapping now would overwrite steps not yet fsync'd
                 self.skipped += 1
