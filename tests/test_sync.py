@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 from beacon import contract
 from beacon.spool import Spool
+from beacon.sync import Outcome
 
 from tests.conftest import WriterSession
 from tests.support.job_harness import JobHarness, delivered_records
 from tests.support.synth import ROOT
+from tests.test_faults import small_filesystem  # noqa: F401 (a fixture)
 
 
 def stranded_spool(root: Path, run: str, steps: int, *, chunk: int = 10) -> Path:
@@ -107,7 +109,7 @@ def test_a_spool_that_conflicts_with_s3_is_refused_naming_the_run_and_kept(
     key = contract.events_key("smoke", "stranded-3", 0)
     as_writer.client("s3").put_object(Bucket=as_writer.bucket, Key=key, Body=other, IfNoneMatch="*")
     done = sync(harness, directory)
-    assert done.returncode == 3
+    assert done.returncode == Outcome.OWNED, "another writer's chunk"
     (line,) = done.stderr.strip().splitlines()
     assert "run 'stranded-3'" in line and "differs from s3://" in line
     assert Spool(directory).pending(), "the spool keeps its records"
@@ -126,7 +128,7 @@ def test_bad_input_is_one_line_naming_the_path(
     (tmp_path / "Upper Case").mkdir()
     target = make(tmp_path / "Upper Case")  # type: ignore[operator]
     done = sync(harness, target)
-    assert done.returncode == 3
+    assert done.returncode == Outcome.BAD_INPUT
     (line,) = done.stderr.strip().splitlines()
     assert expected in line and str(target.resolve()) in line
 
@@ -148,11 +150,80 @@ def test_beacon_sync_is_the_same_push_through_the_operators_command(
         [sys.executable, "-m", "beacon_ops.cli", "sync", str(tmp_path / "nowhere" / "smoke" / "r")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert missing.returncode == 3 and missing.stderr.strip().splitlines()[-1].endswith("not a directory")
+    assert missing.returncode == Outcome.BAD_INPUT
+    assert missing.stderr.strip().splitlines()[-1].endswith("not a directory")
 
 
-def test_a_spool_a_live_job_may_still_write_is_left_alone(harness: JobHarness, tmp_path: Path) -> None:
+def test_a_spool_an_older_release_wrote_just_now_is_left_alone(harness: JobHarness, tmp_path: Path) -> None:
+    """A release that kept no owner record: its last write is all there is to go by."""
     directory = stranded_spool(tmp_path / "volume", "live-1", 5)
     (directory / "open.jsonl").touch()  # written just now
     done = sync(harness, directory)
-    assert done.returncode == 3 and "a live job may still own it" in done.stderr
+    assert done.returncode == Outcome.OWNED and "a live job may still own it" in done.stderr
+
+
+def test_a_spool_a_live_job_owns_is_refused_naming_the_job(harness: JobHarness, tmp_path: Path) -> None:
+    directory = aged(stranded_spool(tmp_path / "volume", "live-2", 5))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from beacon.spool_owner import SpoolOwner;"
+         "SpoolOwner.claim(Path(sys.argv[1]), run='live-2'); print('claimed', flush=True); time.sleep(120)",
+         str(directory)],
+        cwd=ROOT, env=harness.env(), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "claimed"
+        done = sync(harness, directory)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == Outcome.OWNED
+    (line,) = done.stderr.strip().splitlines()
+    assert f"pid {holder.pid}" in line and "run 'live-2'" in line, line
+    assert Spool(directory).pending(), "nothing of the live job's was touched"
+
+
+def test_a_spool_on_a_full_volume_is_one_line_saying_what_to_free_and_nothing_is_deleted(
+    harness: JobHarness,
+    tmp_path: Path,
+    small_filesystem: Path,  # noqa: F811
+) -> None:
+    directory = stranded_spool(small_filesystem, "full-1", 25)
+    before = sorted(p.name for p in directory.rglob("*"))
+    fill(small_filesystem)
+    done = sync(harness, aged(directory))
+    assert done.returncode == Outcome.VOLUME_FULL, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "its volume is full" in line and str(directory) in line and "nothing was deleted" in line
+    after = sorted(p.name for p in directory.rglob("*"))
+    assert set(before) <= set(after), "nothing was deleted"
+
+
+def fill(volume: Path) -> None:
+    """Every block, the ones ext4 keeps for root included (the tests run as root)."""
+    with open(volume / "filler", "wb") as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+                filler.flush()
+        except OSError:
+            pass
+    for name in ("ballast-inodes",):  # and the directory entries a rename needs
+        for n in range(10_000):
+            try:
+                (volume / f"{name}-{n}").touch()
+            except OSError:
+                break
+
+
+def test_each_outcome_has_its_exit_code_listed_in_both_commands_help(harness: JobHarness) -> None:
+    runtime = subprocess.run(
+        [sys.executable, "-m", "beacon.sync", "--help"], cwd=ROOT, env=harness.env(), capture_output=True, text=True
+    )
+    operator = subprocess.run(
+        [sys.executable, "-m", "beacon_ops.cli", "sync", "--help"], cwd=ROOT, env=harness.env(),
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert len({o.value for o in Outcome}) == len(Outcome)
+    for outcome in Outcome:
+        assert f"{outcome.value} " in runtime.stdout.split("exit codes:")[1], (outcome, runtime.stdout)
+        assert f"{outcome.value} " in " ".join(operator.stdout.split()).split("Exit codes:")[1], operator.stdout

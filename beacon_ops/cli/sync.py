@@ -19,7 +19,11 @@ def sync(
     ] = None,
     no_mirrors: Annotated[bool, typer.Option("--no-mirrors", help="push to S3 only")] = False,
 ) -> None:
-    """Push a stranded spool (a dead pod's volume) to S3 and the run's tracker mirrors, idempotently."""
+    """Push a stranded spool (a dead pod's volume) to S3 and the run's tracker mirrors, idempotently.
+
+    Exit codes: 0 synced, or nothing to do; 2 bad input; 3 a live job owns the spool, or another writer's
+    chunk is in S3; 4 a tracker is behind (a later sync sends the rest); 5 the spool's volume is full; 6 S3
+    failed."""
     from beacon.sync import main as sync_main
 
     argv = [str(spool_dir)]

@@ -57,6 +57,7 @@ from beacon.reconcile import RunConflictError, reconcile
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings, SettingsError, generated_run_id
 from beacon.spool import Spool
+from beacon.spool_owner import SpoolOwnedError, SpoolOwner
 from beacon.telemetry import DeliveryReport, NullTelemetry, Telemetry
 
 log = logging.getLogger("beacon.run")
@@ -618,7 +619,11 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
     except PreflightError as error:
         raise PreflightError(f"{error} (preflight stopped after {time.monotonic() - started:.1f} s)") from None
     log.info("preflight passed in %.1f s: spool on %s", time.monotonic() - started, record.spool_filesystem)
-    spool = Spool(spool_dir)
+    try:  # before the spool recovers anything: a live writer's open chunk is its own
+        owner = SpoolOwner.claim(spool_dir, run=settings.run)
+    except SpoolOwnedError as error:
+        raise PreflightError(str(error)) from None
+    spool = Spool(spool_dir, owner=owner)
     if spool.recovered_records:
         log.info("recovered %d records from an interrupted chunk", spool.recovered_records)
     try:
@@ -626,8 +631,10 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
             s3, bucket=settings.bucket, experiment=settings.experiment, run=settings.run, spool=spool
         )
     except RunConflictError as error:
+        spool.close()  # its owner released: this process writes nothing
         raise PreflightError(str(error)) from None
     except (ClientError, BotoCoreError) as error:
+        spool.close()
         raise PreflightError(
             f"run {settings.run!r}: cannot read what s3://{settings.bucket}/"
             f"{contract.run_prefix(settings.experiment, settings.run)} already holds ({error})"

@@ -21,11 +21,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from beacon import kill_points
 from beacon.contract import ChunkSummary, Record, records_of
 from beacon.journal import Journal
+
+if TYPE_CHECKING:
+    from beacon.spool_owner import SpoolOwner
 
 OPEN = "open.jsonl"
 SEALED = "sealed"
@@ -43,11 +46,15 @@ def fsync_directory(path: Path) -> None:
 def write_atomically(path: Path, data: bytes) -> None:
     """Write, fsync, rename: readers see the old content or the new, never half of it."""
     temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)  # a full volume: the old content stays, no half-written file beside it
+        raise
     fsync_directory(path.parent)
 
 
@@ -144,8 +151,10 @@ def on_spool_disk(directory: Path) -> Iterator[None]:
 
 
 class Spool:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, owner: SpoolOwner | None = None) -> None:
+        """`owner`, claimed before (`spool_owner`): renewed as the spool syncs, released at close."""
         self.directory = directory
+        self.owner = owner
         self.sealed_dir = directory / SEALED
         self.sealed_dir.mkdir(parents=True, exist_ok=True)
         # The uploader lists and acknowledges chunks while the spool thread seals them.
@@ -322,8 +331,11 @@ class Spool:
 
     def sync(self) -> None:
         """Write what `append` queued and fsync it. On any error nothing is lost: the same bytes are
-        written again, from the last durable size, by the next call."""
+        written again, from the last durable size, by the next call. SpoolTakenOverError where another
+        process took the directory over: this one stops writing."""
         self._refuse_if_unusable()
+        if self.owner is not None:
+            self.owner.renew()
         with on_spool_disk(self.directory):
             if self._reopen:
                 self._open = self._open_chunk()
@@ -402,9 +414,13 @@ class Spool:
             return self.open_records + sum(c.records for c in self._sealed.values())
 
     def close(self) -> None:
-        self.journal.close()
         try:
-            self._open.close()
-        except OSError as error:  # a full disk: what it could not flush was never durable
-            if error.errno not in FULL:
-                raise
+            self.journal.close()
+            try:
+                self._open.close()
+            except OSError as error:  # a full disk: what it could not flush was never durable
+                if error.errno not in FULL:
+                    raise
+        finally:
+            if self.owner is not None:
+                self.owner.release()

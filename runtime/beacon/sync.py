@@ -5,8 +5,8 @@ Run it where the writer's identity is (a pod with the training service account m
 or any shell holding the writer role). The spool directory is `<spool root>/<experiment>/<run>`.
 What S3 already holds byte for byte is acknowledged, not sent again; a chunk S3 holds with other
 bytes is a conflict, refused with one line naming the run; the torn tail of the open chunk was never
-durable and is cut, as a restarted job would. Exit codes: 0 synced, 2 bad input, 3 refused (or a tracker
-that did not take everything in time: its cursor keeps the rest for the next sync).
+durable and is cut, as a restarted job would. While it pushes it owns the directory (`spool_owner`):
+a live job's directory is refused, naming the job. Each outcome has its exit code (`Outcome`).
 
 Then each tracker the job mirrored to (a cursor under `<spool dir>/mirrors/`, or `--mirror NAME`) gets what
 its cursor had not reached, exactly once (the mirror worker asks the tracker what it holds), and the run's final
@@ -17,6 +17,7 @@ BEACON_* variables the job read (BEACON_MLFLOW_TRACKING_URI, BEACON_WANDB_PROJEC
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +41,44 @@ from beacon.preflight import PreflightError
 from beacon.ranks import upload_rank_evidence
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.settings import SettingsError
-from beacon.spool import OPEN, STATE, Spool
+from beacon.spool import FULL, OPEN, STATE, Spool
+from beacon.spool_owner import SpoolOwnedError, SpoolOwner, read_owner
 
-# A spool written this recently may still belong to a live job: two writers would race.
+# A spool an older release wrote (no owner record) this recently may still belong to a live job.
 QUIET_S = 60.0
 MIRROR_TIMEOUT_S = 300.0  # per tracker: what it has not taken by then stays behind its cursor for the next sync
-EXIT_BAD_INPUT, EXIT_REFUSED = 2, 3
+
+
+class Outcome(IntEnum):
+    """The exit code of each outcome, so a script can tell them apart."""
+
+    SYNCED = 0  # everything the spool holds is in S3 and with every tracker (or nothing was left to do)
+    BAD_INPUT = 2  # the path, the bucket or a tracker setting
+    OWNED = 3  # a live job owns the directory, or S3 holds other bytes for a chunk (another writer)
+    TRACKER_BEHIND = 4  # S3 has everything; a tracker did not take all in time (its cursor keeps the rest)
+    VOLUME_FULL = 5  # nothing could be written to the spool's volume: free space, nothing was deleted
+    S3_FAILED = 6  # S3 refused or could not be reached: the spool keeps everything for the next sync
+
+
+EPILOG = "exit codes: " + "; ".join(
+    f"{o.value} {text}"
+    for o, text in (
+        (Outcome.SYNCED, "synced, or nothing to do"),
+        (Outcome.BAD_INPUT, "bad input"),
+        (Outcome.OWNED, "a live job owns the spool, or another writer's chunk is in S3"),
+        (Outcome.TRACKER_BEHIND, "a tracker is behind (a later sync sends the rest)"),
+        (Outcome.VOLUME_FULL, "the spool's volume is full"),
+        (Outcome.S3_FAILED, "S3 failed"),
+    )
+)
 
 
 class SyncRefused(Exception):
-    """One line: why the spool was not pushed."""
+    """One line: why the spool was not pushed, and the outcome it is."""
+
+    def __init__(self, message: str, outcome: Outcome = Outcome.OWNED) -> None:
+        super().__init__(message)
+        self.outcome = outcome
 
 
 @dataclass
@@ -114,20 +144,31 @@ def sync_spool(
 ) -> SyncReport:
     directory = directory.resolve()
     if not directory.is_dir():
-        raise SyncRefused(f"spool dir {directory}: not a directory")
+        raise SyncRefused(f"spool dir {directory}: not a directory", Outcome.BAD_INPUT)
     experiment, run = directory.parent.name, directory.name
     for kind, value in (("experiment", experiment), ("run", run)):
         try:
             contract.validate_id(kind, value)
         except ValueError as error:
-            raise SyncRefused(f"spool dir {directory}: expected <spool root>/<experiment>/<run>; {error}") from None
-    newest = max((p.stat().st_mtime for p in (directory / OPEN, directory / STATE) if p.exists()), default=0.0)
-    if time.time() - newest < quiet_s:
-        raise SyncRefused(
-            f"spool dir {directory}: written {time.time() - newest:.0f} s ago; a live job may still own it "
-            f"(wait {quiet_s:.0f} s after it stopped)"
-        )
-    spool = Spool(directory)  # seals what the dead job left open; a torn tail is cut
+            raise SyncRefused(
+                f"spool dir {directory}: expected <spool root>/<experiment>/<run>; {error}", Outcome.BAD_INPUT
+            ) from None
+    if read_owner(directory) is None:  # an older release kept no owner record: its last write is all there is
+        newest = max((p.stat().st_mtime for p in (directory / OPEN, directory / STATE) if p.exists()), default=0.0)
+        if time.time() - newest < quiet_s:
+            raise SyncRefused(
+                f"spool dir {directory}: written {time.time() - newest:.0f} s ago; a live job may still own it "
+                f"(wait {quiet_s:.0f} s after it stopped)"
+            )
+    try:
+        owner = SpoolOwner.claim(directory, run=run)
+        spool = Spool(directory, owner=owner)  # seals what the dead job left open; a torn tail is cut
+    except SpoolOwnedError as error:
+        raise SyncRefused(str(error)) from None
+    except OSError as error:
+        if error.errno in FULL:
+            raise _volume_full(directory, error) from None
+        raise
     report = SyncReport(experiment, run)
     index = IndexWriter(s3, bucket=bucket, experiment=experiment, run=run)
     try:
@@ -166,15 +207,28 @@ def sync_spool(
     except RunConflictError as error:
         raise SyncRefused(str(error)) from None
     except (ClientError, BotoCoreError) as error:
-        raise SyncRefused(f"s3://{bucket}/{contract.run_prefix(experiment, run)}: {error}") from None
+        raise SyncRefused(f"s3://{bucket}/{contract.run_prefix(experiment, run)}: {error}", Outcome.S3_FAILED) from None
+    except OSError as error:
+        if error.errno in FULL:
+            raise _volume_full(directory, error) from None
+        raise
     finally:
         spool.close()
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def _volume_full(directory: Path, error: OSError) -> SyncRefused:
+    free = os.statvfs(directory)
+    return SyncRefused(
+        f"spool dir {directory}: its volume is full ({errno.errorcode.get(error.errno or 0, error.errno)}, "
+        f"{free.f_bavail * free.f_frsize} bytes free): free space on it and sync again; nothing was deleted",
+        Outcome.VOLUME_FULL,
+    )
+
+
+def main(argv: list[str] | None = None) -> Outcome:
     parser = argparse.ArgumentParser(
-        prog="python -m beacon.sync", description=__doc__.splitlines()[0] if __doc__ else None
+        prog="python -m beacon.sync", description=__doc__.splitlines()[0] if __doc__ else None, epilog=EPILOG
     )
     parser.add_argument("spool_dir", type=Path, help="<spool root>/<experiment>/<run>")
     parser.add_argument("--bucket", default=os.environ.get("BEACON_BUCKET"), help="artifact bucket [BEACON_BUCKET]")
@@ -194,12 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.bucket:
         print("python -m beacon.sync: error: --bucket: required (or set BEACON_BUCKET)", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return Outcome.BAD_INPUT
     try:
         mirrors = [] if args.no_mirrors else _mirrors_of(args.spool_dir, args.mirrors, args.bucket)
     except (SettingsError, PreflightError) as error:
         print(f"python -m beacon.sync: error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return Outcome.BAD_INPUT
     try:
         report = sync_spool(
             args.spool_dir,
@@ -210,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except SyncRefused as error:
         print(f"beacon sync: {error}", file=sys.stderr)
-        return EXIT_REFUSED
+        return error.outcome
     print(
         f"beacon sync: {report.experiment}/{report.run}: {report.chunks_uploaded} chunk(s) uploaded "
         f"({report.records_sent} records), {report.already_in_s3} already in s3://{args.bucket}; "
@@ -219,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, mirrored in report.mirrors.items():
         closed = f"final state {report.final_state}" if mirrored.closed else "not closed"
         print(f"beacon sync: {name}: {mirrored.sent} record(s) mirrored, {mirrored.behind} behind, {closed}")
-    return 0 if all(m.closed for m in report.mirrors.values()) else EXIT_REFUSED
+    return Outcome.SYNCED if all(m.closed for m in report.mirrors.values()) else Outcome.TRACKER_BEHIND
 
 
 def _mirrors_of(directory: Path, named: list[str] | None, bucket: str) -> list[Mirror]:

@@ -44,6 +44,7 @@ from beacon.reconcile import RunConflictError
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings
 from beacon.spool import Chunk, Spool, SpoolDiskError, SpoolFullError, on_spool_disk
+from beacon.spool_owner import SpoolTakenOverError
 from beacon.tensorboard_view import SEALED, TensorBoardView
 
 log = logging.getLogger("beacon.telemetry")
@@ -288,6 +289,10 @@ class Telemetry(NullTelemetry):
                 except SpoolFullError as error:
                     self._fatal = error
                     log.error("%s: the spool is full; stopping before anything acknowledged can be lost", error)
+                    return
+                except SpoolTakenOverError as error:  # a second writer would renumber the new owner's chunks
+                    self._fatal = error
+                    log.error("%s", error)
                     return
                 except SpoolDiskError as error:
                     if disk_failures == len(SPOOL_DISK_RETRY_S) or (stopping and self._remaining() <= 0):
