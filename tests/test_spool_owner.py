@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ time.sleep(120)
 
 
 @pytest.fixture
-def live_owner(tmp_path: Path):  # type: ignore[no-untyped-def]
+def live_owner(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
     """Another process on this host that owns `tmp_path / 'e' / 'r'` and keeps running."""
     directory = tmp_path / "e" / "r"
     script = tmp_path / "holder.py"
