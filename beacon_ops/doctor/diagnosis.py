@@ -71,7 +71,7 @@ class Diagnosis:
 
     def headline(self) -> str:
         """One line: the cause and the evidence of the verdict that names it, e.g. `rank-hung: rank 3 on
-        pod train-1, node node-1 hung at step 50 in training (train.py:12 in forward); 3 rank(s) wait in ...`."""
+        pod train-1, node node-1 hung at step 51 in training (train.py:12 in forward); 3 rank(s) wait in ...`."""
         lead = next((v for v in self.verdicts if v.check == self.lead), None)
         return f"{self.diagnosis}: {lead.evidence}" if lead is not None else self.diagnosis
 
