@@ -279,7 +279,7 @@ def test_the_notification_names_the_rank_its_step_phase_place_and_hanging_frame_
     verdict = text.splitlines()[0]
     assert verdict.startswith(
         f"rank-hung: rank 3 on pod {STOPPED.pod}, node {STOPPED.node}, instance {STOPPED.instance} "
-        "hung at step 50 in training ("
+        "hung at step 51 in training ("
     ), verdict
     assert "in forward)" in verdict, "the hanging frame of the team's code"
     assert verdict.endswith("; 3 rank(s) wait in all_reduce (0, 1, 2)"), verdict
@@ -357,7 +357,7 @@ def test_while_the_run_still_hangs_rank_0s_live_snapshot_lets_the_notification_n
     assert notification is not None
     assert notification.message.startswith(
         f"rank-hung: rank 3 on pod {STOPPED.pod}, node {STOPPED.node}, instance {STOPPED.instance} "
-        "hung at step 50 in training ("
+        "hung at step 51 in training ("
     ), notification.message
     verdict = notification.message.splitlines()[0]
     assert "in forward)" in verdict and verdict.endswith("; 3 rank(s) wait in all_reduce (0, 1, 2)"), verdict

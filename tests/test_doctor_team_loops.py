@@ -11,6 +11,7 @@ redesign (issue 29) gives the runtime one final-state rule; then the doctor's re
 from __future__ import annotations
 
 import json
+import pickle
 import signal
 import subprocess
 import sys
@@ -20,8 +21,12 @@ from typing import Any
 
 import pytest
 from beacon import contract
+from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX
+from beacon.ranks import RankProgress
 
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
+from beacon_ops.doctor.flight_recorder import ranks_in_a_collective
+from beacon_ops.doctor.rank_verdict import which_rank
 from beacon_ops.evidence.reading import read_run
 from tests.conftest import WriterSession
 from tests.support.job_harness import JobHarness, keys_under, signal_group, wait_for
@@ -30,6 +35,7 @@ from tests.support.synth import ROOT
 DDP_LOOP = """
 import os, time
 import torch
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 import beacon
@@ -47,9 +53,16 @@ class Batches(Dataset):
         return torch.randn(32)
 
 
+def sharded(model):  # FSDP2: each linear layer its own group, then the root
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
 def train():
     run = beacon.init("ddp")
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    model = WRAPPED(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = iter(DataLoader(Batches(), batch_size=1, num_workers=1))
     for step in range(run.resume_step, 100_000):
@@ -68,6 +81,12 @@ def train():
 
 train()
 """
+
+
+def line_of(text: str) -> int:
+    """The line of the training script that holds `text`, as its stack shows it."""
+    lines = textwrap.dedent(DDP_LOOP).splitlines()
+    return next(number for number, line in enumerate(lines, 1) if text in line)
 
 
 def start(harness: JobHarness, tmp_path: Path, run: str, body: str) -> subprocess.Popen[str]:
@@ -93,15 +112,10 @@ def doctor(as_writer: WriterSession, experiment: str, run: str) -> Any:
                                  cloudwatch=as_writer.aws.client("cloudwatch")))  # fmt: skip
 
 
-@pytest.mark.parametrize("hang", ["team-code", "data-loader"])
-def test_a_rank_hung_in_a_ddp_loop_is_named_where_it_hangs_and_rank_0_waits_in_ddps_gradient_all_reduce(
-    as_writer: WriterSession, strict_aws: str, tmp_path: Path, hang: str
-) -> None:
-    """It was `stalled ... py-spy dump the rank 0 process`, and "none stands out" beside the flight recorder's own
-    "rank(s) 1 did not join" (issue 27, finding 1); and `silent` at 1 s heartbeats (finding 2)."""
+def diagnosed_while_it_hangs(as_writer: WriterSession, strict_aws: str, tmp_path: Path, run: str, body: str) -> Any:
+    """The doctor on the team's loop under torchrun while one rank hangs, once it reads both ranks' evidence."""
     harness = JobHarness(strict_aws, as_writer.bucket, tmp_path, as_writer.credentials)
-    run = f"ddp-{hang}"
-    job = start(harness, tmp_path, run, DDP_LOOP.replace("HANG_WHERE", hang))
+    job = start(harness, tmp_path, run, body)
     prefix = contract.run_prefix("ddp", run) + f"{contract.RANKS}/"
     try:
         as_writer.aws.reset_auth_only()  # read as the admin
@@ -121,21 +135,139 @@ def test_a_rank_hung_in_a_ddp_loop_is_named_where_it_hangs_and_rank_0_waits_in_d
             return readings[-1].diagnosis == "rank-hung" and rank is not None and "no dump from" not in rank.evidence
 
         wait_for(names_the_rank_from_both_ranks, timeout=90, interval=2)
-        diagnosis = readings[-1]
+        return readings[-1]
     finally:
         signal_group(job, signal.SIGKILL)
         job.communicate(timeout=60)
+
+
+@pytest.mark.parametrize("hang", ["team-code", "data-loader"])
+def test_a_rank_hung_in_a_ddp_loop_is_named_where_it_hangs_and_rank_0_waits_in_ddps_gradient_all_reduce(
+    as_writer: WriterSession, strict_aws: str, tmp_path: Path, hang: str
+) -> None:
+    """It was `stalled ... py-spy dump the rank 0 process`, and "none stands out" beside the flight recorder's own
+    "rank(s) 1 did not join" (issue 27, finding 1); and `silent` at 1 s heartbeats (finding 2)."""
+    body = DDP_LOOP.replace("HANG_WHERE", hang).replace("WRAPPED", "DDP")
+    diagnosis = diagnosed_while_it_hangs(as_writer, strict_aws, tmp_path, f"ddp-{hang}", body)
     verdicts = {v.check: v for v in diagnosis.verdicts}
     assert diagnosis.diagnosis == "rank-hung", [(v.check, v.verdict, v.evidence) for v in diagnosis.verdicts]
     named = verdicts["rank"].evidence
-    # Its DataLoader's worker hangs: the rank's main thread waits for it where the loop asks for the next batch
-    where = "in train, waiting for its DataLoader)" if hang == "data-loader" else "in train)"
-    assert named.startswith("rank 1 hung at step ") and f"{tmp_path}/train.py:" in named and where in named, named
-    assert "; 1 rank(s) wait in DDP's gradient all_reduce (backward) (0)" in named, named
-    assert "rank(s) 1 did not join" in named, "the flight recorders say so too"
+    # Both documents say step 39, the last either finished: rank 1 hangs inside step 40. Its DataLoader's worker
+    # hangs: the rank's main thread waits for it where the loop asks for the next batch.
+    if hang == "data-loader":
+        where = f"{tmp_path}/train.py:{line_of('loss = model(next(batches))')} in train, waiting for its DataLoader"
+    else:
+        where = f"{tmp_path}/train.py:{line_of('# the team')} in train"
+    expected = f"rank 1 hung at step 40 in training ({where}); rank 0 waits in DDP's gradient all_reduce; "
+    assert named.startswith(expected + "first mismatched collective: gloo:all_reduce #"), named
+    assert named.endswith(", joined by rank(s) 0; rank(s) 1 did not join"), "the flight recorders say so too"
     # Live at 1 s heartbeats, stalled past the run's own threshold (3 s here), and no py-spy the pod cannot run
     assert (verdicts["liveness"].verdict, verdicts["liveness"].status) == ("stalled", "fail"), verdicts["liveness"]
     assert "(> 3 s)" in verdicts["liveness"].evidence and "py-spy" not in verdicts["liveness"].fix
+
+
+def test_a_rank_hung_in_an_fsdp2_loop_is_named_and_rank_0_waits_in_fsdps_collectives(
+    as_writer: WriterSession, strict_aws: str, tmp_path: Path
+) -> None:
+    """The loop's model sharded with `fully_shard` (FSDP2, gloo on CPU): rank 1 hangs in the team's code before step
+    40's forward, rank 0 waits in FSDP's all_gather of the parameters, issued from its pre-forward hook."""
+    body = DDP_LOOP.replace("HANG_WHERE", "team-code").replace("WRAPPED", "sharded")
+    diagnosis = diagnosed_while_it_hangs(as_writer, strict_aws, tmp_path, "fsdp2", body)
+    named = {v.check: v for v in diagnosis.verdicts}["rank"].evidence
+    assert diagnosis.diagnosis == "rank-hung", [(v.check, v.verdict, v.evidence) for v in diagnosis.verdicts]
+    where = f"{tmp_path}/train.py:{line_of('# the team')} in train"
+    expected = f"rank 1 hung at step 40 in training ({where}); rank 0 waits in FSDP's all_gather; "
+    assert named.startswith(expected + "first mismatched collective: gloo:"), named
+    assert named.endswith(", joined by rank(s) 0; rank(s) 1 did not join"), "the flight recorders say so too"
+
+
+# --- a rank inside backward: DDP's gradient all_reduce only where its flight recorder says a collective is in flight
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+IN_BACKWARD = (f"{TORCH}/autograd/graph.py:_engine_run_backward", f"{TORCH}/autograd/__init__.py:backward",
+               f"{TORCH}/_tensor.py:backward", "/app/train.py:train")  # fmt: skip
+IN_TEAM_CODE = ("/app/train.py:train",)
+IN_ALL_REDUCE = (f"{TORCH}/distributed/distributed_c10d.py:all_reduce", "/app/train.py:train")
+
+
+def stacks_at(rank: int, *main_frames: str) -> str:
+    """A rank's stall dump as faulthandler writes it: its heartbeat thread, then its main thread, innermost first."""
+    frames = "".join(
+        f'  File "{file}", line 9 in {function}\n' for file, function in (f.split(":") for f in main_frames)
+    )
+    return (
+        f"--- rank {rank} pid 1 at 1.0, step 39: no progress for 3 s after step 39\n"
+        "Thread 0x1 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n'
+        '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
+        f"Thread 0x2 (most recent call first):\n{frames}"
+    )
+
+
+def flight_recorder_dump(enqueued: int, completed: int) -> bytes:
+    """A rank's flight-recorder dump as torch 2.13 writes it on gloo, its entries left out."""
+    status = {
+        "last_enqueued_collective": enqueued,
+        "last_started_collective": -1,
+        "last_completed_collective": completed,
+    }
+    return pickle.dumps({"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+                         "pg_status": {"0": status}, "entries": []})  # fmt: skip
+
+
+def two_ranks() -> list[RankProgress]:
+    return [RankProgress(r, r, 2, 39, "training", 3.0, 100.0, 97.0, 1, "", "", "", 1) for r in (0, 1)]
+
+
+def test_a_rank_inside_backward_with_a_collective_in_flight_waits_in_ddps_gradient_all_reduce() -> None:
+    dumps = {f"p/ranks/attempt-00000/live-00000/{FLIGHT_RECORDER_PREFIX}{r}": flight_recorder_dump(96 - r, 95)
+             for r in (0, 1)}  # fmt: skip
+    in_flight = ranks_in_a_collective(dumps)
+    assert in_flight == {0}, "rank 0 issued collective 96, the reducer's bucket all_reduce; rank 1 never did"
+    stacks = {0: stacks_at(0, *IN_BACKWARD), 1: stacks_at(1, *IN_TEAM_CODE)}
+    verdict = which_rank(two_ranks(), stacks, in_flight=in_flight)
+    assert verdict is not None and verdict.line() == (
+        "rank 1 hung at step 40 in training (/app/train.py:9 in train); rank 0 waits in DDP's gradient all_reduce"
+    )
+
+
+def test_a_rank_inside_a_backward_of_its_own_is_not_waiting_in_ddp() -> None:
+    """No collective in flight on it (a model of its own, a custom autograd function that blocks): backward is its
+    own work, and the rank waiting in its explicit all_reduce is the one its peer stopped."""
+    dumps = {f"p/ranks/attempt-00000/{FLIGHT_RECORDER_PREFIX}{r}": flight_recorder_dump(95 + r, 95) for r in (0, 1)}
+    in_flight = ranks_in_a_collective(dumps)
+    assert in_flight == {1}
+    stacks = {0: stacks_at(0, *IN_BACKWARD), 1: stacks_at(1, *IN_ALL_REDUCE)}
+    for evidence in (in_flight, set()):  # nor without any flight recorder
+        verdict = which_rank(two_ranks(), stacks, in_flight=evidence)
+        assert verdict is not None and verdict.line() == (
+            "rank 0 hung at step 40 in training (/app/train.py:9 in train); rank 1 waits in all_reduce"
+        ), evidence
+    assert "DDP" not in str(which_rank(two_ranks()[:1], {0: stacks_at(0, *IN_BACKWARD)})), "nor a run of one rank"
+
+
+def test_a_rank_in_fsdps_hooks_waits_in_the_collective_its_frames_show() -> None:
+    """FSDP2's pre-forward all_gather of the parameters, and its post-backward reduce_scatter of the gradients."""
+    fsdp = f"{TORCH}/distributed/fsdp/_fully_shard"
+    gathering = (
+        f"{TORCH}/distributed/distributed_c10d.py:all_gather_single",
+        f"{fsdp}/_fsdp_collectives.py:foreach_all_gather",
+        f"{fsdp}/_fsdp_param_group.py:unshard",
+        f"{fsdp}/_fsdp_state.py:_pre_forward",
+        f"{TORCH}/nn/modules/module.py:_call_impl",
+        *IN_TEAM_CODE,
+    )
+    scattering = (f"{TORCH}/distributed/distributed_c10d.py:reduce_scatter_tensor",
+                  f"{fsdp}/_fsdp_collectives.py:foreach_reduce", f"{fsdp}/_fsdp_param_group.py:post_backward",
+                  *IN_BACKWARD)  # fmt: skip
+    for frames, collective in ((gathering, "FSDP's all_gather"), (scattering, "FSDP's reduce_scatter")):
+        verdict = which_rank(two_ranks(), {0: stacks_at(0, *frames), 1: stacks_at(1, *IN_TEAM_CODE)})
+        assert verdict is not None and verdict.line().endswith(f"; rank 0 waits in {collective}"), verdict
+
+
+def test_a_flight_recorder_dump_that_is_not_one_shows_no_collective_in_flight() -> None:
+    forged = {b"[]", b"not a pickle", pickle.dumps({"pg_status": {"0": {"last_enqueued_collective": "9"}}}),
+              pickle.dumps({"pg_status": []}), pickle.dumps(RankProgress)}  # fmt: skip
+    assert ranks_in_a_collective({f"p/{FLIGHT_RECORDER_PREFIX}0": body for body in forged}) == set()
 
 
 # --- what the runtime writes (findings 3, 4): strict xfails until the one-log redesign ---------------------------

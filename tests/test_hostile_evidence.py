@@ -23,6 +23,7 @@ from beacon.ranks import RankProgress, RankSignal, rank_document_name, upload_ra
 
 from beacon_ops.doctor import notify
 from beacon_ops.doctor.diagnosis import WARN, Diagnosis, DoctorInputs, diagnose
+from beacon_ops.evidence.reading import read_run
 from tests.conftest import WriterSession
 from tests.support.moto_server import REGION
 from tests.test_alarm_notification import delivered, notify_as_the_function, topic_with_queue_as_admin
@@ -106,6 +107,14 @@ CASES: dict[str, tuple[str, Callable[[RankProgress], bytes], str]] = {
         contract.events_key(EXPERIMENT, RUN, 1), lambda _: chunk_line(run="someone-else"),
         "a record of smoke/someone-else",
     ),
+    "a chunk line numbered 10^18": (
+        contract.events_key(EXPERIMENT, RUN, 1), lambda _: chunk_line(seq=10**18),
+        f"line 2: seq {10**18} where the spool's numbering is at {STEPS + 1}",
+    ),
+    "a chunk line numbered in text": (
+        contract.events_key(EXPERIMENT, RUN, 1), lambda _: chunk_line(seq=str(STEPS + 1)),
+        f"line 2: not a record (seq: '{STEPS + 1}' is not an integer)",
+    ),
     "a preflight that is a list": (
         contract.preflight_key(EXPERIMENT, RUN, "2-bad.json"), lambda _: b"[]", "not a JSON object but list",
     ),
@@ -168,6 +177,26 @@ def test_a_bad_file_is_set_aside_and_named_and_the_doctor_and_the_alarm_function
     assert "could not read" not in notification.message
     as_writer.aws.reset_auth_only()  # the admin reads the queue
     assert [m["Message"] for m in delivered(sqs, queue)] == [notification.message]
+
+
+@pytest.mark.parametrize("seq", [10**18, 2**63 + 5, -1, 31.0, "31", True])
+def test_a_forged_chunk_numbered_out_of_the_spools_run_is_set_aside_and_no_record_reads_as_missing(
+    as_writer: WriterSession, seq: object
+) -> None:
+    """A chunk of its own, after the run's last: the spool numbers it from where the chunk before it ended (29), so
+    a line numbered otherwise is no record of the run's, and no gap in its numbering (10^18 records missing)."""
+    seed_finished_run(as_writer)
+    key = contract.events_key(EXPERIMENT, RUN, 1)
+    as_writer.client("s3").put_object(Bucket=as_writer.bucket, Key=key, Body=chunk_line(seq=seq))
+    doctor = diagnosed(as_writer)
+    (evidence,) = [v for v in doctor.verdicts if v.check == "evidence"]
+    assert evidence.verdict == "set aside" and f"{key.removeprefix(contract.run_prefix(EXPERIMENT, RUN))} line 1: " in (
+        evidence.evidence
+    ), evidence
+    assert doctor.diagnosis == "finished", doctor.headline()
+    assert not any("numbered records are not in S3" in v.evidence for v in doctor.verdicts), doctor.verdicts
+    read = read_run(as_writer.client("s3", as_writer.reader), as_writer.bucket, EXPERIMENT, RUN)
+    assert (read.numbered, read.missing, len(read.records)) == (STEPS, 0, STEPS)
 
 
 def test_a_bad_final_state_is_named_and_the_run_reads_as_one_that_wrote_none(as_writer: WriterSession) -> None:

@@ -297,7 +297,7 @@ def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_wher
         )
         assert verdict.where.startswith(str(ROOT / "runtime" / "smoke_job" / "job.py")) and "in train" in verdict.where
         assert verdict.waiting == {"all_reduce": [0, 1, 2]}
-        assert verdict.line().startswith("rank 3 on pod train-1, node node-1 hung at step 20 in training (")
+        assert verdict.line().startswith("rank 3 on pod train-1, node node-1 hung at step 21 in training (")
         assert verdict.line().endswith("; 3 rank(s) wait in all_reduce (0, 1, 2)")
         started = time.monotonic()
         s3, prefix = as_writer.client("s3"), contract.run_prefix("smoke", run)
@@ -334,7 +334,7 @@ def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_wher
         assert (recorder.mismatch.missing, recorder.mismatch.joined) == ([3], [0, 1, 2]), recorder.mismatch
         assert recorder.mismatch.operation == "gloo:all_reduce", recorder.mismatch
         (named,) = [v for v in diagnosis.verdicts if v.check == "rank"]
-        assert named.evidence.startswith("rank 3 on pod train-1, node node-1 hung at step 20"), named.evidence
+        assert named.evidence.startswith("rank 3 on pod train-1, node node-1 hung at step 21"), named.evidence
         assert named.evidence.endswith(
             f"; first mismatched collective: gloo:all_reduce #{recorder.mismatch.sequence_id} in process group "
             f"{recorder.mismatch.group}, joined by rank(s) 0, 1, 2; rank(s) 3 did not join"

@@ -18,7 +18,7 @@ from beacon import contract
 from beacon.ranks import SIGNAL_DUMP, signal_stacks_name, stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.doctor.flight_recorder import FlightRecorderReading, read_flight_recorder
+from beacon_ops.doctor.flight_recorder import FlightRecorderReading, ranks_in_a_collective, read_flight_recorder
 from beacon_ops.doctor.orchestrator import CHECK as CHECK_ORCHESTRATOR
 from beacon_ops.doctor.orchestrator import OrchestratorState, orchestrator_verdict, running_now
 from beacon_ops.doctor.rank_verdict import RankVerdict, which_rank
@@ -71,7 +71,7 @@ class Diagnosis:
 
     def headline(self) -> str:
         """One line: the cause and the evidence of the verdict that names it, e.g. `rank-hung: rank 3 on
-        pod train-1, node node-1 hung at step 50 in training (train.py:12 in forward); 3 rank(s) wait in ...`."""
+        pod train-1, node node-1 hung at step 51 in training (train.py:12 in forward); 3 rank(s) wait in ...`."""
         lead = next((v for v in self.verdicts if v.check == self.lead), None)
         return f"{self.diagnosis}: {lead.evidence}" if lead is not None else self.diagnosis
 
@@ -589,7 +589,8 @@ def _stopped_rank(evidence: RunEvidence, recorder: FlightRecorderReading | None)
     read = f"; {recorder.line()}" if recorder is not None and not recorder.unread else ""
     unread = recorder.line() if recorder is not None and recorder.unread else ""
     not_joined = recorder.mismatch.missing if recorder is not None and recorder.mismatch is not None else None
-    stopped = which_rank(documents, stacks, not_joined=not_joined)
+    in_flight = ranks_in_a_collective(evidence.flight_recorder_dumps())
+    stopped = which_rank(documents, stacks, not_joined=not_joined, in_flight=in_flight)
     if stopped is None:
         return Verdict(
             "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others{read}", unread

@@ -93,6 +93,28 @@ def read_flight_recorder(dumps: dict[str, bytes], *, world_size: int = 0) -> Fli
         return FlightRecorderReading(keys, unread=f"PyTorch's analyser cannot read them: {why}", world_size=world_size)
 
 
+def ranks_in_a_collective(dumps: dict[str, bytes]) -> set[int]:
+    """The ranks whose own dump holds a collective they issued that has not completed (a process group whose last
+    enqueued collective is past its last completed one): inside backward, DDP's reducer's bucket all_reduce, which
+    it issues from C++ hooks. Read as plain data, without torch (the alarm's function has none); a dump that is not
+    one says nothing."""
+    found = set()
+    for key, body in dumps.items():
+        try:
+            dump = _DataOnly(io.BytesIO(body)).load()
+            groups = dump.get("pg_status", {}).values() if isinstance(dump, dict) else ()
+            if any(_count(g, "last_enqueued_collective") > _count(g, "last_completed_collective") for g in groups):
+                found.add(ranks_of([key])[0])
+        except Exception:  # torn, forged or of another version: it shows no collective
+            continue
+    return found
+
+
+def _count(group: object, name: str) -> int:
+    value = group.get(name, -1) if isinstance(group, dict) else -1
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
 def _analyser() -> Any:
     # Its builder warns at import when `tabulate` is missing; nothing of it is for the doctor's reader.
     logging.getLogger(ANALYSER_LOGGER).disabled = True

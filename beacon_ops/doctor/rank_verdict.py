@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from beacon.contract import FinalState
+from beacon.contract import FinalState, Phase
 from beacon.ranks import STALL_DUMP, RankProgress
 
 # A rank whose document is this much older than the newest one stopped writing it: dead or frozen.
@@ -75,13 +76,16 @@ def dumped_at(dump: str) -> float:
 
 # Where a rank waits for its peers though no collective frame shows: the collectives run in C++ from hooks.
 # (path part of a torch frame, its functions or () for any, how the verdict names the wait)
-HIDDEN_COLLECTIVES = (
-    ("torch/distributed/fsdp/", (), "FSDP's collectives"),
-    ("torch/distributed/_composable/fsdp/", (), "FSDP's collectives"),
-    ("torch/nn/parallel/distributed.py", (), "DDP's forward sync"),
-    # DDP's reducer all-reduces each gradient bucket from autograd hooks: a stalled rank inside backward waits there
-    ("torch/autograd/", ("_engine_run_backward", "run_backward", "backward"), "DDP's gradient all_reduce (backward)"),
-)
+HIDDEN_COLLECTIVES = (("torch/nn/parallel/distributed.py", (), "DDP's forward sync"),)
+# FSDP's hooks gather the parameters before forward and reduce-scatter the gradients after backward: named by the
+# collective its frames show
+FSDP = ("torch/distributed/fsdp/", "torch/distributed/_composable/fsdp/")
+FSDP_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+# DDP's reducer all-reduces each gradient bucket from autograd's hooks, in C++: a rank inside backward waits there
+# only where its flight recorder holds a collective in flight; else backward is the rank's own work (a model of its
+# own, a custom autograd function that blocks).
+BACKWARD = ("torch/autograd/", ("_engine_run_backward", "run_backward", "backward"))
+DDP_BACKWARD = "DDP's gradient all_reduce"
 DATA_LOADER = "torch/utils/data/"  # a rank waiting here waits for its own data, not for a peer
 
 
@@ -102,14 +106,18 @@ def torch_frames(frames: list[Frame]) -> list[Frame]:
     return inside
 
 
-def collective_of(frames: list[Frame]) -> str | None:
+def collective_of(frames: list[Frame], *, ddp: bool = False) -> str | None:
     """What the main thread waits for its peers in: a torch.distributed collective, or one that runs hidden from
-    Python (DDP's backward, FSDP's hooks); None when it is elsewhere (the team's code, its DataLoader)."""
+    Python (FSDP's hooks; DDP's backward, where `ddp`: the rank's flight recorder holds a collective in flight);
+    None when it is elsewhere (the team's code, its DataLoader, a backward of its own)."""
+    inner = torch_frames(frames)
+    if any(part in f.file for f in inner for part in FSDP):
+        kind = next((k for f in inner for k in FSDP_COLLECTIVES if k in f.function), "")
+        return f"FSDP's {kind}" if kind else "FSDP's collectives"
     for frame in frames:
         if "torch/distributed" in frame.file and frame.function in COLLECTIVES:
             return frame.function
-    inner = torch_frames(frames)
-    for part, functions, name in HIDDEN_COLLECTIVES:
+    for part, functions, name in (*HIDDEN_COLLECTIVES, *([(*BACKWARD, DDP_BACKWARD)] if ddp else [])):
         if any(part in f.file and (not functions or f.function in functions) for f in inner):
             return name
     return None
@@ -133,7 +141,7 @@ class RankVerdict:
     # "hung" (alive, not in a collective), "died" (no last word), "failed" (its last word says so), "silent"
     # (no word since the others began to wait: frozen, killed or lost; or no document at all, `missing`)
     how: str
-    step: int
+    step: int  # the last step its document says it finished
     phase: str
     pod: str
     node: str
@@ -144,12 +152,19 @@ class RankVerdict:
     ended: str = ""
     missing: list[int] = field(default_factory=list)  # ranks with no document in the evidence
 
+    @property
+    def step_named(self) -> int:
+        """The step the verdict names. A rank hung in training is inside the step after the last it finished (its
+        stack shows it in the loop, its document at the step before); a checkpoint or an evaluation runs after the
+        step it finished; a rank that died, failed or went silent is named at its last word's step."""
+        return self.step + 1 if self.how == "hung" and self.phase == Phase.TRAINING else self.step
+
     def line(self) -> str:
         place = ", ".join(
             f"{k} {v}" for k, v in (("pod", self.pod), ("node", self.node), ("instance", self.instance)) if v
         )
         how = "went silent" if self.how == "silent" else self.how
-        text = f"rank {self.rank}{f' on {place}' if place else ''} {how} at step {self.step} in {self.phase}"
+        text = f"rank {self.rank}{f' on {place}' if place else ''} {how} at step {self.step_named} in {self.phase}"
         if self.missing:  # node-local ranks directories (SageMaker): their node's leader uploaded nothing
             text = (
                 f"rank(s) {rank_list(self.missing)} sent nothing while the others waited (no document: their "
@@ -160,7 +175,10 @@ class RankVerdict:
         if self.ended:
             text += f", last word: {self.ended}"
         for collective, ranks in sorted(self.waiting.items()):
-            text += f"; {len(ranks)} rank(s) wait in {collective} ({rank_list(ranks)})"
+            if len(ranks) == 1:
+                text += f"; rank {ranks[0]} waits in {collective}"
+            else:
+                text += f"; {len(ranks)} rank(s) wait in {collective} ({rank_list(ranks)})"
         return text
 
 
@@ -198,17 +216,22 @@ def rank_list(ranks: list[int]) -> str:
 
 
 def which_rank(
-    ranks: list[RankProgress], stacks: dict[int, str], *, not_joined: list[int] | None = None
+    ranks: list[RankProgress],
+    stacks: dict[int, str],
+    *,
+    not_joined: list[int] | None = None,
+    in_flight: Collection[int] = (),
 ) -> RankVerdict | None:
     """The rank that stopped the run, or None when no rank stands out (every one progressing). `not_joined`: the
-    ranks the flight recorders say never issued the first collective the others joined."""
+    ranks the flight recorders say never issued the first collective the others joined; `in_flight`: the ranks
+    whose own flight recorder holds a collective they issued that has not completed."""
     if len(ranks) < 2 and max((r.world_size for r in ranks), default=1) < 2:
         return _the_only_rank(ranks, stacks)
     newest = max(r.wall_time for r in ranks)
     main = {r.rank: main_thread_of(stacks.get(r.rank, "")) for r in ranks}
     waiting: dict[str, list[int]] = defaultdict(list)
     for rank in ranks:
-        if (collective := collective_of(main[rank.rank])) is not None:
+        if (collective := collective_of(main[rank.rank], ddp=rank.rank in in_flight)) is not None:
             waiting[collective].append(rank.rank)
     # No last word, while the others ended or went on writing long after: killed outright, or frozen.
     others_ended = any(r.ended for r in ranks)
@@ -233,7 +256,7 @@ def which_rank(
     dumped = {r.rank for r in ranks if main[r.rank]}
     blocked: dict[str, list[int]] = defaultdict(list)
     for number in sorted(dumped):
-        blocked[collective_of(main[number]) or main[number][0].function].append(number)
+        blocked[collective_of(main[number], ddp=number in in_flight) or main[number][0].function].append(number)
     # No dump and no last word, its document written before any other rank dumped (an alive rank rewrites
     # it each pass, and dumps at the same stall): its own threads stopped (SIGSTOP, a lost node, killed)
     # while every other rank stalled, dumped and still waits. However old its document grows, that is all

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -228,13 +229,25 @@ def _read(s3: Any, bucket: str, key: str) -> bytes:
     return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
-def _records(body: bytes, where: str, evidence: RunEvidence) -> list[contract.Record]:
-    """A chunk's records, line by line: a line that is not a record is set aside, its neighbours kept."""
-    found = []
+# A record line's counts, JSON integers: the reader counts and orders by them (`"seq": "7"` or 7.5 is no number of
+# the spool's, though `int()` would take it)
+RECORD_COUNTS = ("seq", "step", "attempt", "rank")
+CHUNK_NAME = re.compile(r"chunk-(\d+)\.jsonl$")
+
+
+def _records(body: bytes, where: str, evidence: RunEvidence, after: int | None = None) -> list[contract.Record]:
+    """A chunk's records, line by line: a line that is not a record is set aside, its neighbours kept. The spool
+    numbers a chunk's records one after another, from the number after the chunk before it (`after`: that chunk's
+    last, when it was read or indexed; else the chunk's lowest): a line numbered out of that run is set aside, not
+    believed (a forged `seq` of 10^18 would read as that many records missing)."""
+    read = []
     for number, line in enumerate(body.splitlines(), start=1):
         if not line.strip():
             continue
         try:
+            if problem := _not_counts(json.loads(line)):
+                evidence._set_aside(f"{where} line {number}", f"not a record ({problem})")
+                continue
             record = contract.Record.from_line(line)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             evidence._set_aside(f"{where} line {number}", f"not a record ({type(error).__name__}: {error})")
@@ -242,8 +255,35 @@ def _records(body: bytes, where: str, evidence: RunEvidence) -> list[contract.Re
         if (record.experiment, record.run) != (evidence.experiment, evidence.run):
             evidence._set_aside(f"{where} line {number}", f"a record of {record.experiment}/{record.run}")
             continue
+        read.append((number, record))
+    expected = after + 1 if after is not None else min((r.seq for _, r in read), default=0)
+    found = []
+    for number, record in read:
+        if record.seq != expected:
+            evidence._set_aside(
+                f"{where} line {number}",
+                f"seq {record.seq} where the spool's numbering is at {expected} (it numbers records one after another)",
+            )
+            continue
         found.append(record)
+        expected += 1
     return found
+
+
+def _not_counts(line: object) -> str:
+    """What is wrong with a record line's counts ("" when nothing): each a JSON integer, its `seq` not negative."""
+    if not isinstance(line, dict):
+        return f"not a JSON object but {type(line).__name__}"
+    for name in RECORD_COUNTS:
+        value = line.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{name}: {value!r} is not an integer"
+    return f"seq: {line['seq']} is negative" if line.get("seq", 0) < 0 else ""
+
+
+def _chunk_number(key: str) -> int | None:
+    match = CHUNK_NAME.search(key)
+    return int(match[1]) if match else None
 
 
 NUMBER = (int, float)
@@ -309,13 +349,19 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
     if tail_only:
         evidence.indexed = _indexed(s3, bucket, prefix, keys, evidence._set_aside)
     skipped = {contract.events_key(experiment, run, s.chunk) for s in evidence.indexed}
+    last_seq = {s.chunk: s.last_seq for s in evidence.indexed}  # each chunk's last number, indexed or read
     for key in keys:
         kind = key.removeprefix(prefix).split("/", 1)[0]
         where = key.removeprefix(prefix)
         if kind == contract.EVENTS:
             evidence.chunk_keys.append(key)
             if key not in skipped:
-                evidence.records.extend(_records(_read(s3, bucket, key), where, evidence))
+                chunk = _chunk_number(key)
+                after = last_seq.get(chunk - 1) if chunk is not None else None
+                records = _records(_read(s3, bucket, key), where, evidence, after)
+                evidence.records.extend(records)
+                if chunk is not None and records:
+                    last_seq[chunk] = records[-1].seq
         elif kind == contract.PREFLIGHT:
             preflight = _document(_read(s3, bucket, key), where, evidence, PREFLIGHT_FIELDS, PREFLIGHT_REQUIRED)
             if preflight is not None:
