@@ -4,15 +4,18 @@ navigation fails), and what its pages state about the code is checked against th
 from __future__ import annotations
 
 import dataclasses
+import html
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from beacon.ranks import rank_document_name
 from beacon.settings import RunSettings
 
+from beacon_ops.cli import reference
 from beacon_ops.doctor.diagnosis import Diagnosis
 from tests.conftest import WriterSession
 from tests.support.synth import ROOT
@@ -20,13 +23,36 @@ from tests.support.synth import ROOT
 SETTINGS_PAGE = ROOT / "docs" / "runtime" / "settings.md"
 
 
-def test_the_site_builds_strictly(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as `make docs` builds it, strictly, once for this file's tests."""
+    built = tmp_path_factory.mktemp("site")
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(built)],
         cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "site" / "runtime" / "settings" / "index.html").is_file()
+    return built
+
+
+def test_the_site_builds_strictly(site: Path) -> None:
+    assert (site / "runtime" / "settings" / "index.html").is_file()
+    assert (site / "cli" / "index.html").is_file()
+
+
+def test_the_cli_reference_is_every_subcommand_and_option_of_the_real_command(site: Path) -> None:
+    """docs/cli.md is generated from the command's click group: a command or option added, renamed or dropped
+    shows there at the next build."""
+    page = html.unescape((site / "cli" / "index.html").read_text())
+    sections = re.findall(r'<h3 id="([\w-]+)"', page)
+    assert sections == sorted(reference.command.commands)  # type: ignore[attr-defined]
+    assert {"smoke", "run", "doctor", "local", "sync", "tensorboard"} <= set(sections)
+    for name, command in reference.command.commands.items():  # type: ignore[attr-defined]
+        section = page.split(f'<h3 id="{name}"', 1)[1].split("<h3 ", 1)[0]
+        assert f"beacon {name} [OPTIONS]" in section, name
+        shown = [param for param in command.params if not getattr(param, "hidden", False)]
+        for option in (opt for param in shown for opt in param.opts if opt.startswith("--")):
+            assert option in section, f"beacon {name} {option}"
 
 
 def shown_default(value: object) -> str:
