@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -111,3 +113,98 @@ def test_the_doctors_example_verdicts_are_what_it_says_on_such_a_run(as_writer: 
     assert text_blocks(page) == [finished, set_aside]
     listed = re.findall(r"^\| `(\w+)` \|", page.read_text(), re.MULTILINE)
     assert listed == [v.check for v in clean.verdicts], "the checks' table, in the order the doctor gives them"
+
+
+# --- Every Python block of the README and the runtime's pages runs (issue 28, item 5) -------------------------
+README = ROOT / "README.md"
+PAGES_WITH_CODE = [README, *sorted((ROOT / "docs" / "runtime").glob("*.md")), ROOT / "docs" / "integrations.md"]
+PYTHON_FENCE = re.compile(r"^(?P<indent>[ \t]*)```py(thon)?\b[^\n]*\n(?P<code>.*?)^(?P=indent)```", re.M | re.S)
+FRAGMENT = re.compile(r"<!-- docs-test: fragment of ([\w/., ]+?) -->\s*$")
+# The blocks that do not run on their own, each marked on the page with the examples that run it in full
+# (tests/test_examples.py runs them): listed here, so no block escapes without a line in this file.
+FRAGMENTS = {"docs/integrations.md:10": "examples/lightning_module.py, examples/hf_trainer.py"}
+# What the pages' loops leave to the reader (their model, its step, their data), defined before each block.
+READERS_OWN = """
+import torch
+
+steps, lr = 500, 0.01  # 500 steps: the blocks' `(step + 1) % 500` checkpoint is taken once
+batch = torch.randn(4, 8)
+model = torch.nn.Linear(8, 1)
+
+
+def build_model():
+    return model
+
+
+def train_step(*_):
+    loss = model(batch).pow(2).mean()
+    loss.backward()
+    return loss.item()
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class PythonBlock:
+    where: str  # page:line of its opening fence
+    code: str
+    fragment_of: str | None  # the examples that run it in full, from its marker
+
+
+def python_blocks(page: Path) -> list[PythonBlock]:
+    text = page.read_text()
+    blocks = []
+    for fence in PYTHON_FENCE.finditer(text):
+        line = text.count("\n", 0, fence.start()) + 1
+        before = text[: fence.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        marker = FRAGMENT.search(before)
+        where = f"{page.relative_to(ROOT)}:{line}"
+        blocks.append(PythonBlock(where, textwrap.dedent(fence["code"]), marker[1] if marker else None))
+    return blocks
+
+
+def every_python_block() -> list[PythonBlock]:
+    return [block for page in PAGES_WITH_CODE for block in python_blocks(page)]
+
+
+def test_every_python_block_runs_or_is_a_fragment_listed_here_and_marked_on_its_page() -> None:
+    blocks = every_python_block()
+    assert {b.where: b.fragment_of for b in blocks if b.fragment_of} == FRAGMENTS
+    runnable = [b.where for b in blocks if not b.fragment_of]
+    assert runnable[0].startswith("README.md:"), "the README's loop is among the blocks that run"
+    for block in blocks:
+        compile(block.code, block.where, "exec")  # a fragment is still Python
+        if block.fragment_of:  # and what it shows of Beacon is what its examples use
+            examples = "".join((ROOT / name.strip()).read_text() for name in block.fragment_of.split(","))
+            for name in set(re.findall(r"\bBeacon\w+|\brun\.\w+", block.code)):
+                assert name.split(".")[-1] in examples, f"{block.where}: {name} is in none of {block.fragment_of}"
+
+
+def test_the_readme_loop_and_the_runtime_pages_blocks_run_through_beacon_local_on_one_embedded_aws(
+    tmp_path: Path,
+) -> None:
+    """Each block, as the page shows it, is the reader's `train.py`: `beacon local -- python train.py` runs it as the
+    demo team's writer; the first leaves the embedded AWS up (--keep) for the others, the last stops it."""
+    from tests.test_local import CHECKOUT, MARKER, demo_processes
+
+    runnable = [block for block in every_python_block() if not block.fragment_of]
+    workdir = tmp_path / "beacon"
+    env = {**os.environ, MARKER: str(workdir), "PYTHONPATH": CHECKOUT, "COLUMNS": "200"}
+
+    def beacon_local(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "beacon_ops.cli", "local", "--workdir", str(workdir), *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+
+    try:
+        for number, block in enumerate(runnable):
+            script = tmp_path / f"block_{number}.py"
+            script.write_text(f"{READERS_OWN}\n# {block.where}\n{block.code}")
+            named = re.search(r'beacon\.init\("([\w-]+)"', block.code)  # a block that names its experiment
+            keep = ["--keep"] if number < len(runnable) - 1 else []
+            done = beacon_local("--experiment", named[1] if named else "default", "--run", f"docs-{number}", *keep,
+                                "--", sys.executable, script.name)  # fmt: skip
+            assert done.returncode == 0, f"{block.where}\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            report = json.loads((workdir / "report.json").read_text())
+            assert report["doctor"] == "finished" and report["verification"]["records_in_s3"] == 500, block.where
+    finally:
+        beacon_local("--stop")
+    assert demo_processes(workdir) == [], "nothing left running"
