@@ -8,9 +8,11 @@ import html
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -208,3 +210,35 @@ def test_the_readme_loop_and_the_runtime_pages_blocks_run_through_beacon_local_o
     finally:
         beacon_local("--stop")
     assert demo_processes(workdir) == [], "nothing left running"
+
+
+# --- The runtime's install line (issue 28, item 2) -------------------------------------------------------------
+def test_the_readmes_runtime_install_line_names_declared_extras_and_installs_offline_into_a_fresh_venv(
+    tmp_path: Path,
+) -> None:
+    """`pip install './runtime[torch]'`, as a training image or a laptop runs it: the runtime's wheel, nothing of
+    the checkout, in a venv of its own (no index: this proves the package, not PyPI)."""
+    readme = README.read_text()
+    (install_extras, *_) = re.findall(r"pip install '\./runtime\[([\w,]+)\]'", readme)
+    declared = tomllib.loads((ROOT / "runtime" / "pyproject.toml").read_text())["project"]
+    extras = set(declared["optional-dependencies"])
+    assert set(install_extras.split(",")) <= extras
+    assert {"torch", *re.findall(r"`\[(\w+)\]`", readme)} == extras, "the README names every extra"
+
+    source = tmp_path / "source"  # a copy: the checkout gets no build/ or egg-info
+    shutil.copytree(ROOT / "runtime" / "beacon", source / "beacon", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "runtime" / "pyproject.toml", source)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(source)],
+                   check=True, capture_output=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    (wheel,) = tmp_path.glob("beacon-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "fresh")], check=True, timeout=60)
+    fresh = tmp_path / "fresh" / "bin" / "python"
+    subprocess.run([*pip, "--python", str(fresh), "install", "--no-deps", "--no-index", f"{wheel}[{install_extras}]"],
+                   check=True, capture_output=True, cwd=tmp_path, timeout=120)  # fmt: skip
+    probe = "import beacon, importlib.metadata as m; print(beacon.__file__, m.version('beacon'), beacon.RunSettings)"
+    bare = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(fresh), "-c", probe], cwd=tmp_path, env=bare, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    where, installed, _ = done.stdout.split(maxsplit=2)
+    assert Path(where).is_relative_to(tmp_path / "fresh") and installed == declared["version"]
