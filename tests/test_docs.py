@@ -242,3 +242,17 @@ def test_the_readmes_runtime_install_line_names_declared_extras_and_installs_off
     assert done.returncode == 0, done.stderr[-2000:]
     where, installed, _ = done.stdout.split(maxsplit=2)
     assert Path(where).is_relative_to(tmp_path / "fresh") and installed == declared["version"]
+
+
+def test_the_readme_is_short_and_reaches_see_it_work_and_your_own_loop_in_its_first_120_lines() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 250
+
+    def first(text: str) -> int:
+        return next(number for number, line in enumerate(lines, 1) if text in line)
+
+    assert first("make demo   #") < first("records_lost") < 120, "(a) the demo and what its success looks like"
+    assert first("pip install './runtime") < first("run.load_checkpoint()") < 120, "(b) install, the loop"
+    assert first("beacon local -- python train.py") < 120, "(b) the reader's own script, with no account"
+    headings = [line for line in lines if line.startswith("## ")]
+    assert any("`beacon doctor`" in heading for heading in headings), "the doctor is findable from the contents"
