@@ -14,6 +14,7 @@ PY := .venv/bin/python
 # One line of a .pth file: the nearest checkout above the working directory, else this one.
 CHECKOUT_PTH := import os, sys; (lambda here, fallback: sys.path.extend(p for p in (lambda root: (root, os.path.join(root, 'runtime')))(next((os.sep.join(here[:n]) for n in range(len(here), 0, -1) if os.path.isfile(os.sep.join([*here[:n], 'runtime', 'beacon', '__init__.py']))), fallback)) if p not in sys.path))(os.getcwd().split(os.sep), '$(CURDIR)')
 STAMP_PY := .venv/.installed
+STAMP_DEV := .venv/.installed-dev
 STAMP_NODE := node_modules/.installed
 CHECKOV_VENV := .beacon/tools/checkov-venv
 STAMP_CHECKOV := $(CHECKOV_VENV)/.installed
@@ -22,11 +23,11 @@ CDK := JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 npx --no-install cdk
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install demo test synth lint docs bootstrap diff deploy destroy bench gpu-check clean
+.PHONY: help install install-dev demo test synth lint docs bootstrap diff deploy destroy bench gpu-check clean
 
 help:
-	@echo "make demo    install what is missing, then run Beacon end to end on an embedded AWS (no account)"
-	@echo "make test    install what is missing, then run every test"
+	@echo "make demo    install what the demo needs, then run Beacon end to end on an embedded AWS (no account)"
+	@echo "make test    install what is missing (the test toolchain too), then run every test"
 	@echo "make synth   synthesize all stacks of TEAM=$(SYNTH_TEAM) into cdk.out/ (cdk-nag enforced)"
 	@echo "make lint    ruff and mypy"
 	@echo "make bench   the measured figures -> .beacon/bench/report.json"
@@ -38,11 +39,12 @@ help:
 	@echo "make docs       serve the documentation site (docs/) at http://127.0.0.1:8000; make test builds it strictly"
 
 # Reinstalls only when a pin changes; a second run touches no network.
-$(STAMP_PY): requirements.txt requirements-dev.txt runtime/requirements.txt constraints.txt pyproject.toml runtime/pyproject.toml
+# What the demo and the `beacon` command need; the test toolchain is a stamp of its own (`make test` adds it).
+$(STAMP_PY): requirements.txt requirements-demo.txt runtime/requirements.txt constraints.txt pyproject.toml runtime/pyproject.toml
 	@mkdir -p .beacon
 	@echo "beacon: installing Python packages into .venv (log: $(INSTALL_LOG))"
 	@test -x $(PY) || python3 -m venv .venv >>$(INSTALL_LOG) 2>&1
-	@$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt >>$(INSTALL_LOG) 2>&1 \
+	@$(PY) -m pip install -q -c constraints.txt -r requirements-demo.txt >>$(INSTALL_LOG) 2>&1 \
 		|| { echo "beacon: pip install failed; see $(INSTALL_LOG)" >&2; tail -5 $(INSTALL_LOG) >&2; exit 1; }
 	@$(PY) -m pip install -q --no-deps --no-build-isolation -e . >>$(INSTALL_LOG) 2>&1 \
 		|| { echo "beacon: installing the beacon command failed; see $(INSTALL_LOG)" >&2; exit 1; }
@@ -50,6 +52,13 @@ $(STAMP_PY): requirements.txt requirements-dev.txt runtime/requirements.txt cons
 	@# the checkout a process runs in (a git worktree sharing this venv included), else from this one;
 	@# never installed under generic top-level names.
 	@printf '%s\n' "$(CHECKOUT_PTH)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/beacon-checkout.pth"
+	@touch $@
+
+# pytest, ruff, mypy, mkdocs, and the frameworks and trackers the runtime's integrations are tested with.
+$(STAMP_DEV): $(STAMP_PY) requirements-dev.txt
+	@echo "beacon: installing the test toolchain into .venv (log: $(INSTALL_LOG))"
+	@$(PY) -m pip install -q -c constraints.txt -r requirements-dev.txt >>$(INSTALL_LOG) 2>&1 \
+		|| { echo "beacon: pip install failed; see $(INSTALL_LOG)" >&2; tail -5 $(INSTALL_LOG) >&2; exit 1; }
 	@touch $@
 
 $(STAMP_NODE): package.json package-lock.json
@@ -69,6 +78,7 @@ $(STAMP_CHECKOV): requirements-checkov.txt constraints-checkov.txt
 	@touch $@
 
 install: $(STAMP_PY) $(STAMP_NODE)
+install-dev: install $(STAMP_DEV)
 
 synth: install
 	@rm -rf cdk.out
@@ -80,13 +90,13 @@ demo: install
 
 # Two workers, a test file each: most tests wait on subprocesses, so two cores carry two files.
 TEST_WORKERS ?= 2
-test: install $(STAMP_CHECKOV)
+test: install-dev $(STAMP_CHECKOV)
 	@$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
-docs: install
+docs: install-dev
 	@NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
-lint: install
+lint: install-dev
 	@$(PY) -m ruff check .
 	@$(PY) -m ruff format --check .
 	@$(PY) -m mypy
@@ -113,7 +123,7 @@ destroy: install
 	done
 	@$(PY) -m beacon_ops.teardown remains --team $(TEAM)
 
-bench: install
+bench: install-dev
 	@$(CDK) synth --quiet -c team=demo >/dev/null
 	@$(PY) -m bench.run
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -95,3 +96,54 @@ def test_prepare_records_physical_ids_and_lifts_only_the_stateful_stacks_protect
     assert cloudformation.protection == [("beacon-vision-artifacts", False)]
     assert all(r.physical_id.endswith("-id") for r in retained)
     assert len(retained) == len(retained_resources(account_team.outdir))
+
+
+# --- What each goal installs (issue 28, item 2) ----------------------------------------------------------------
+# distribution: its module
+TEST_TOOLCHAIN = {
+    "pytest": "pytest", "mypy": "mypy", "ruff": "ruff", "mkdocs-material": "mkdocs", "lightning": "lightning",
+    "transformers": "transformers", "mlflow": "mlflow", "wandb": "wandb", "cfn-lint": "cfnlint",
+}  # fmt: skip
+
+
+def required(name: str) -> set[str]:
+    """The distributions a requirements file pins, following its `-r` includes."""
+    packages: set[str] = set()
+    for line in (ROOT / name).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith("-r "):
+            packages |= required(line[3:].strip())
+        elif line:
+            packages.add(line.split("==")[0].split("[")[0].lower())
+    return packages
+
+
+def test_make_demo_installs_what_the_demo_needs_and_not_the_test_toolchain() -> None:
+    recipe = make("-B", "demo").stdout  # -B: every recipe, as on a fresh clone
+    assert "-r requirements-demo.txt" in recipe and "requirements-dev.txt" not in recipe
+    assert recipe.rstrip().endswith(".venv/bin/beacon local")
+    demo = required("requirements-demo.txt")
+    assert {"moto", "torch", "boto3", "typer", "aws-cdk-lib"} <= demo
+    assert not demo & set(TEST_TOOLCHAIN), "the demo installs none of the test toolchain"
+    pins = [line.split("#")[0].strip() for line in (ROOT / "requirements-demo.txt").read_text().splitlines()]
+    assert all("==" in pin for pin in pins if pin and not pin.startswith("-r ")), "pinned exactly"
+
+
+def test_make_test_adds_the_test_toolchain_to_what_the_demo_installs() -> None:
+    recipe = make("-B", "test").stdout
+    assert recipe.index("-r requirements-demo.txt") < recipe.index("-r requirements-dev.txt")
+    assert required("requirements-demo.txt") | set(TEST_TOOLCHAIN) <= required("requirements-dev.txt")
+
+
+def test_the_demos_code_imports_nothing_of_the_test_toolchain() -> None:
+    """What `make demo` runs (the command, the CDK app, the embedded AWS, the smoke job) runs without it."""
+    modules = sorted(TEST_TOOLCHAIN.values())
+    probe = (
+        "import sys\n"
+        "import beacon_ops.cli.main, beacon_ops.local.demo, beacon_ops.local.own_command\n"
+        "import smoke_job.train, stacks.beacon_app\n"
+        f"print(sorted(m for m in {modules!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

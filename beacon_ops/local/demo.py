@@ -9,6 +9,7 @@ on its recorded metrics, then `beacon doctor`, 5. show three classic failures an
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -106,22 +107,26 @@ def newest_source_mtime(root: Path = ROOT) -> float:
 
 
 def synthesize(outdir: Path, log: Callable[[str], None]) -> dict[str, Template]:
-    manifest = outdir / "manifest.json"
-    if manifest.exists() and manifest.stat().st_mtime > newest_source_mtime():
-        log(f"reusing fresh templates in {outdir}")
-    else:
-        log("synthesizing the demo team's stacks (cdk-nag on)")
-        env = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
-        done = subprocess.run(
-            ["npx", "--no-install", "cdk", "synth", "--quiet", "-c", f"team={TEAM}", "-o", str(outdir)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"cdk synth failed: {done.stderr.strip().splitlines()[-1:]}")
-    return load_templates(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    # Two `beacon local`s at once (two terminals, two test workers) synthesize once, not into each other
+    with (outdir / ".synth.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        manifest = outdir / "manifest.json"
+        if manifest.exists() and manifest.stat().st_mtime > newest_source_mtime():
+            log(f"reusing fresh templates in {outdir}")
+        else:
+            log("synthesizing the demo team's stacks (cdk-nag on)")
+            env = {**os.environ, "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}
+            done = subprocess.run(
+                ["npx", "--no-install", "cdk", "synth", "--quiet", "-c", f"team={TEAM}", "-o", str(outdir)],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"cdk synth failed: {done.stderr.strip().splitlines()[-1:]}")
+        return load_templates(outdir)
 
 
 def demo_job_command(sandbox: Sandbox, run: str, *extra: str, ranks: int = 1) -> list[str]:
