@@ -14,7 +14,10 @@ from tests.support.synth import ROOT, Synthesized
 
 
 def make(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # --no-print-directory: under `make test` (CI) this make is nested and would print "make[1]: Entering ..."
+    return subprocess.run(
+        ["make", "-n", "--no-print-directory", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("goal", ["deploy", "destroy", "diff", "bootstrap"])
