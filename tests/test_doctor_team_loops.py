@@ -30,6 +30,7 @@ from beacon_ops.doctor.rank_verdict import which_rank
 from beacon_ops.evidence.reading import read_run
 from tests.conftest import WriterSession
 from tests.support.job_harness import JobHarness, keys_under, signal_group, wait_for
+from tests.support.stacks import stall_dump
 from tests.support.synth import ROOT
 
 DDP_LOOP = """
@@ -190,17 +191,8 @@ IN_ALL_REDUCE = (f"{TORCH}/distributed/distributed_c10d.py:all_reduce", "/app/tr
 
 
 def stacks_at(rank: int, *main_frames: str) -> str:
-    """A rank's stall dump as faulthandler writes it: its heartbeat thread, then its main thread, innermost first."""
-    frames = "".join(
-        f'  File "{file}", line 9 in {function}\n' for file, function in (f.split(":") for f in main_frames)
-    )
-    return (
-        f"--- rank {rank} pid 1 at 1.0, step 39: no progress for 3 s after step 39\n"
-        "Thread 0x1 (most recent call first):\n"
-        '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n'
-        '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
-        f"Thread 0x2 (most recent call first):\n{frames}"
-    )
+    """A rank's stall dump 3 s after step 39, its frames at line 9."""
+    return stall_dump(rank, *main_frames, line=9, step=39, stalled_s=3)
 
 
 def flight_recorder_dump(enqueued: int, completed: int) -> bytes:

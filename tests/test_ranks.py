@@ -26,6 +26,7 @@ from beacon_ops.doctor.rank_verdict import main_thread_of, which_rank
 from beacon_ops.evidence.reading import RunEvidence, metric_samples, rank_keys
 from tests.conftest import WriterSession
 from tests.support.job_harness import JobHarness, keys_under, signal_group, wait_for
+from tests.support.stacks import stall_dump
 from tests.support.synth import ROOT
 
 PLACE = Placement(pod="train-0-abc", node="ip-10-0-1-5.ec2.internal", instance="g6.12xlarge")
@@ -429,21 +430,6 @@ def test_a_rank_killed_outright_leaves_its_last_document_and_the_others_stacks_n
     assert named.evidence.startswith("rank 3 on pod train-1, node node-1 died at step "), named.evidence
 
 
-def dump(rank: int, *main_frames: str) -> str:
-    """A stacks file as faulthandler writes it: a helper thread, then the main thread."""
-    frames = "\n".join(
-        f'  File "{file}", line 1 in {function}' for file, function in (f.split(":") for f in main_frames)
-    )
-    return (
-        f"--- rank {rank} pid 1 at 1.0, step 7: no progress for 95 s after step 7\n"
-        "Thread 0x1 (most recent call first):\n"
-        '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n'
-        '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap\n\n'
-        f"Current thread 0x2 (most recent call first):\n{frames}\n"
-        '  File "<frozen runpy>", line 198 in _run_module_as_main\n'
-    )
-
-
 WAITING = ("/venv/torch/distributed/distributed_c10d.py:all_reduce", "/app/train.py:main")
 
 
@@ -453,13 +439,15 @@ def progress_of(rank: int, *, phase: str = "training", ended: str = "", written:
 
 def test_a_rank_in_a_long_checkpoint_while_the_others_wait_is_not_a_hang() -> None:
     ranks = [progress_of(0), progress_of(1), progress_of(2), progress_of(3, phase="checkpoint")]
-    stacks = {r: dump(r, *WAITING) for r in range(3)} | {3: dump(3, "/app/train.py:save_checkpoint")}
+    stacks = {r: stall_dump(r, *WAITING) for r in range(3)} | {3: stall_dump(3, "/app/train.py:save_checkpoint")}
     assert which_rank(ranks, stacks) is None
 
 
 def test_the_rank_outside_any_collective_is_the_one_that_hung_and_its_frame_is_named() -> None:
     ranks = [progress_of(r) for r in range(4)]
-    stacks = {r: dump(r, *WAITING) for r in (0, 1, 3)} | {2: dump(2, "/app/data.py:__next__", "/app/train.py:main")}
+    stacks = {r: stall_dump(r, *WAITING) for r in (0, 1, 3)} | {
+        2: stall_dump(2, "/app/data.py:__next__", "/app/train.py:main")
+    }
     verdict = which_rank(ranks, stacks)
     assert verdict is not None and (verdict.rank, verdict.how, verdict.where) == (
         2,
@@ -543,7 +531,7 @@ def test_a_phase_pauses_the_stall_clock_up_to_its_limit_and_no_longer() -> None:
 def test_a_rank_hung_in_its_checkpoint_past_the_phase_limit_is_named_hung_there() -> None:
     ranks = [progress_of(0), progress_of(1), progress_of(2)]
     overdue = dataclasses.replace(progress_of(3, phase="checkpoint"), phase_seconds=1900.0, phase_limit=1800.0)
-    stacks = {r: dump(r, *WAITING) for r in range(3)} | {3: dump(3, "/app/train.py:save_checkpoint")}
+    stacks = {r: stall_dump(r, *WAITING) for r in range(3)} | {3: stall_dump(3, "/app/train.py:save_checkpoint")}
     verdict = which_rank([*ranks, overdue], stacks)
     assert verdict is not None and (verdict.rank, verdict.how, verdict.phase) == (3, "hung", "checkpoint")
     assert verdict.waiting == {"all_reduce": [0, 1, 2]}
