@@ -77,7 +77,7 @@ def test_an_owner_that_died_on_this_host_is_taken_over_at_once(live_owner: tuple
 
 def test_an_owner_on_another_host_owns_until_its_lease_expires(tmp_path: Path) -> None:
     clock = Clock()
-    elsewhere = SpoolOwner.claim(tmp_path, run="r", clock=clock)
+    SpoolOwner.claim(tmp_path, run="r", clock=clock)
     record = json.loads((tmp_path / OWNER).read_text())
     (tmp_path / OWNER).write_text(json.dumps({**record, "host": "pod-old", "pod": "pod-old"}))
     clock.now += OWNER_LEASE_S - 1
@@ -86,7 +86,6 @@ def test_an_owner_on_another_host_owns_until_its_lease_expires(tmp_path: Path) -
     clock.now += 2
     replacement = SpoolOwner.claim(tmp_path, run="r", clock=clock)
     assert read_owner(tmp_path) == replacement.record
-    del elsewhere
 
 
 def test_an_owner_whose_lease_expired_is_told_at_its_next_renewal_and_its_release_keeps_the_new_owner(

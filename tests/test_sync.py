@@ -207,12 +207,11 @@ def fill(volume: Path) -> None:
                 filler.flush()
         except OSError:
             pass
-    for name in ("ballast-inodes",):  # and the directory entries a rename needs
-        for n in range(10_000):
-            try:
-                (volume / f"{name}-{n}").touch()
-            except OSError:
-                break
+    for n in range(10_000):  # and the inodes a new file needs
+        try:
+            (volume / f"inode-{n}").touch()
+        except OSError:
+            break
 
 
 def test_each_outcome_has_its_exit_code_listed_in_both_commands_help(harness: JobHarness) -> None:

@@ -18,7 +18,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +137,7 @@ class SpoolOwner:
                         f"spool {self.directory}: taken over by {current.describe(now)} after this process's "
                         f"lease expired; it stops writing (what it spooled stays for the new owner)"
                     )
-                renewed = OwnerRecord(**{**asdict(self.record), "renewed": now})
+                renewed = replace(self.record, renewed=now)
                 _write(self.directory, renewed)
                 self.record = renewed
         except OSError:
@@ -151,7 +151,7 @@ class SpoolOwner:
                 current = read_owner(self.directory)
                 if current is not None and not current.same_process(self.record):
                     return  # taken over: the new owner's record stays
-                released = OwnerRecord(**{**asdict(self.record), "released_at": self._clock()})
+                released = replace(self.record, released_at=self._clock())
                 try:
                     _write(self.directory, released)
                 except OSError as error:
