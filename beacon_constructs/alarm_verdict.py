@@ -32,11 +32,12 @@ from beacon_constructs.nag import acknowledge, nag_arn
 from beacon_constructs.tagging import tag_component
 
 ROOT = Path(__file__).resolve().parent.parent
-# (source in the repository, path in the bundle): the runtime's `beacon` package whole (its contract and
-# ranks import without torch; `import beacon` is lazy), and of the operator its ground floor's package
-# file, the doctor (with the handler) and the one reading of a run.
+# (source in the repository, path in the bundle): of the runtime its contract wing alone (and the package file,
+# whose names load on first use), since readers import nothing else of it; of the operator its ground floor's
+# package file, the doctor (with the handler) and the one reading of a run.
 BUNDLE = (
-    ("runtime/beacon", "beacon"),
+    ("runtime/beacon/__init__.py", "beacon/__init__.py"),
+    ("runtime/beacon/contract", "beacon/contract"),
     ("beacon_ops/__init__.py", "beacon_ops/__init__.py"),
     ("beacon_ops/doctor", "beacon_ops/doctor"),
     ("beacon_ops/evidence/__init__.py", "beacon_ops/evidence/__init__.py"),

@@ -33,8 +33,8 @@ import beacon
 import torch
 import torch.distributed as dist
 from beacon import contract
+from beacon.contract.rank_evidence import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
 from beacon.distributed import backend_for
-from beacon.flight_recorder import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
 from smoke_job.config import parse_args
 from smoke_job.job import Job
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 from beacon import contract
-from beacon.flight_recorder import flight_recorder_name
-from beacon.preflight import PreflightRecord
+from beacon.contract.preflight import PreflightRecord
+from beacon.contract.rank_evidence import flight_recorder_name, stacks_name
 from beacon.progress import ProgressClock
-from beacon.ranks import Placement, RankSignal, stacks_name, upload_rank_evidence
+from beacon.ranks import Placement, RankSignal, upload_rank_evidence
 from beacon.run_alarms import RunAlarms
 from beacon.spool import Spool
 from beacon.telemetry import Telemetry
@@ -799,7 +799,7 @@ assert not any("site-packages" in p for p in sys.path), sys.path  # -S: no site,
 sys.path[:0] = [sys.argv[1], sys.argv[2]]
 from beacon_ops.doctor import notify
 assert notify.__file__.startswith(sys.argv[1]), notify.__file__
-import beacon.contract, beacon.ranks
+import beacon.contract, beacon.contract.rank_evidence, beacon.contract.preflight
 class Nothing:
     def __getattr__(self, name):
         raise AssertionError("an ignored event calls nothing")
@@ -853,4 +853,8 @@ def test_the_synthesized_asset_is_the_bundle(demo: Synthesized, tmp_path: Path) 
     assert all((bundle / f).read_bytes() == (asset / f).read_bytes() for f in files)
     assert {source.split("/")[0] for source, _ in BUNDLE} == {"runtime", "beacon_ops"}
     assert not any(f.startswith(("beacon_ops/cli", "beacon_ops/jobs", "beacon_ops/local")) for f in files)
+    # Of the runtime, the contract wing alone: nothing that starts a thread, uploads or touches torch.
+    assert {f for f in files if f.startswith("beacon/")} == {"beacon/__init__.py"} | {
+        f"beacon/contract/{p.name}" for p in (ROOT / "runtime/beacon/contract").glob("*.py")
+    }
     assert "beacon_ops/doctor/notify.py" in files and (ROOT / "beacon_ops/doctor/notify.py").exists()

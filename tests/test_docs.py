@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 from beacon import contract
-from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX
-from beacon.ranks import RankProgress, rank_document_name, stacks_name
+from beacon.contract.rank_evidence import FLIGHT_RECORDER_PREFIX, RankProgress, rank_document_name, stacks_name
 from beacon.settings import RunSettings
 
 from beacon_ops.cli import reference

@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 from beacon import contract
-from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX
-from beacon.ranks import RankProgress
+from beacon.contract.rank_evidence import FLIGHT_RECORDER_PREFIX, RankProgress
 
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.flight_recorder import ranks_in_a_collective

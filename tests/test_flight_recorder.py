@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from beacon.flight_recorder import flight_recorder_name
+from beacon.contract.rank_evidence import flight_recorder_name
 
 from beacon_ops.doctor.flight_recorder import NO_TORCH, Mismatch, read_flight_recorder
 from tests.support.synth import ROOT
@@ -25,7 +25,8 @@ import os, sys
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from beacon.flight_recorder import dump_flight_recorder, flight_recorder_name
+from beacon.contract.rank_evidence import flight_recorder_name
+from beacon.flight_recorder import dump_flight_recorder
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -5,6 +5,8 @@ A new arrow is a design decision: add it to ALLOWED with the README's layout tab
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.support.synth import ROOT
@@ -16,6 +18,8 @@ ROOMS = {
     "workloads": ROOT / "workloads",
     "config": ROOT / "config",
     "beacon": ROOT / "runtime" / "beacon",
+    # The runtime's contract wing: what every room shares and readers need (no threads, no boto, no torch).
+    "beacon.contract": ROOT / "runtime" / "beacon" / "contract",
     "smoke_job": ROOT / "runtime" / "smoke_job",
     # The operator, by capability: each subpackage is a room; "beacon_ops" is its ground floor (the files
     # at its top: AWS access, credentials, reading synthesized templates, make destroy's teardown).
@@ -28,21 +32,25 @@ ROOMS = {
     "bench": ROOT / "bench",
     "examples": ROOT / "examples",
 }
-OPERATOR_GROUND = {"beacon_ops", "beacon"}  # what every operator room may import besides its own arrows
+# What every operator room may import besides its own arrows: its ground floor and the runtime's contract, never
+# the runtime's writers (threads, boto uploads, fork hooks); `beacon sync` and `beacon local` run the runtime itself.
+OPERATOR_GROUND = {"beacon_ops", "beacon.contract"}
 ALLOWED = {
     "app": {"config", "stacks"},
-    "stacks": {"config", "beacon_constructs", "workloads", "beacon"},
-    "beacon_constructs": {"workloads", "beacon"},
-    "workloads": {"config", "beacon"},
+    "stacks": {"config", "beacon_constructs", "workloads", "beacon.contract"},
+    "beacon_constructs": {"workloads", "beacon.contract"},
+    "workloads": {"config", "beacon.contract"},
     # The team model and the names derived from it (config.names); a team name must also fit the
     # runtime's alarm names, so the model asks the contract.
-    "config": {"beacon"},
-    "beacon": set(),  # the runtime library: nothing of Beacon's outside itself
-    "smoke_job": {"beacon"},  # a client of the runtime, like a team's own training
-    "examples": {"beacon"},
+    "config": {"beacon.contract"},
+    "beacon": {"beacon.contract"},  # the runtime library: nothing of Beacon's outside itself
+    "beacon.contract": set(),  # the contract wing: nothing of the runtime outside itself
+    "smoke_job": {"beacon", "beacon.contract"},  # a client of the runtime, like a team's own training
+    "examples": {"beacon", "beacon.contract"},
     "beacon_ops": {"config", "beacon"},  # the ground floor: none of the operator's rooms above it
     "beacon_ops.cli": {
         *OPERATOR_GROUND,
+        "beacon",  # `beacon sync` is the runtime's `python -m beacon.sync`
         *("beacon_ops.jobs", "beacon_ops.doctor", "beacon_ops.evidence", "beacon_ops.local"),
         *("config", "stacks"),  # stacks.outputs only: see below
     },
@@ -52,7 +60,7 @@ ALLOWED = {
     "beacon_ops.local": {*OPERATOR_GROUND, "beacon_ops.evidence", "beacon_ops.doctor", "config"},  # config.names
     "bench": {
         *("beacon_ops", "beacon_ops.local", "beacon_ops.evidence", "beacon_ops.doctor"),
-        *("beacon", "smoke_job", "config", "stacks", "beacon_constructs"),
+        *("beacon", "beacon.contract", "smoke_job", "config", "stacks", "beacon_constructs"),
     },
 }
 
@@ -64,10 +72,14 @@ def room_of(module: str) -> str | None:
 
 
 def files_of(path: Path) -> list[Path]:
-    """A room's files; the operator's ground floor is its top-level files alone."""
+    """A room's files, less those of the rooms inside it (the runtime's contract wing); the operator's ground
+    floor is its top-level files alone."""
     if path.suffix == ".py":
         return [path]
-    return sorted(path.glob("*.py") if path == ROOT / "beacon_ops" else path.rglob("*.py"))
+    if path == ROOT / "beacon_ops":
+        return sorted(path.glob("*.py"))
+    inner = [room for room in ROOMS.values() if room != path and room.is_relative_to(path) and room.is_dir()]
+    return sorted(f for f in path.rglob("*.py") if not any(f.is_relative_to(room) for room in inner))
 
 
 def imported_rooms(path: Path) -> dict[str, set[str]]:
@@ -78,7 +90,8 @@ def imported_rooms(path: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
+                # `from beacon import contract` is the contract wing, not the runtime as a whole.
+                modules = [f"{node.module}.{alias.name}" for alias in node.names]
             else:
                 continue
             for module in modules:
@@ -136,4 +149,48 @@ def test_the_arrows_test_sees_a_wrong_arrow(tmp_path: Path) -> None:
     room = tmp_path / "workloads"
     room.mkdir()
     (room / "bad.py").write_text("from beacon_ops import cli\n")
-    assert imported_rooms(room) == {"beacon_ops": {str(room / "bad.py")}}
+    assert imported_rooms(room) == {"beacon_ops.cli": {str(room / "bad.py")}}
+
+
+def test_the_arrows_test_sees_the_runtime_where_only_its_contract_may_be_imported(tmp_path: Path) -> None:
+    room = tmp_path / "doctor"
+    room.mkdir()
+    (room / "reader.py").write_text("from beacon import contract\nfrom beacon.ranks import RankSignal\n")
+    assert set(imported_rooms(room)) == {"beacon.contract", "beacon"}
+    assert "beacon" not in ALLOWED["beacon_ops.doctor"] and "beacon" not in ALLOWED["beacon_ops.evidence"]
+
+
+# What the contract wing may import: the standard library less what starts threads or processes or opens
+# sockets, orjson (the spool's optional line writer) and itself.
+CONTRACT_REFUSES = {"threading", "_thread", "concurrent", "multiprocessing", "subprocess", "socket", "asyncio"}
+
+
+def test_the_contract_wing_imports_no_threads_no_boto_no_torch() -> None:
+    wrong = []
+    for file in files_of(ROOMS["beacon.contract"]):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                allowed = (top in sys.stdlib_module_names and top not in CONTRACT_REFUSES) or top == "orjson"
+                if not (allowed or module.startswith("beacon.contract")):
+                    wrong.append(f"{file.relative_to(ROOT)}: {module}")
+    assert not wrong, wrong
+
+
+def test_importing_the_contract_starts_no_thread_and_loads_no_boto_or_torch() -> None:
+    modules = sorted(f"beacon.contract.{f.stem}" for f in files_of(ROOMS["beacon.contract"]) if f.stem != "__init__")
+    probe = (
+        "import importlib, sys, threading\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'boto3', 'botocore', 'numpy'})\n"
+        "print(threading.active_count(), heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "[]"], done.stdout

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from beacon import contract
+from beacon.contract.rank_evidence import RankProgress, rank_document_name, stacks_name
 from beacon.progress import ProgressClock
-from beacon.ranks import LiveSnapshots, RankProgress, rank_document_name, stacks_name, upload_rank_evidence
+from beacon.ranks import LiveSnapshots, upload_rank_evidence
 from beacon.spool import Spool
 from beacon.telemetry import Telemetry
 from smoke_job.config import parse_args

@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 from beacon import contract
+from beacon.contract.rank_evidence import RankProgress, rank_document_name, stacks_name
 from beacon.node_leader import NodeLeader, leads_evidence, node_share
 from beacon.progress import ProgressClock
 from beacon.rank_board import board_key
-from beacon.ranks import RankProgress, rank_document_name, read_ranks, stacks_name, upload_rank_evidence
+from beacon.ranks import read_ranks, upload_rank_evidence
 from smoke_job.config import parse_args
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, re-exported without `as`
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from beacon.contract.rank_evidence import RankProgress, rank_document_name
 from beacon.progress import ProgressClock
 from beacon.rank_board import RankBoard, board_key, torchrun_store
-from beacon.ranks import PhaseFollower, RankProgress, rank_document_name
+from beacon.ranks import PhaseFollower
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, re-exported without `as`
 
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 from beacon import contract
+from beacon.contract.rank_evidence import RankProgress, stacks_name
 from beacon.kill_points import RANK_EVIDENCE_DUE
 from beacon.progress import ProgressClock
-from beacon.ranks import CrossRankView, PhaseFollower, Placement, RankProgress, RankSignal, read_ranks, stacks_name
+from beacon.ranks import CrossRankView, PhaseFollower, Placement, RankSignal, read_ranks
 
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.rank_verdict import main_thread_of, which_rank

@@ -13,8 +13,7 @@ import numpy
 import orjson
 import pytest
 import torch
-from beacon import contract
-from beacon.contract import Record
+from beacon.contract import Record, records
 from beacon.progress import ProgressClock
 from beacon.settings import RunSettings
 from beacon.spool import Spool
@@ -47,7 +46,7 @@ def strict(line: bytes) -> dict[str, Any]:
 def json_line(record: Record, monkeypatch: pytest.MonkeyPatch) -> bytes:
     """The line `json` writes (as before orjson, and wherever it is missing)."""
     with monkeypatch.context() as patch:
-        patch.setattr(contract, "_orjson", None)
+        patch.setattr(records, "_orjson", None)
         return record.to_line()
 
 
@@ -76,7 +75,7 @@ def test_non_finite_values_are_written_as_the_contracts_names_by_either_writer(
     orjson: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not orjson:
-        monkeypatch.setattr(contract, "_orjson", None)
+        monkeypatch.setattr(records, "_orjson", None)
     metrics = {"loss": math.nan, "up": math.inf, "down": -math.inf, "lr": 0.5}
     line = Record("e", "r", 1, metrics, 1.0).to_line()
     assert strict(line)["metrics"] == {"loss": "NaN", "up": "Infinity", "down": "-Infinity", "lr": 0.5}

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from beacon import contract
-from beacon.flight_recorder import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
+from beacon.contract.rank_evidence import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
 
 from config.model import TeamConfig
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
-from beacon.ranks import SIGNAL_DUMP, signal_stacks_name, stacks_name
+from beacon.contract.rank_evidence import SIGNAL_DUMP, signal_stacks_name, stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.doctor.flight_recorder import FlightRecorderReading, ranks_in_a_collective, read_flight_recorder

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX
+from beacon.contract.rank_evidence import FLIGHT_RECORDER_PREFIX
 
 from beacon_ops.doctor.rank_verdict import rank_list
 

@@ -1,5 +1,5 @@
 """Which rank stopped a distributed run, from every rank's last progress document and stack dump
-(`beacon.ranks`): the rank, where it runs, its step and phase, its stack, and what the others wait in.
+(`beacon.contract.rank_evidence`): the rank, where it runs, its step and phase, its stack, and what the others wait in.
 
 Pure: it reads what it is given. The doctor gives it the run's ranks evidence (from the volume, or as
 rank 0 uploaded it to S3); the alarm's notification function gives it the same.
@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from beacon.contract import FinalState, Phase
-from beacon.ranks import STALL_DUMP, RankProgress
+from beacon.contract.rank_evidence import STALL_DUMP, RankProgress
 
 # A rank whose document is this much older than the newest one stopped writing it: dead or frozen.
 STALE_AFTER_S = 30.0

@@ -12,8 +12,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
-from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX
-from beacon.ranks import RankProgress, rank_of_file, signal_stacks_name, stacks_name, with_signal_dump
+from beacon.contract.preflight import preflight_document
+from beacon.contract.rank_evidence import (
+    FLIGHT_RECORDER_PREFIX,
+    RankProgress,
+    rank_of_file,
+    signal_stacks_name,
+    stacks_name,
+    with_signal_dump,
+)
 from botocore.exceptions import BotoCoreError, ClientError
 
 
@@ -287,53 +294,15 @@ def _chunk_number(key: str) -> int | None:
 
 
 NUMBER = (int, float)
-# The fields a reader uses of each document kind, and their types: a document whose field has another is set aside.
-PREFLIGHT_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "world_size": int, "heartbeat_interval": NUMBER, "stall_dump_after": NUMBER, "spool_dir": str,
-    "spool_filesystem": str, "spool_persistent": bool, "started_at": str, "host": str, "s3_endpoint": str,
-    "region": str,
-}  # fmt: skip
-PREFLIGHT_REQUIRED = frozenset({"spool_dir", "spool_filesystem", "started_at"})  # what the verdicts read
-POSITIVE_FIELDS = frozenset({"world_size", "heartbeat_interval", "stall_dump_after"})
-FINAL_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "state": str, "attempt": int, "ended_at": NUMBER, "last_step": int, "unacknowledged_records": int,
-    "checkpoints": list, "checkpoints_skipped": list, "values_set_aside": dict,
-}  # fmt: skip
 
 
-def _document(
-    body: bytes,
-    where: str,
-    evidence: RunEvidence,
-    fields: dict[str, type | tuple[type, ...]],
-    required: frozenset[str] = frozenset(),
-) -> dict[str, Any] | None:
-    """A JSON object (a preflight, a final state) whose known fields have their types (the `required` ones
-    present, intervals positive and finite, a final state one of `FinalState`), or None and set aside."""
-    positive = POSITIVE_FIELDS
+def _document(body: bytes, where: str, evidence: RunEvidence, parse: Callable[[bytes], Any]) -> dict[str, Any] | None:
+    """A document through its contract parser (a preflight, a final state), or None and set aside, named."""
     try:
-        document = json.loads(body)
+        return dict(parse(body))
     except ValueError as error:
-        evidence._set_aside(where, f"not JSON ({error})")
+        evidence._set_aside(where, str(error))
         return None
-    if not isinstance(document, dict):
-        evidence._set_aside(where, f"not a JSON object but {type(document).__name__}")
-        return None
-    for name, kind in fields.items():
-        value = document.get(name)
-        if value is None and name in required:
-            evidence._set_aside(where, f"no field {name!r}")
-            return None
-        if value is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
-            evidence._set_aside(where, f"{name}: {value!r} is not {getattr(kind, '__name__', 'a number')}")
-            return None
-        if isinstance(value, int | float) and name in positive and not (math.isfinite(value) and value > 0):
-            evidence._set_aside(where, f"{name}: {value!r} is not a positive number")
-            return None
-    if "state" in fields and document.get("state") not in {*contract.FinalState, None}:
-        evidence._set_aside(where, f"state: {document['state']!r} is not a state a run ends in")
-        return None
-    return document
 
 
 def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool = False) -> RunEvidence:
@@ -363,11 +332,11 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
                 if chunk is not None and records:
                     last_seq[chunk] = records[-1].seq
         elif kind == contract.PREFLIGHT:
-            preflight = _document(_read(s3, bucket, key), where, evidence, PREFLIGHT_FIELDS, PREFLIGHT_REQUIRED)
+            preflight = _document(_read(s3, bucket, key), where, evidence, preflight_document)
             if preflight is not None:
                 evidence.preflights.append(preflight)
         elif kind == contract.STATUS and key == contract.final_status_key(experiment, run):
-            evidence.final = _document(_read(s3, bucket, key), where, evidence, FINAL_FIELDS)
+            evidence.final = _document(_read(s3, bucket, key), where, evidence, contract.final_state_document)
         elif kind == contract.CHECKPOINTS:
             evidence.checkpoints.append(key)
         elif kind == contract.TENSORBOARD:

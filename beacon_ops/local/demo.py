@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from beacon import contract
-from beacon.preflight import reported_seconds
+from beacon.contract.preflight import reported_seconds
 
 from beacon_ops.doctor.after_run import verify_and_diagnose
 from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from beacon import contract
-from beacon.preflight import PreflightRecord
+from beacon.contract.preflight import PreflightRecord
 
 UPLOAD_THREADS = 16
 

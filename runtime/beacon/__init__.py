@@ -6,8 +6,9 @@ never silently lost. Imports nothing of Beacon's outside this package.
     run.log({"loss": loss}, step)
     run.finish()
 
-The names below load on first use: `beacon.contract` (the record type, the key layout) and
-`beacon.ranks` import without torch, for readers such as the operator and the alarm's function.
+The names below load on first use. `beacon.contract`, the wing readers import alone (the operator, the alarm's
+function), holds the record type, the key layout, the rank document and the preflight record, with no threads,
+no boto and no torch.
 """
 
 from __future__ import annotations

@@ -24,15 +24,6 @@ from typing import Any
 
 log = logging.getLogger("beacon.flight_recorder")
 
-# nccl's dump on timeout is TORCH_NCCL_DEBUG_INFO_TEMP_FILE plus the global rank (`keep_flight_recorder`
-# sets this prefix): one name for both, so one reader serves both.
-FLIGHT_RECORDER_PREFIX = "flight-recorder-rank-"
-FLIGHT_RECORDER_ENTRIES = 2000  # collectives kept per rank (about 350 bytes each in a dump)
-
-
-def flight_recorder_name(rank: int) -> str:
-    return f"{FLIGHT_RECORDER_PREFIX}{rank}"
-
 
 def dump_flight_recorder(path: Path) -> bool:
     """This process's flight recorder into `path` (replaced whole); False when there is nothing to write

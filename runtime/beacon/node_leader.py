@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from beacon import contract
+from beacon.contract.rank_evidence import RankProgress
 from beacon.progress import ProgressClock
 from beacon.rank_board import RankBoard
 from beacon.ranks import (
     PHASE_FRESH_S,
     CrossRankView,
     LiveSnapshots,
-    RankProgress,
     evidence_state,
     rank_signal_interval,
     read_ranks,

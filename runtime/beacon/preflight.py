@@ -13,7 +13,6 @@ import errno
 import json
 import logging
 import os
-import re
 import socket
 import time
 import uuid
@@ -34,6 +33,7 @@ from botocore.exceptions import (
 )
 
 from beacon import contract
+from beacon.contract.preflight import PreflightRecord
 from beacon.create_only import put_create_only
 from beacon.settings import RunSettings
 
@@ -72,37 +72,8 @@ TRANSIENT_CODES = frozenset(
 )
 
 
-REPORTED_TIME = re.compile(r"preflight (?:stopped after|passed in) ([0-9.]+) s")
-
-
-def reported_seconds(log_text: str) -> float | None:
-    """Preflight's own time, as a job's log reports it on failure and on success: interpreter
-    start-up and imports are not preflight, and a busy machine makes them slow."""
-    found = REPORTED_TIME.findall(log_text)
-    return float(found[-1]) if found else None
-
-
 class PreflightError(Exception):
     """One line: what failed, where, and the likely fix."""
-
-
-@dataclass(frozen=True)
-class PreflightRecord:
-    run: str
-    experiment: str
-    host: str
-    pid: int
-    world_size: int
-    spool_dir: str
-    spool_filesystem: str
-    spool_persistent: bool
-    started_at: str
-    team: str
-    region: str
-    s3_endpoint: str
-    namespace: str
-    heartbeat_interval: float
-    stall_dump_after: float = float(contract.STALL_THRESHOLD_S)  # the run's stall threshold, for every stall test
 
 
 @dataclass(frozen=True)

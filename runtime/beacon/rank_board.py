@@ -32,7 +32,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from beacon.ranks import RankProgress, read_ranks
+from beacon.contract.rank_evidence import RankProgress
+from beacon.ranks import read_ranks
 
 log = logging.getLogger("beacon.rank_board")
 

@@ -28,24 +28,32 @@ import logging
 import os
 import threading
 import time
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from beacon import contract
-from beacon.contract import Phase
+from beacon.contract.rank_evidence import (
+    EARLIER_ATTEMPT_SLACK_S,
+    SIGNAL_STACKS_PREFIX,
+    STALL_DUMP,
+    RankProgress,
+    flight_recorder_name,
+    rank_document_name,
+    rank_of_file,
+    signal_dump_header,
+    signal_stacks_name,
+    stacks_name,
+    took_signal,
+)
 from beacon.create_only import Written, put_create_only
-from beacon.flight_recorder import FLIGHT_RECORDER_PREFIX, dump_flight_recorder, flight_recorder_name
+from beacon.flight_recorder import dump_flight_recorder
 from beacon.progress import ProgressClock
 
 log = logging.getLogger("beacon.ranks")
 
 RANK_SIGNAL_INTERVAL_S = 5.0  # how often each rank rewrites its progress document, at most
 PHASE_FRESH_S = 60.0  # a document older than this no longer says which phase its rank is in
-STALL_DUMP = "no progress for"  # how a stall's stack dump is headed (a SIGTERM's says what it received)
-RECEIVED = "received SIG"  # how the Python handler's dump of a signal is headed ("received SIGTERM")
-SIGNAL_DUMP = "stacks at the signal, taken in C"
-SIGNAL_STACKS_PREFIX = "signal-stacks-rank-"  # how a reader heads faulthandler's own (headerless) dump
 
 
 def rank_signal_interval(heartbeat_interval: float) -> float:
@@ -65,44 +73,6 @@ def _forget_in_forked_children(signum: int) -> None:
         os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signum))
 
 
-def rank_document_name(rank: int) -> str:
-    return f"rank-{rank:05d}.json"
-
-
-def stacks_name(rank: int) -> str:
-    return f"stacks-rank-{rank:05d}.txt"
-
-
-def signal_stacks_name(rank: int) -> str:
-    return f"{SIGNAL_STACKS_PREFIX}{rank:05d}.txt"
-
-
-def signal_dump_header(rank: int, pid: int) -> str:
-    """The head of a process's `signal-stacks-rank-<r>.txt`, written at registration (faulthandler writes none)."""
-    return f"--- rank {rank} pid {pid}: {SIGNAL_DUMP}\n"
-
-
-def took_signal(signal_dump: str) -> bool:
-    """Whether a signal stacks file holds a dump, not only its head."""
-    return any(line.startswith(("Current thread 0x", "Thread 0x")) for line in signal_dump.splitlines())
-
-
-def with_signal_dump(stacks: str, signal_dump: str) -> str:
-    """A rank's stacks file with its process's dump at the signal (`RankSignal.dump_at_signal`) as the last section;
-    unless no signal came, or the same process's Python handler dumped it too (its main thread was free: that
-    section has the step). Sections of other processes (an earlier attempt's, appended above) do not count."""
-    head = signal_dump.split("\n", 1)[0]
-    if not took_signal(signal_dump) or not head.startswith("--- rank "):
-        return stacks
-    pid = head.split(" pid ", 1)[1].split(":", 1)[0] if " pid " in head else "?"
-    if any(
-        line.startswith("--- rank ") and f" pid {pid} " in line and f": {RECEIVED}" in line
-        for line in stacks.splitlines()
-    ):
-        return stacks
-    return f"{stacks.rstrip()}\n{signal_dump}".lstrip("\n")
-
-
 @dataclass(frozen=True)
 class Placement:
     """Where a rank runs, from the Job's downward API environment (empty off Kubernetes)."""
@@ -118,74 +88,6 @@ class Placement:
             node=os.environ.get("BEACON_NODE_NAME", ""),
             instance=os.environ.get("BEACON_INSTANCE_TYPE", ""),
         )
-
-
-@dataclass(frozen=True)
-class RankProgress:
-    """One rank's last word: what `rank-<r>.json` holds."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    step: int  # the last step the host dispatched (-1 before the first)
-    phase: str
-    progress_age: float  # seconds since the last step, phases excluded
-    wall_time: float  # when this document was written
-    last_step_wall_time: float  # when the last step was dispatched, as wall time
-    pid: int
-    pod: str
-    node: str
-    instance: str
-    stacks_dumped: int  # dumps so far
-    # How this rank ended (`finished`, `failed: RuntimeError`, `preempted`), written by its last word;
-    # empty while it runs, and forever if it was killed outright: its silence is then the sign.
-    ended: str = ""
-    node_rank: int = -1  # torchrun's GROUP_RANK: which node's leader uploads this rank's files (-1: unknown)
-    phase_seconds: float = 0.0  # how long it has been in its own phase when written (0 while training)
-    phase_limit: float = 0.0  # its RunSettings.phase_limit (0: an older document, its phases unbounded)
-
-    def working_in_phase(self, now: float) -> bool:
-        """In a named phase still within its limit at `now`: working (a 150 s checkpoint), not hung; past it,
-        a rank that never left its checkpoint or evaluation reads as stopped there."""
-        if self.phase == Phase.TRAINING:
-            return False
-        return (
-            self.phase == Phase.SETUP
-            or not self.phase_limit
-            or self.phase_seconds + max(0.0, now - self.wall_time) < self.phase_limit
-        )
-
-    @classmethod
-    def from_document(cls, body: bytes) -> RankProgress:
-        """A document of this or another Beacon version: fields it does not know are left out (a function deployed
-        from older code still reads a newer job's documents). ValueError, naming the field, when it is not one: not
-        a JSON object, a field missing, or of another type (`"rank": "1"`). The one parser every reader uses."""
-        try:
-            document = json.loads(body)
-        except ValueError as error:  # torn, or not text at all
-            raise ValueError(f"not JSON ({error})") from None
-        if not isinstance(document, dict):
-            raise ValueError(f"not a JSON object but {type(document).__name__}")
-        values: dict[str, Any] = {}
-        for spec in fields(cls):
-            if spec.name not in document:
-                if spec.default is MISSING:
-                    raise ValueError(f"no field {spec.name!r}")
-                continue
-            value, kind = document[spec.name], _DOCUMENT_TYPES[str(spec.type)]
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise ValueError(f"{spec.name}: {value!r} is not {spec.type}")
-            values[spec.name] = float(value) if isinstance(value, int | float) and spec.type == "float" else value
-        return cls(**values)
-
-
-_DOCUMENT_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str}
-
-# The ranks of an attempt start together (torchrun restarts its workers together, and a rank that dies takes
-# the others' collectives with it): a document written this long before a reader's own start is an earlier
-# attempt's. A restore brings such documents back (a rerun on SageMaker restores every node's files on every
-# node), and a rank of the earlier attempt that is gone (a smaller world) leaves its own behind.
-EARLIER_ATTEMPT_SLACK_S = 60.0
 
 
 def read_ranks(directory: Path, *, since: float = 0.0) -> list[RankProgress]:
@@ -424,20 +326,6 @@ class PhaseFollower:
             if rank not in self.followed:
                 self.progress.enter(name, followed=True)
                 self.followed[rank] = name
-
-
-def rank_of_file(name: str) -> int | None:
-    """The rank a file of the ranks directory belongs to (its document, stacks or flight recorder)."""
-    for prefix, suffix in (
-        ("rank-", ".json"),
-        ("stacks-rank-", ".txt"),
-        (SIGNAL_STACKS_PREFIX, ".txt"),
-        (FLIGHT_RECORDER_PREFIX, ""),
-    ):
-        number = name.removeprefix(prefix).removesuffix(suffix) if name.startswith(prefix) else ""
-        if number.isdigit() and name.endswith(suffix):
-            return int(number)
-    return None
 
 
 def upload_rank_evidence(

@@ -42,8 +42,8 @@ from beacon.checkpoint import (
     load_resume_point,
 )
 from beacon.contract import FinalState, Phase
+from beacon.contract.rank_evidence import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
 from beacon.distributed import World, world_from_environment
-from beacon.flight_recorder import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
 from beacon.lifeline import die_with_parent
 from beacon.liveness import Liveness
 from beacon.mirrors import MIRROR_SHARE, RunInfo, build

@@ -25,6 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract, kill_points
 from beacon.contract import Record
+from beacon.contract.rank_evidence import RankProgress
 from beacon.create_only import Written, put_create_only
 from beacon.index import IndexWriter
 from beacon.progress import ProgressClock
@@ -33,7 +34,6 @@ from beacon.ranks import (
     CrossRankView,
     LiveSnapshots,
     PhaseFollower,
-    RankProgress,
     evidence_state,
     rank_signal_interval,
     read_ranks,

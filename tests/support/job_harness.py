@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from beacon import contract
-from beacon.preflight import reported_seconds
+from beacon.contract.preflight import reported_seconds
 
 from beacon_ops.local.processes import end_process_tree
 from beacon_ops.local.sandbox import aws_env, job_args, job_command

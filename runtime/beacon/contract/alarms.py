@@ -1,0 +1,95 @@
+"""The health alarms: their periods, budgets and names, and the run alarms' template."""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import StrEnum
+from typing import Any
+
+from beacon.contract.layout import validate_id
+
+# --- Health alarms: periods and budgets -------------------------------------------------
+# A job is silent when its heartbeat stops; stalled when the heartbeat lives but steps do not
+# advance. Per-run alarms exist only while a run does (the job creates them after preflight and
+# deletes them on a clean exit), so an idle team has nothing that can sit in ALARM.
+SILENT_BUDGET_S = 120
+STALLED_BUDGET_S = 180
+HEARTBEAT_PERIOD_S = 30  # high-resolution metrics allow 10, 20 or 30 s periods
+SILENT_EVALUATION_PERIODS = 3  # last beat, then 3 empty periods: ALARM by last beat + 120 s
+STALL_THRESHOLD_S = 90  # ProgressAge above this is not progress (checkpoint time excluded)
+# A named phase pauses the stall clock this long at most: a rank hung inside its checkpoint or evaluation
+# (a collective in a save, a dead mount) then reads as stalled once the phase is this old (`RunSettings.phase_limit`).
+PHASE_LIMIT_S = 1800
+STALLED_EVALUATION_PERIODS = 2  # beat after threshold + 2 periods: ALARM by stall + 165 s
+DELIVERY_PERIOD_S = 60
+DELIVERY_EVALUATION_PERIODS = 3
+DELIVERY_DATAPOINTS_TO_ALARM = 2
+BACKLOG_THRESHOLD_RECORDS = 500
+RESTARTS_PERIOD_S = 60
+
+ALARM_PREFIX = "beacon"
+EXPERIMENT_PLACEHOLDER = "${Experiment}"
+RUN_PLACEHOLDER = "${Run}"
+
+
+class RunAlarm(StrEnum):
+    SILENT = "silent"
+    STALLED = "stalled"
+    METRICS_LOST = "metrics-lost"
+
+
+class TeamAlarm(StrEnum):
+    UPLOAD_FAILURES = "upload-failures"
+    SPOOL_BACKLOG = "spool-backlog"
+    RESTARTS = "restarts"
+
+
+def run_alarm_prefix(team: str) -> str:
+    return f"{ALARM_PREFIX}-{team}-run-"
+
+
+def alarm_prefix_collision(team: str) -> str | None:
+    """Why this team name would let another team's alarm grant match its alarms, or None.
+
+    Team ``a``'s writer manages ``beacon-a-run-*``; a team named ``a-run`` or ``a-run-b`` would have
+    alarms inside that pattern. So no hyphen-separated part after the first may be ``run``.
+    """
+    if "run" in team.split("-")[1:]:
+        return f"'run' after a hyphen would put its alarms inside team {team.split('-run')[0]!r}'s run alarms"
+    return None
+
+
+def run_alarm_name(team: str, experiment: str, run: str, kind: RunAlarm) -> str:
+    return f"{run_alarm_prefix(team)}{experiment}-{run}-{kind.value}"
+
+
+def team_alarm_name(team: str, kind: TeamAlarm) -> str:
+    return f"{ALARM_PREFIX}-{team}-{kind.value}"
+
+
+def smoke_min_duration_s(heartbeat_interval_s: float) -> float:
+    """How long a smoke run must last for its run alarms to arm and be evaluated at least once:
+    the first heartbeat's period closes, and a beat or two follow."""
+    return HEARTBEAT_PERIOD_S * 2 + heartbeat_interval_s
+
+
+def run_alarm_parameter_name(team: str) -> str:
+    return f"/beacon/{team}/run-alarm-template"
+
+
+def render_run_alarms(template: str, experiment: str, run: str) -> dict[str, Any]:
+    """Fill a run-alarm template (JSON from the monitoring stack) for one run."""
+    validate_id("experiment", experiment)
+    validate_id("run", run)
+    filled = template.replace(EXPERIMENT_PLACEHOLDER, experiment).replace(RUN_PLACEHOLDER, run)
+    return dict(json.loads(filled))
+
+
+def run_alarms_arm_at(first_heartbeat_at: float) -> float:
+    """When a job may create its run alarms: once the period holding its first heartbeat closed.
+
+    The silent alarm treats missing data as breaching; created earlier, it would find only empty
+    periods to evaluate and open in ALARM.
+    """
+    return (math.floor(first_heartbeat_at / HEARTBEAT_PERIOD_S) + 1) * HEARTBEAT_PERIOD_S

@@ -1,0 +1,53 @@
+"""The preflight record: what each attempt writes as it starts (`contract.preflight_key`), once its preflight passed,
+and the one parser readers take it through; and preflight's own time as a job's log reports it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from beacon.contract.alarms import STALL_THRESHOLD_S
+from beacon.contract.documents import NUMBER, checked_object
+
+REPORTED_TIME = re.compile(r"preflight (?:stopped after|passed in) ([0-9.]+) s")
+
+
+def reported_seconds(log_text: str) -> float | None:
+    """Preflight's own time, as a job's log reports it on failure and on success: interpreter
+    start-up and imports are not preflight, and a busy machine makes them slow."""
+    found = REPORTED_TIME.findall(log_text)
+    return float(found[-1]) if found else None
+
+
+@dataclass(frozen=True)
+class PreflightRecord:
+    run: str
+    experiment: str
+    host: str
+    pid: int
+    world_size: int
+    spool_dir: str
+    spool_filesystem: str
+    spool_persistent: bool
+    started_at: str
+    team: str
+    region: str
+    s3_endpoint: str
+    namespace: str
+    heartbeat_interval: float
+    stall_dump_after: float = float(STALL_THRESHOLD_S)  # the run's stall threshold, for every stall test
+
+
+# The fields a reader uses of a preflight record, and their types: a record whose field has another is set aside.
+PREFLIGHT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "world_size": int, "heartbeat_interval": NUMBER, "stall_dump_after": NUMBER, "spool_dir": str,
+    "spool_filesystem": str, "spool_persistent": bool, "started_at": str, "host": str, "s3_endpoint": str,
+    "region": str,
+}  # fmt: skip
+PREFLIGHT_REQUIRED = frozenset({"spool_dir", "spool_filesystem", "started_at"})  # what the verdicts read
+PREFLIGHT_POSITIVE = frozenset({"world_size", "heartbeat_interval", "stall_dump_after"})
+
+
+def preflight_document(body: bytes) -> dict[str, object]:
+    """A preflight record as a reader takes it; ValueError naming the field when it is not one."""
+    return checked_object(body, PREFLIGHT_FIELDS, required=PREFLIGHT_REQUIRED, positive=PREFLIGHT_POSITIVE)
