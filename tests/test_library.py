@@ -130,6 +130,7 @@ def test_a_plain_loop_delivers_every_metric_faithfully_and_lists_only_the_chosen
 
 
 BAD_VALUES_LOOP = """
+import numpy
 import torch
 import beacon
 
@@ -145,6 +146,8 @@ class UnreadableOnTheDevice:
 
 
 BAD = {1000: "text", 1500: None, 2000: torch.ones(2), 2200: 1j}
+# A step that is not an int cost every step drained beside it on the spool thread: refused in the call too.
+BAD_STEPS = {1100: None, 1200: "1200", 1300: 1300.0, 1400: torch.tensor(1400), 1600: True}
 run = beacon.init("lib")
 for step in range(3000):
     metrics = {"loss": torch.tensor(1.0 / (step + 1)), "lr": 0.1}
@@ -153,6 +156,14 @@ for step in range(3000):
             run.log({**metrics, "note": BAD[step]}, step)
         except TypeError as error:
             print("refused:", error, flush=True)
+    if step in BAD_STEPS:
+        try:
+            run.log(metrics, BAD_STEPS[step])
+        except TypeError as error:
+            print("refused:", error, flush=True)
+    if step == 2700:
+        run.log(metrics, numpy.int64(step))  # an integer of numpy's is a step
+        continue
     if step == 2500:
         metrics["flaky"] = UnreadableOnTheDevice()
     run.log(metrics, step)
@@ -172,11 +183,17 @@ def test_a_value_that_is_not_a_number_is_refused_in_the_call_and_no_good_step_is
                           env=environment(harness, "lib-bad-values"), timeout=180)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     refused = [line for line in done.stdout.splitlines() if line.startswith("refused:")]
-    assert refused == [
-        f"refused: run.log: metric 'note' at step {step} is {what}, not a number or a one-element tensor; nothing "
-        "of this call was recorded"
+    values = [
+        (step, f"refused: run.log: metric 'note' at step {step} is {what}, not a number or a one-element tensor; "
+         "nothing of this call was recorded")
         for step, what in ((1000, "a str"), (1500, "a NoneType"), (2000, "a Tensor of shape (2,)"), (2200, "a complex"))
-    ]
+    ]  # fmt: skip
+    steps = [
+        (step, f"refused: run.log: step {shown} is {kind}, not an int; nothing of this call was recorded")
+        for step, shown, kind in ((1100, "None", "NoneType"), (1200, "'1200'", "str"), (1300, "1300.0", "float"),
+                                  (1400, "tensor(1400)", "Tensor"), (1600, "True", "bool"))
+    ]  # fmt: skip
+    assert refused == [line for _, line in sorted(values + steps)]
     records = delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "lib-bad-values")
     assert_live_history_once(records, 3000)  # every good step, once
     by_step = {r.step: r.metrics for r in records}
@@ -184,6 +201,56 @@ def test_a_value_that_is_not_a_number_is_refused_in_the_call_and_no_good_step_is
     assert "delivered False set aside {'flaky': 1}" in done.stdout
     assert "metric 'flaky' at step 2500: RuntimeError: CUDA error" in done.stderr
     assert final_state(as_writer, "lib-bad-values")["values_set_aside"] == {"flaky": 1}
+
+
+HUNG_READ_LOOP = """
+import os
+import threading
+import beacon
+
+
+class NeverRead:
+    \"\"\"A one-element value whose read never returns, as a hung device would.\"\"\"
+
+    def numel(self):
+        return 1
+
+    def item(self):
+        threading.Event().wait()
+
+
+run = beacon.init("lib", shutdown_budget=3)
+for step in range(300):
+    run.log({"loss": 1.0 / (step + 1)}, step)
+run.log({"loss": 0.5, "stuck": NeverRead()}, 300)
+for step in range(301, 400):
+    run.log({"loss": 1.0 / (step + 1)}, step)
+report = run.finish()
+delivery = report.delivery
+print("delivered", report.delivered, "unfinished", delivery.spool_unfinished, "unacknowledged",
+      delivery.unacknowledged_records, flush=True)
+os._exit(0)  # the spool thread still waits in the read
+"""
+
+
+def test_a_spool_thread_still_at_work_when_the_budget_ends_is_never_reported_delivered(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """Issue 26, finding 1 (review): the steps the spool thread took from the queue and had not spooled were counted
+    nowhere, so a read that never returned left finish() saying delivered while steps were missing."""
+    (tmp_path / "train.py").write_text(HUNG_READ_LOOP)
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py")], cwd=ROOT, capture_output=True, text=True,
+                          env=environment(harness, "lib-hung-read"), timeout=180)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    delivered = {r.step for r in delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "lib-hung-read")}
+    missing = set(range(400)) - delivered
+    assert 300 in missing, "the step with the value that is never read is not in S3"
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("delivered")]
+    assert line.startswith("delivered False unfinished True unacknowledged "), line
+    assert int(line.rsplit(" ", 1)[1]) >= len(missing), "every missing step is counted"
+    assert "run lib-hung-read: not everything logged reached S3" in done.stderr
+    assert "the spool thread did not finish within the shutdown budget" in done.stderr
+    assert final_state(as_writer, "lib-hung-read")["spool_unfinished"] is True
 
 
 def test_an_exception_out_of_the_context_manager_is_recorded_as_failed_with_its_type(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 import signal
 import threading
@@ -85,8 +86,21 @@ class FinishReport:
 
     @property
     def delivered(self) -> bool:
-        """Every logged value is in S3: no record waits in the spool, and no value was set aside."""
-        return self.delivery.unacknowledged_records == 0 and not self.delivery.values_set_aside
+        """Every logged value is in S3: no record waits in the queue, the spool thread's hands or the spool, the spool
+        thread finished, and no value was set aside."""
+        delivery = self.delivery
+        return delivery.unacknowledged_records == 0 and not delivery.values_set_aside and not delivery.spool_unfinished
+
+
+def logged_step(step: object, call: str) -> int:
+    """A step that is not a plain int (a numpy integer) as one; anything else (None, a string, a float, a bool, a
+    tensor, whose value would be read here) refused in one line naming it: on the spool thread it would cost the
+    steps drained beside it."""
+    if isinstance(step, bool | torch.Tensor) or not hasattr(step, "__index__"):
+        raise TypeError(
+            f"{call}: step {step!r} is {type(step).__name__}, not an int; nothing of this call was recorded"
+        )
+    return operator.index(step)
 
 
 class Run:
@@ -155,10 +169,12 @@ class Run:
 
     # --- the training thread's calls --------------------------------------------------------------
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
-        """Record `metrics` for `step`: numbers or one-element tensors, NaN kept as NaN. Costs a queue
+        """Record `metrics` for `step` (an int): numbers or one-element tensors, NaN kept as NaN. Costs a queue
         append; a tensor's value is read on Beacon's spool thread, never here. Anything else (a string,
-        None, a tensor of several elements) is refused here with a TypeError naming the metric, and the
-        call records nothing."""
+        None, a tensor of several elements; a step that is not an int) is refused here with a TypeError
+        naming the metric or the step, and the call records nothing."""
+        if type(step) is not int:
+            step = logged_step(step, "run.log")
         if self._in_setup:
             self._in_setup = False
             self.progress.leave(Phase.SETUP)
@@ -181,6 +197,8 @@ class Run:
     def mark_step(self, step: int) -> None:
         """`step` finished, whether or not it has metrics: the stall clock restarts. A framework logs
         every few steps; its integration marks every one, so a long log interval is not a stall."""
+        if type(step) is not int:
+            step = logged_step(step, "run.mark_step")
         if self._in_setup:
             self._in_setup = False
             self.progress.leave(Phase.SETUP)
@@ -286,6 +304,14 @@ class Run:
             mirrors=mirrors,
         )
         self.finished = report
+        if not report.delivered:  # never silently: a team's own script reads its log, not the report
+            delivery = report.delivery
+            log.error(
+                "run %s: not everything logged reached S3: %d record(s) not acknowledged%s%s; python -m beacon.sync "
+                "delivers what the spool holds", self.settings.run, delivery.unacknowledged_records,
+                ", the spool thread did not finish within the shutdown budget" if delivery.spool_unfinished else "",
+                f", values set aside (by metric) {delivery.values_set_aside}" if delivery.values_set_aside else "",
+            )  # fmt: skip
         self.telemetry.publish_final(self._final_record(report))
         if self.rank_signal is not None:  # before the last barrier: rank 0 then uploads every rank's last word
             self.rank_signal.stop(ended=f"{state.value}: {error_name}" if error_name else state.value)
@@ -334,6 +360,7 @@ class Run:
             "checkpoints_skipped": report.checkpoints_skipped,
             "unacknowledged_records": report.delivery.unacknowledged_records,
             "values_set_aside": report.delivery.values_set_aside,  # by metric: values `float()` refused
+            "spool_unfinished": report.delivery.spool_unfinished,
             "mirrors_behind": {name: mirror.behind for name, mirror in report.mirrors.items()},
             "ended_at": time.time(),
         }

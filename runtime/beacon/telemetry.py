@@ -110,7 +110,10 @@ class DeliveryReport:
     tensorboard_thinned: int = 0  # records above the view's rate, in S3 but not drawn in TensorBoard
     journal_skipped: int = 0  # steps durable only from the spool's fsync: the journal's ring was full
     pending_chunks: int = 0
-    unacknowledged_records: int = 0
+    unacknowledged_records: int = 0  # logged, not yet in S3: queued, in the spool thread's hands, or spooled
+    # The spool thread was still at work when the shutdown budget ended (a value whose read never returns, a
+    # stuck disk): what it holds is counted above, and nothing is reported delivered.
+    spool_unfinished: bool = False
     # Values run.log took that the spool thread could not read as a number (a failed CUDA read, a number
     # too large for a float), by metric: each left out of its step alone, the step's other values kept.
     values_set_aside: dict[str, int] = field(default_factory=dict)
@@ -177,6 +180,7 @@ class Telemetry(NullTelemetry):
         self.index = IndexWriter(s3, bucket=config.bucket, experiment=config.experiment, run=config.run)
         # Two items a step, its numbers then its metrics (see `Logged`), appended by one call.
         self._queue: collections.deque[Logged | dict[str, Any]] = collections.deque()
+        self._in_hand = 0  # steps the spool thread took from the queue and has not yet spooled
         self._journaled = 0  # the last journal entry drained into the spool
         self._window = WindowStats()
         self._window_lock = threading.Lock()
@@ -312,7 +316,7 @@ class Telemetry(NullTelemetry):
                         self._stop.wait(wait)
                     continue
                 except Exception:  # keep persisting whatever happens (a record is durable only once fsync'd)
-                    log.exception("spool cycle failed; retrying")
+                    log.exception("spool cycle failed with %d step(s) in hand; retrying", self._in_hand)
                     if stopping:
                         return
                 if stopping:
@@ -332,6 +336,7 @@ class Telemetry(NullTelemetry):
         queue = self._queue
         while queue:  # whole steps only: `log` appends both items of one in a single call
             entry, metrics = cast(Logged, queue.popleft()), cast(dict[str, Any], queue.popleft())  # `log`'s own copy
+            self._in_hand += 1  # until spooled: counted as not delivered, whatever stops this cycle
             self._journaled = entry[2] or self._journaled
             for value in metrics.values():
                 if type(value) is not float:
@@ -384,6 +389,7 @@ class Telemetry(NullTelemetry):
             for start in range(0, len(steps), APPEND_SLICE):
                 end = start + APPEND_SLICE
                 self.spool.append(self._records(steps[start:end], metrics_of[start:end]))
+            self._in_hand = 0  # each in the spool now, counted there until S3 has it
             self._awaiting_sync[0].extend(steps)
             self._awaiting_sync[1].extend(metrics_of)
         self.spool.sync()  # also writes again what a failed attempt left unsynced
@@ -635,7 +641,7 @@ class Telemetry(NullTelemetry):
         mono, steps = time.monotonic(), self.progress.steps
         last_mono, last_steps = self._last_rate_sample
         self._last_rate_sample = (mono, steps)
-        backlog = float(self.spool.unacknowledged_records() + self.queued())
+        backlog = float(self.spool.unacknowledged_records() + self.queued() + self._in_hand)
         data = [
             datum(contract.HEARTBEAT, run_dims, Value=1.0),
             datum(contract.PROGRESS_AGE, run_dims, Value=self.progress.progress_age()),
@@ -733,7 +739,8 @@ class Telemetry(NullTelemetry):
         self.report.pending_chunks = len(pending)
         self.report.tensorboard_thinned = self.tensorboard.thinned
         self.report.journal_skipped = self.spool.journal.skipped
-        self.report.unacknowledged_records = self.spool.unacknowledged_records() + self.queued()
+        self.report.spool_unfinished = self._spool_thread.is_alive()
+        self.report.unacknowledged_records = self.spool.unacknowledged_records() + self.queued() + self._in_hand
         if self.run_alarms is not None and self.run_alarms.armed and not self.report.unacknowledged_records:
             try:
                 self.run_alarms.disarm()

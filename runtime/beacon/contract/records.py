@@ -321,7 +321,7 @@ class FinalState(StrEnum):
 # The fields a reader uses of a final state (`final_status_key`), and their types.
 FINAL_FIELDS: dict[str, type | tuple[type, ...]] = {
     "state": str, "attempt": int, "ended_at": NUMBER, "last_step": int, "unacknowledged_records": int,
-    "checkpoints": list, "checkpoints_skipped": list, "values_set_aside": dict,
+    "checkpoints": list, "checkpoints_skipped": list, "values_set_aside": dict, "spool_unfinished": bool,
 }  # fmt: skip
 
 
