@@ -112,7 +112,13 @@ class SpoolOwner:
         directory.mkdir(parents=True, exist_ok=True)
         now = clock()
         host = socket.gethostname()
-        mine = OwnerRecord(host, os.environ.get("POD_NAME", host), os.getpid() if pid is None else pid, now, now)
+        mine = OwnerRecord(
+            host,
+            os.environ.get("BEACON_POD_NAME", os.environ.get("POD_NAME", host)),
+            os.getpid() if pid is None else pid,
+            now,
+            now,
+        )
         with _locked(directory):
             current = read_owner(directory)
             if current is not None and _is_live(current, mine, now, lease_s):
