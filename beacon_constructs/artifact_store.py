@@ -140,6 +140,11 @@ class ArtifactStore(Construct):
                 ),
                 self._list_experiments_statement("ListExperiments"),
                 self._key_via_s3_statement("UseKeyViaS3", ["kms:GenerateDataKey", "kms:Decrypt"]),
+                # A SageMaker job's output is encrypted with OutputDataConfig.KmsKeyId (this key), and SageMaker's
+                # API reference asks the execution role (this role) for kms:Encrypt on it. Encrypt decrypts nothing.
+                iam.PolicyStatement(
+                    sid="EncryptSageMakerOutput", actions=["kms:Encrypt"], resources=[self.key.key_arn]
+                ),
                 iam.PolicyStatement(
                     sid="PutBeaconMetrics",
                     actions=["cloudwatch:PutMetricData"],

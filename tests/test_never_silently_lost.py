@@ -164,6 +164,43 @@ def test_a_damaged_spool_is_synced_as_far_as_it_reads_and_the_damage_is_named(
         assert "1 line(s) set aside" in pushed.stdout, pushed.stdout
 
 
+def tear_a_mirror_cursor(directory: Path) -> None:
+    """A W&B mirror's cursor half-written (the mirror itself is optional: its damage must never stop training)."""
+    (directory / "mirrors").mkdir(exist_ok=True)
+    (directory / "mirrors" / "wandb.json").write_text('{"seq": 1')
+
+
+RESTART_LOOP = """
+import beacon
+
+run = beacon.init("smoke")
+for step in range(run.resume_step, 60):
+    run.log({"loss": 1.0 / (step + 1)}, step)
+report = run.finish()
+print("resumed at", run.resume_step, "delivered", report.delivered, flush=True)
+"""
+
+
+RESTART_DAMAGE = {**DAMAGE, "torn-mirror-cursor": tear_a_mirror_cursor}
+
+
+@pytest.mark.parametrize("damage", sorted(RESTART_DAMAGE))
+@redesign(5, "a job started again on a damaged spool trains, and recovers what it reads or names the file")
+def test_a_job_started_again_on_a_damaged_spool_trains_and_the_damage_is_named(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path, damage: str
+) -> None:
+    """The restart beside `beacon.sync`: the pod that comes back on the volume, with the run's own id."""
+    run = f"restarted-{damage}"
+    directory = stranded_spool(tmp_path / "volume", run, 45)
+    RESTART_DAMAGE[damage](directory)
+    mirror = {"BEACON_MIRRORS": "wandb", "BEACON_WANDB_MODE": "offline"} if damage == "torn-mirror-cursor" else {}
+    done = run_loop(harness, run, RESTART_LOOP, BEACON_SPOOL_DIR=str(aged(directory).parent.parent), **mirror)
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = steps_in_s3(as_writer, "smoke", run)
+    assert len(steps) >= 59 and steps[-1] == 59, steps  # at most the zeroed line's step is gone, and named
+
+
 # --- finding 6: a step larger than the journal's ring ------------------------------------------------------------
 WIDE_STEP_LOOP = """
 import beacon

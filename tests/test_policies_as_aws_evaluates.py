@@ -414,7 +414,8 @@ def test_item12_the_writer_uses_the_key_only_through_s3(aws: Deployment) -> None
         assert_allowed(aws, Request(action, key, role, via_s3))
         assert_refused(aws, Request(action, key, role))
         assert_refused(aws, Request(action, key, role, {"kms:ViaService": f"sns.{REGION}.amazonaws.com"}))
-    assert_refused(aws, Request("kms:Encrypt", key, role, via_s3))
+    # kms:Encrypt is the one direct use (issue 25: SageMaker's output key), and it decrypts nothing.
+    assert_refused(aws, Request("kms:ReEncryptFrom", key, role, via_s3))
 
 
 def test_item12_the_writer_reads_only_its_own_run_alarm_template(aws: Deployment) -> None:
@@ -573,6 +574,20 @@ def test_issue25_item1_sagemakers_output_upload_passes_the_bucket_policy_there_a
         assert decide(aws, put(aws, DEMO, f"{run}{kind}/model.tar.gz")) is Decision.EXPLICIT_DENY
     key, context = f"{output}{job}/output/model.tar.gz", {"s3:ObjectCreationOperation": True, **TLS}
     assert_refused(aws, Request("s3:PutObject", object_arn(aws, DEMO, key), writer(aws, VISION), context))
+
+
+def test_issue25_item1_sagemaker_may_encrypt_the_output_with_the_teams_key_and_no_other(
+    aws: Deployment,
+) -> None:
+    """With OutputDataConfig.KmsKeyId set, SageMaker's API reference asks the execution role for kms:Encrypt on that
+    key (and the key policy must admit the role: the store key's admits the account's IAM policies). The key a job is
+    launched with is the store's (`beacon run`'s stack outputs); no other team's key; the reader encrypts nothing."""
+    own = arn_of(aws, DEMO, "artifacts", "AWS::KMS::Key", "ArtifactStoreKey")
+    theirs = arn_of(aws, VISION, "artifacts", "AWS::KMS::Key", "ArtifactStoreKey")
+    assert_allowed(aws, Request("kms:Encrypt", own, writer(aws, DEMO)))
+    assert_refused(aws, Request("kms:Encrypt", theirs, writer(aws, DEMO)))
+    assert_refused(aws, Request("kms:Encrypt", own, reader(aws, DEMO)))
+    assert_refused(aws, Request("kms:Decrypt", own, writer(aws, DEMO)))  # only through S3, as before
 
 
 def test_issue25_item3_the_execution_role_writes_its_own_jobs_logs_and_sagemakers_metric_namespace(
