@@ -156,6 +156,44 @@ run.finish()
 """
 
 
+DEAF_SCRIPT = """
+import signal, time
+signal.signal(signal.SIGINT, lambda *_: print("asked to stop; not stopping", flush=True))
+print("deaf and running", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_command_stopped_twice_is_ended_at_once_with_the_embedded_aws(tmp_path: Path) -> None:
+    """The first SIGTERM (or Ctrl-C) reaches the command as SIGINT and gives it a Job's drain budget; the second
+    ends its process group at once. A command that ignores SIGINT is never left running: it has a session of its
+    own, so the terminal could not reach it, and the embedded AWS under it is stopped too."""
+    (tmp_path / "deaf.py").write_text(DEAF_SCRIPT)
+    workdir = tmp_path / "beacon"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "beacon_ops.cli", "local", "--workdir", str(workdir), "--", sys.executable, "deaf.py"],
+        cwd=tmp_path, env={**os.environ, MARKER: str(workdir), "PYTHONPATH": CHECKOUT},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert cli.stdout is not None
+        for line in cli.stdout:
+            if "deaf and running" in line:
+                break
+        cli.send_signal(signal.SIGTERM)
+        for line in cli.stdout:
+            if "not stopping" in line:  # the first stop reached it as SIGINT
+                break
+        assert any("deaf.py" in p for p in demo_processes(workdir)), "it ignored SIGINT and runs on"
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=60) == 143
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert wait_for(lambda: demo_processes(workdir) == [], timeout=30), demo_processes(workdir)
+
+
 def test_a_killed_command_run_again_with_its_run_id_resumes_and_each_step_is_live_once(tmp_path: Path) -> None:
     """The way a restarted Job resumes: `--keep` leaves the embedded AWS (and the volume) for the next run, the
     doctor reads the killed run on it, and the rerun takes over where S3 and the spool end."""

@@ -188,18 +188,19 @@ def doctor_inputs(aws: LocalAws, *, experiment: str, run: str, cloudwatch: Any |
 
 def run_command(command: list[str], env: dict[str, str], *, cwd: Path) -> int:
     """The command in its own process group, its output the caller's; Ctrl-C reaches it once, as SIGINT, and it
-    gets a Job's drain budget before the group is ended."""
+    gets a Job's drain budget before the group is ended; a second Ctrl-C (or SIGTERM) ends the group at once."""
     job = subprocess.Popen(command, cwd=cwd, env=env, start_new_session=True)
     try:
-        return job.wait()
-    except KeyboardInterrupt:
         try:
-            os.killpg(job.pid, signal.SIGINT)
-            return job.wait(timeout=DRAIN_S)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            end_process_tree(job.pid)
             return job.wait()
-    except BaseException:
+        except KeyboardInterrupt:
+            try:
+                os.killpg(job.pid, signal.SIGINT)
+                return job.wait(timeout=DRAIN_S)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                end_process_tree(job.pid)
+                return job.wait()
+    except BaseException:  # a second Ctrl-C or a SIGTERM during the drain too: its own session keeps no terminal
         end_process_tree(job.pid)
         job.wait()
         raise
