@@ -156,6 +156,7 @@ run.finish()
 """
 
 
+TRAIN = "train.py"
 DEAF_SCRIPT = """
 import signal, time
 signal.signal(signal.SIGINT, lambda *_: print("asked to stop; not stopping", flush=True))
@@ -206,7 +207,7 @@ def test_a_killed_command_run_again_with_its_run_id_resumes_and_each_step_is_liv
                               capture_output=True, text=True, timeout=600)  # fmt: skip
 
     try:
-        first = beacon("local", "--workdir", str(workdir), "--run", "again", "--keep", "--", sys.executable, "train.py")
+        first = beacon("local", "--workdir", str(workdir), "--run", "again", "--keep", "--", sys.executable, TRAIN)
         assert first.returncode == 1 and "the run did not hold" in first.stderr, first.stdout[-3000:] + first.stderr
         assert json.loads((workdir / "report.json").read_text())["exit_code"] == -signal.SIGKILL
         shown = f"beacon doctor --local --workdir {workdir} --run again"  # nothing else: no team, no roles
@@ -216,8 +217,20 @@ def test_a_killed_command_run_again_with_its_run_id_resumes_and_each_step_is_liv
         assert not [v for v in doctor["verdicts"] if v["verdict"] == "unreadable"], doctor["verdicts"]
         assert "killed-once" in os.listdir(tmp_path) and doctor["headline"], doctor
 
-        second = beacon("local", "--workdir", str(workdir), "--run", "again", "--", sys.executable, "train.py")
+        second = beacon("local", "--workdir", str(workdir), "--run", "again", "--keep", "--", sys.executable, TRAIN)
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        # What --keep prints reaches the run as written: TensorBoard's files, and a sync of its spool
+        shown = f"beacon tensorboard --local --workdir {workdir} --run again"
+        assert shown in second.stdout, second.stdout[-3000:]
+        board = beacon(*shown.split()[1:], "--no-serve", "--dir", str(tmp_path / "board"))
+        assert board.returncode == 0 and board.stdout.strip() == str(tmp_path / "board"), board.stderr
+        assert any("tfevents" in name for name in os.listdir(tmp_path / "board"))
+        (sync_line,) = [line.split("a stranded spool:", 1)[1].split() for line in second.stdout.splitlines()
+                        if "a stranded spool:" in line]  # fmt: skip
+        assignments = dict(word.split("=", 1) for word in sync_line[: sync_line.index("python")])
+        synced = subprocess.run([sys.executable, *sync_line[sync_line.index("python") + 1 :]], cwd=tmp_path,
+                                env={**env, **assignments}, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert synced.returncode == 0, synced.stdout + synced.stderr  # every chunk already in S3: nothing to do
     finally:
         beacon("local", "--workdir", str(workdir), "--stop")
     resumed = int(second.stdout.split("resumed at step ")[1].split()[0])
@@ -226,4 +239,4 @@ def test_a_killed_command_run_again_with_its_run_id_resumes_and_each_step_is_liv
     live = verification["records_in_s3"] - verification["records_superseded"]
     assert live == 40 and verification["records_lost"] == 0 and verification["records_duplicated"] == 0, verification
     assert json.loads((workdir / "report.json").read_text())["doctor"] == "finished"
-    assert demo_processes(workdir) == [], "the rerun stopped the embedded AWS it was given"
+    assert wait_for(lambda: demo_processes(workdir) == [], timeout=30), "--stop stopped the embedded AWS"

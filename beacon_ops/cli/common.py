@@ -41,7 +41,9 @@ def fail(command: str, message: str, *, as_json: bool = False) -> BeaconError:
 
 
 def identifier(kind: str) -> Any:
-    def check(value: str) -> str:
+    def check(value: str | None) -> str | None:
+        if value is None:  # an option left out: its default is the command's to choose
+            return None
         try:
             return contract.validate_id(kind, value)
         except ValueError as error:

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from beacon import contract
@@ -114,9 +114,16 @@ def serve_directory(directory: Path, port: int) -> int:
 
 
 def tensorboard(
-    team: Annotated[str, typer.Option(envvar="BEACON_TEAM", help="team name")],
     run: Annotated[str, typer.Option(envvar="BEACON_RUN_ID", help="run id", callback=identifier("run"))],
-    experiment: Annotated[str, typer.Option(envvar="BEACON_EXPERIMENT", callback=identifier("experiment"))] = "smoke",
+    team: Annotated[str | None, typer.Option(envvar="BEACON_TEAM", help="team name (not with --local)")] = None,
+    experiment: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BEACON_EXPERIMENT",
+            callback=identifier("experiment"),
+            help="default: smoke; with --local, the one the run was started in",
+        ),
+    ] = None,
     port: Annotated[int, typer.Option(min=1, max=65535, help="TensorBoard's port on localhost")] = 6006,
     directory: Annotated[
         Path | None,
@@ -128,8 +135,20 @@ def tensorboard(
     bucket: Annotated[str | None, typer.Option(envvar="BEACON_BUCKET", help="default: the stack output")] = None,
     region: Annotated[str | None, typer.Option(help=REGION_HELP)] = None,
     reader_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")] = None,
+    local: Annotated[
+        bool, typer.Option(help="a run of `beacon local --keep -- <command>`, on the embedded AWS it left running")
+    ] = False,
+    workdir: Annotated[
+        Path, typer.Option(envvar="BEACON_DEMO_DIR", help="with --local: beacon local's work directory")
+    ] = Path(".beacon/demo"),
 ) -> None:
     """A run's TensorBoard files from S3 into a local directory, then TensorBoard on them."""
+    if local:
+        fetched = fetch_local(workdir, experiment=experiment, run=run, directory=directory)
+        show_fetched(fetched, serve=serve, port=port)
+    if team is None:
+        raise fail("tensorboard", "Missing option '--team' (or --local, for a run of beacon local)")
+    experiment = experiment or "smoke"
     config = team_or_fail("tensorboard", team, as_json=False)
     session = session_or_fail("tensorboard", region=region, config=config, as_json=False)
     region = str(session.region_name)
@@ -154,6 +173,33 @@ def tensorboard(
         raise fail("tensorboard", f"cannot read team {team!r} in {region}: stack output {error} is missing") from None
     except OSError as error:
         raise fail("tensorboard", f"--dir {target}: {error.strerror or error}") from None
+    show_fetched(fetched, serve=serve, port=port)
+
+
+def fetch_local(workdir: Path, *, experiment: str | None, run: str, directory: Path | None) -> Fetched:
+    """A run of `beacon local --keep -- <command>`, read as the reader from the embedded AWS it left running."""
+    from beacon_ops.local.demo import TEAM
+    from beacon_ops.local.own_command import KEPT, LocalAws
+
+    kept = LocalAws.kept(workdir)
+    if kept is None:
+        raise fail("tensorboard", f"--local: no embedded AWS running from {workdir / KEPT}: start one with "
+                   f"`beacon local --workdir {workdir} --keep -- <command>`")  # fmt: skip
+    experiment = experiment or kept.runs.get(run, "default")  # `beacon local` remembers where each run wrote
+    target = directory or default_directory(TEAM, experiment, run)
+    try:
+        return fetch_run(
+            kept.client("s3", kept.reader), bucket=kept.bucket, experiment=experiment, run=run, directory=target
+        )
+    except TensorBoardError as error:
+        raise fail("tensorboard", str(error)) from None
+    except (ClientError, BotoCoreError) as error:
+        raise fail("tensorboard", f"cannot read the embedded AWS at {kept.url}: {describe_aws_error(error)}") from None
+    except OSError as error:
+        raise fail("tensorboard", f"--dir {target}: {error.strerror or error}") from None
+
+
+def show_fetched(fetched: Fetched, *, serve: bool, port: int) -> NoReturn:
     print(
         f"beacon tensorboard: {len(fetched.files)} files ({fetched.downloaded} new) from {fetched.source} "
         f"in {fetched.directory}",

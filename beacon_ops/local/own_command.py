@@ -247,6 +247,7 @@ def kept_lines(aws: LocalAws, *, experiment: str, run: str) -> list[str]:
     return [
         f"the embedded AWS stays up at {aws.url}; the next `beacon local --workdir {aws.workdir}` uses it",
         f"  the doctor:        beacon doctor --local --workdir {aws.workdir} --run {run}",
+        f"  TensorBoard:       beacon tensorboard --local --workdir {aws.workdir} --run {run}",
         f"  a stranded spool:  {writer} BEACON_BUCKET={aws.bucket} python -m beacon.sync {spool}",
         f"  stop it:           beacon local --workdir {aws.workdir} --stop",
     ]
