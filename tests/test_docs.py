@@ -121,8 +121,8 @@ def test_the_doctors_example_verdicts_are_what_it_says_on_such_a_run(as_writer: 
     assert listed == [v.check for v in clean.verdicts], "the checks' table, in the order the doctor gives them"
 
 
-# --- the rank verdicts on docs/runtime/loop.md: each as the doctor says it on such evidence ----------------------
-LOOP_PAGE = ROOT / "docs" / "runtime" / "loop.md"
+# --- the rank verdicts on docs/runtime/ranks.md: each as the doctor says it on such evidence ----------------------
+RANKS_PAGE = ROOT / "docs" / "runtime" / "ranks.md"
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 
 
@@ -190,7 +190,7 @@ def test_the_rank_verdicts_on_the_runtime_loop_page_are_what_the_doctor_says_on_
     (sent_nothing, _) = rank_check("lost-node-0", alone)
     produced = [hung.evidence, live.fix, silent.evidence, sent_nothing.evidence]
 
-    page = LOOP_PAGE.read_text()
+    page = RANKS_PAGE.read_text()
     blocks = re.findall(r"^ *```(\w*)\n(.*?)^ *```$", page, re.M | re.S)
     (notification,) = [textwrap.dedent(text).strip() for _, text in blocks if text.lstrip().startswith("Subject:")]
     prose = " ".join(re.sub(r"^ *```\w*\n.*?^ *```$", "", page, flags=re.M | re.S).split())
