@@ -12,17 +12,20 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import tomllib
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from beacon import contract
+from beacon.contract.preflight import PreflightRecord
 from beacon.contract.rank_evidence import FLIGHT_RECORDER_PREFIX, RankProgress, rank_document_name, stacks_name
 from beacon.settings import RunSettings
 
 from beacon_ops.cli import reference
-from beacon_ops.doctor.diagnosis import Diagnosis
+from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
 from beacon_ops.doctor.flight_recorder import FlightRecorderReading, Mismatch
 from beacon_ops.evidence.reading import RunEvidence
 from tests.conftest import WriterSession
@@ -102,6 +105,80 @@ def text_blocks(page: Path) -> list[str]:
     return [block.strip() for block in re.findall(r"```text\n(.*?)```", page.read_text(), re.DOTALL)]
 
 
+# Runs the doctor answers with each verdict, written as their job writes them (records, preflight, final state)
+VERDICT_RUNS: dict[str, dict[str, Any]] = {
+    "failed": {"final": {"state": "failed", "error": "RuntimeError"}},
+    "preempted": {"final": {"state": "preempted", "signal": "SIGTERM"}},
+    "silent": {"final": None},
+    "stalled": {"final": None, "beats": True},  # heartbeats go on, its progress age grows
+    "spool-not-persistent": {"final": None, "persistent": False},
+    "rank-collision": {"final": {"state": "finished"}, "ranks": (0, 1)},
+}
+
+
+def seed_run(
+    as_writer: WriterSession,
+    run: str,
+    *,
+    final: dict[str, Any] | None,
+    ranks: tuple[int, ...] = (0,),
+    persistent: bool = True,
+    beats: bool = False,
+) -> datetime | None:
+    """30 steps of `run` in S3 as its writer wrote them, from each of `ranks`; its final state, or none; with `beats`,
+    a heartbeat 20 s ago whose progress age says no step for 200 s. The moment to read it at (None: now)."""
+    s3, bucket, now = as_writer.client("s3"), as_writer.bucket, time.time()
+    steps = enumerate((step, rank) for step in range(30) for rank in ranks)
+    lines = [contract.Record("smoke", run, s, {"loss": 2.0 / (s + 1)}, now - 60 + s, seq=seq, rank=r).to_line()
+             for seq, (s, r) in steps]  # fmt: skip
+    s3.put_object(Bucket=bucket, Key=contract.events_key("smoke", run, 0), Body=b"".join(lines))
+    preflight = PreflightRecord(
+        run=run, experiment="smoke", host="train-0", pid=100, world_size=1, team="demo", region="us-east-1",
+        spool_dir="/artifacts/spool" if persistent else "/tmp/spool", spool_persistent=persistent,
+        spool_filesystem="nfs4" if persistent else "tmpfs", started_at="2026-12-01T10:00:00+00:00",
+        namespace=contract.metric_namespace("demo"),
+        s3_endpoint="https://s3.us-east-1.amazonaws.com", heartbeat_interval=15.0,
+    )  # fmt: skip
+    s3.put_object(
+        Bucket=bucket,
+        Key=contract.preflight_key("smoke", run, "1-abc.json"),
+        Body=json.dumps(dataclasses.asdict(preflight)),
+    )
+    if final is not None:
+        body = {"attempt": 0, "last_step": 29, "ended_at": now, "unacknowledged_records": 0, **final}
+        s3.put_object(Bucket=bucket, Key=contract.final_status_key("smoke", run), Body=json.dumps(body))
+    if not beats:
+        return None
+    beat = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=20)
+    dimensions = [{"Name": k, "Value": v} for k, v in contract.run_dimensions("demo", "smoke", run).items()]
+    as_writer.client("cloudwatch").put_metric_data(Namespace=contract.metric_namespace("demo"), MetricData=[
+        {"MetricName": metric.name, "Dimensions": dimensions, "Value": value, "Unit": metric.unit.value,
+         "Timestamp": beat, "StorageResolution": 1}
+        for metric, value in ((contract.HEARTBEAT, 1.0), (contract.PROGRESS_AGE, 200.0))
+    ])  # fmt: skip
+    return beat + timedelta(seconds=5)
+
+
+def verdict_examples(as_writer: WriterSession) -> list[str]:
+    """What the doctor says on each of `VERDICT_RUNS`: its first line, then each failing or warning check's fix."""
+    examples = []
+    for verdict, run in VERDICT_RUNS.items():
+        at = seed_run(as_writer, f"example-{verdict}", **run)
+        diagnosis = diagnose(DoctorInputs(
+            team="demo", experiment="smoke", run=f"example-{verdict}", bucket=as_writer.bucket, region="us-east-1",
+            s3=as_writer.client("s3", as_writer.reader), cloudwatch=as_writer.client("cloudwatch", as_writer.reader),
+            now=at,
+        ))  # fmt: skip
+        assert diagnosis.diagnosis == verdict, diagnosis.headline()
+        shown = [
+            f"[{v.status}] {v.check}: {v.verdict}; fix: {v.fix}"
+            for v in diagnosis.verdicts
+            if v.status in ("fail", "warn")
+        ]
+        examples.append("\n".join([diagnosis.headline(), *shown]))
+    return examples
+
+
 def test_the_doctors_example_verdicts_are_what_it_says_on_such_a_run(as_writer: WriterSession) -> None:
     """Issue 27: the examples are produced, not written by hand."""
     from tests.test_hostile_evidence import diagnosed, ranks_key, seed_finished_run
@@ -116,7 +193,7 @@ def test_the_doctors_example_verdicts_are_what_it_says_on_such_a_run(as_writer: 
     as_writer.client("s3").put_object(Bucket=as_writer.bucket, Key=ranks_key(rank_document_name(1)), Body=b"[]")
     set_aside = shown(diagnosed(as_writer))
     page = ROOT / "docs" / "doctor.md"
-    assert text_blocks(page) == [finished, set_aside]
+    assert text_blocks(page) == [finished, set_aside, *verdict_examples(as_writer)]
     listed = re.findall(r"^\| `(\w+)` \|", page.read_text(), re.MULTILINE)
     assert listed == [v.check for v in clean.verdicts], "the checks' table, in the order the doctor gives them"
 
