@@ -137,26 +137,33 @@ KILLED_ONCE_SCRIPT = """
 import os, signal, time
 from pathlib import Path
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 import beacon
 
 run = beacon.init()
-model = torch.nn.Linear(4, 1)
-if (state := run.load_checkpoint()) is not None:  # what the killed attempt saved
-    model.load_state_dict(state["model"])
-print("resumed at step", run.resume_step, flush=True)
+model = DDP(torch.nn.Linear(4, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+if (state := run.load_checkpoint()) is not None:  # what the killed attempt saved, on every rank
+    model.module.load_state_dict(state["model"])
+if run.world.rank == 0:
+    print("resumed at step", run.resume_step, flush=True)
 for step in range(run.resume_step, 40):
-    run.log({"loss": 1.0 / (step + 1)}, step)
+    loss = model(torch.randn(4, 4)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    run.log({"loss": loss.item()}, step)
     if step == 19:
-        run.checkpoint({"model": model.state_dict()}, step)
+        run.checkpoint({"model": model.module.state_dict()}, step)
         time.sleep(2)  # its records fsync'd, it is the latest: what a restart resumes from
-    if step == 25 and not Path("killed-once").exists():
+    if step == 25 and run.world.rank == 0 and not Path("killed-once").exists():
         Path("killed-once").touch()
-        os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer, the first time only
+        os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer on rank 0, the first time only
 run.finish()
 """
 
 
-TRAIN = "train.py"
+TWO_RANKS = (str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", "2", "train.py")
 DEAF_SCRIPT = """
 import signal, time
 signal.signal(signal.SIGINT, lambda *_: print("asked to stop; not stopping", flush=True))
@@ -196,7 +203,8 @@ def test_a_command_stopped_twice_is_ended_at_once_with_the_embedded_aws(tmp_path
 
 
 def test_a_killed_command_run_again_with_its_run_id_resumes_and_each_step_is_live_once(tmp_path: Path) -> None:
-    """The way a restarted Job resumes: `--keep` leaves the embedded AWS (and the volume) for the next run, the
+    """A team's two-rank DDP script under torchrun, rank 0 SIGKILLed at step 25, then run again with its run id, the
+    way a restarted Job resumes: `--keep` leaves the embedded AWS (and the volume) for the next run, the
     doctor reads the killed run on it, and the rerun takes over where S3 and the spool end."""
     (tmp_path / "train.py").write_text(KILLED_ONCE_SCRIPT)
     workdir = tmp_path / "beacon"
@@ -207,9 +215,9 @@ def test_a_killed_command_run_again_with_its_run_id_resumes_and_each_step_is_liv
                               capture_output=True, text=True, timeout=600)  # fmt: skip
 
     try:
-        first = beacon("local", "--workdir", str(workdir), "--run", "again", "--keep", "--", sys.executable, TRAIN)
+        first = beacon("local", "--workdir", str(workdir), "--run", "again", "--keep", "--", *TWO_RANKS)
         assert first.returncode == 1 and "the run did not hold" in first.stderr, first.stdout[-3000:] + first.stderr
-        assert json.loads((workdir / "report.json").read_text())["exit_code"] == -signal.SIGKILL
+        assert json.loads((workdir / "report.json").read_text())["exit_code"] != 0, "torchrun saw rank 0 killed"
         shown = f"beacon doctor --local --workdir {workdir} --run again"  # nothing else: no team, no roles
         assert shown in first.stdout, first.stdout[-3000:]
         doctor = json.loads(beacon(*shown.split()[1:], "--json").stdout)
@@ -217,7 +225,7 @@ def test_a_killed_command_run_again_with_its_run_id_resumes_and_each_step_is_liv
         assert not [v for v in doctor["verdicts"] if v["verdict"] == "unreadable"], doctor["verdicts"]
         assert "killed-once" in os.listdir(tmp_path) and doctor["headline"], doctor
 
-        second = beacon("local", "--workdir", str(workdir), "--run", "again", "--keep", "--", sys.executable, TRAIN)
+        second = beacon("local", "--workdir", str(workdir), "--run", "again", "--keep", "--", *TWO_RANKS)
         assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
         # What --keep prints reaches the run as written: TensorBoard's files, and a sync of its spool
         shown = f"beacon tensorboard --local --workdir {workdir} --run again"
