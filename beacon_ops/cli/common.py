@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import boto3
 import typer
@@ -13,6 +14,9 @@ from rich.console import Console
 
 from beacon_ops.aws_access import AccessError, open_session
 from config import ConfigError, TeamConfig, load_team
+
+if TYPE_CHECKING:
+    from beacon_ops.local.own_command import LocalAws
 
 REGION_HELP = "AWS region (default: the team file's region, then AWS_REGION)"
 console = Console(width=None if sys.stdout.isatty() else 160, log_path=False)
@@ -66,3 +70,24 @@ def session_or_fail(command: str, *, region: str | None, config: TeamConfig, as_
         return open_session(region_flag=region, team_region=config.region)
     except AccessError as error:
         raise fail(command, str(error), as_json=as_json) from None
+
+
+# A run of `beacon local --keep -- <command>`, read on the embedded AWS it left running (`doctor`, `tensorboard`).
+Local = Annotated[
+    bool, typer.Option(help="a run of `beacon local --keep -- <command>`, on the embedded AWS it left running")
+]
+LocalWorkdir = Annotated[
+    Path, typer.Option(envvar="BEACON_DEMO_DIR", help="with --local: beacon local's work directory")
+]
+DEFAULT_LOCAL_WORKDIR = Path(".beacon/demo")
+
+
+def kept_or_fail(command: str, workdir: Path, *, as_json: bool = False) -> LocalAws:
+    """The embedded AWS `beacon local --keep` left running from `workdir`, or one line saying how to start one."""
+    from beacon_ops.local.own_command import KEPT, LocalAws
+
+    kept = LocalAws.kept(workdir)
+    if kept is None:
+        raise fail(command, f"--local: no embedded AWS running from {workdir / KEPT}: start one with "
+                   f"`beacon local --workdir {workdir} --keep -- <command>`", as_json=as_json)  # fmt: skip
+    return kept

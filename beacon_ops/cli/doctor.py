@@ -23,7 +23,17 @@ from botocore.exceptions import BotoCoreError, ClientError
 from rich.table import Table
 
 from beacon_ops.aws_access import AccessError, deployed_stack_outputs, describe_aws_error
-from beacon_ops.cli.common import REGION_HELP, console, fail, session_or_fail, team_or_fail
+from beacon_ops.cli.common import (
+    DEFAULT_LOCAL_WORKDIR,
+    REGION_HELP,
+    Local,
+    LocalWorkdir,
+    console,
+    fail,
+    kept_or_fail,
+    session_or_fail,
+    team_or_fail,
+)
 from beacon_ops.cli.follow import KubernetesUrl, Where
 from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.doctor.diagnosis import FAIL, OK, WARN, Diagnosis, DoctorInputs, diagnose, diagnose_job
@@ -148,12 +158,8 @@ def doctor(
         Where, typer.Option(help="the job's orchestrator: eks (a Kubernetes Job) or sagemaker (a training job)")
     ] = Where.EKS,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
-    local: Annotated[
-        bool, typer.Option(help="a run of `beacon local --keep -- <command>`, on the embedded AWS it left running")
-    ] = False,
-    workdir: Annotated[
-        Path, typer.Option(envvar="BEACON_DEMO_DIR", help="with --local: beacon local's work directory")
-    ] = Path(".beacon/demo"),
+    local: Local = False,
+    workdir: LocalWorkdir = DEFAULT_LOCAL_WORKDIR,
 ) -> None:
     """Why are my metrics missing? Verdicts with evidence and fixes, most likely first."""
     if (run is None) == (job is None):
@@ -246,12 +252,9 @@ def doctor(
 
 def doctor_local(workdir: Path, *, experiment: str | None, run: str | None, as_json: bool) -> NoReturn:
     """A run of `beacon local --keep -- <command>`: its embedded AWS and identities from the work directory."""
-    from beacon_ops.local.own_command import KEPT, LocalAws, doctor_inputs
+    from beacon_ops.local.own_command import doctor_inputs
 
-    kept = LocalAws.kept(workdir)
-    if kept is None:
-        raise fail("doctor", f"--local: no embedded AWS running from {workdir / KEPT}: start one with "
-                   f"`beacon local --workdir {workdir} --keep -- <command>`", as_json=as_json)  # fmt: skip
+    kept = kept_or_fail("doctor", workdir, as_json=as_json)
     if run is None:
         raise fail("doctor", "--local: give --run", as_json=as_json)
     experiment = experiment or kept.runs.get(run, "default")  # `beacon local` remembers where each run wrote

@@ -20,7 +20,17 @@ from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.aws_access import AccessError, deployed_stack_outputs, describe_aws_error
-from beacon_ops.cli.common import REGION_HELP, fail, identifier, session_or_fail, team_or_fail
+from beacon_ops.cli.common import (
+    DEFAULT_LOCAL_WORKDIR,
+    REGION_HELP,
+    Local,
+    LocalWorkdir,
+    fail,
+    identifier,
+    kept_or_fail,
+    session_or_fail,
+    team_or_fail,
+)
 from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.local.processes import stop_process
 from config import names
@@ -135,12 +145,8 @@ def tensorboard(
     bucket: Annotated[str | None, typer.Option(envvar="BEACON_BUCKET", help="default: the stack output")] = None,
     region: Annotated[str | None, typer.Option(help=REGION_HELP)] = None,
     reader_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")] = None,
-    local: Annotated[
-        bool, typer.Option(help="a run of `beacon local --keep -- <command>`, on the embedded AWS it left running")
-    ] = False,
-    workdir: Annotated[
-        Path, typer.Option(envvar="BEACON_DEMO_DIR", help="with --local: beacon local's work directory")
-    ] = Path(".beacon/demo"),
+    local: Local = False,
+    workdir: LocalWorkdir = DEFAULT_LOCAL_WORKDIR,
 ) -> None:
     """A run's TensorBoard files from S3 into a local directory, then TensorBoard on them."""
     if local:
@@ -179,12 +185,8 @@ def tensorboard(
 def fetch_local(workdir: Path, *, experiment: str | None, run: str, directory: Path | None) -> Fetched:
     """A run of `beacon local --keep -- <command>`, read as the reader from the embedded AWS it left running."""
     from beacon_ops.local.demo import TEAM
-    from beacon_ops.local.own_command import KEPT, LocalAws
 
-    kept = LocalAws.kept(workdir)
-    if kept is None:
-        raise fail("tensorboard", f"--local: no embedded AWS running from {workdir / KEPT}: start one with "
-                   f"`beacon local --workdir {workdir} --keep -- <command>`")  # fmt: skip
+    kept = kept_or_fail("tensorboard", workdir)
     experiment = experiment or kept.runs.get(run, "default")  # `beacon local` remembers where each run wrote
     target = directory or default_directory(TEAM, experiment, run)
     try:
