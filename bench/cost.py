@@ -3,7 +3,8 @@ table in bench/prices.json (us-east-1 list prices; nothing here reaches a pricin
 
 Idle means no training: what bills by the hour or month whether or not a job runs. Logs, S3 and EFS
 data, NAT and endpoint traffic, and the nodes Karpenter launches for jobs come on top.
-`make bench` rewrites the README's cost table from here; tests/test_cost.py checks they agree.
+`make bench` rewrites the cost page's table (docs/cost.md) and the README's line from here; tests/test_cost.py
+checks they agree.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PRICES_PATH = Path(__file__).with_name("prices.json")
 README = ROOT / "README.md"
 COST_PAGE = ROOT / "docs" / "cost.md"  # the table; the README keeps the one-line summary
-TABLE, SUMMARY = "idle-cost", "idle-cost-summary"  # the README's generated sections
+TABLE, SUMMARY = "idle-cost", "idle-cost-summary"  # the generated sections: the cost page's table, the README's line
 # EKS managed node groups get a 20 GiB root volume unless DiskSize says otherwise.
 DEFAULT_NODE_DISK_GIB = 20
 
@@ -107,7 +108,7 @@ def total(lines: list[Line]) -> float:
 
 
 def readme_section(standard: list[Line], lean: list[Line], prices: Mapping[str, Any]) -> str:
-    """The README's cost table: both profiles, item by item, and the totals."""
+    """The cost page's table: both profiles, item by item, and the totals."""
     rows = [
         "| item (per month) | standard | lean |",
         "| --- | ---: | ---: |",

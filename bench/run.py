@@ -461,7 +461,9 @@ def main() -> None:
     if not args.only_library:
         print("bench: synth (full app vs empty app, interleaved)", flush=True)
         report.update(bench_synth())
-        print("bench: idle cost of both profiles from their templates (rewrites the README's table)", flush=True)
+        print(
+            "bench: idle cost of both profiles from their templates (rewrites docs/cost.md and the README)", flush=True
+        )
         with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
             report.update(bench_idle_cost(Path(scratch)))
     with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:

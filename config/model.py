@@ -300,7 +300,7 @@ class ArtifactsConfig(_Section):
 
 
 class ImagesConfig(_Section):
-    """The team's image repository (README: "Pushing a training image")."""
+    """The team's image repository (docs/images.md)."""
 
     # Roles that push images (a CI pipeline, an operator); with the node and writer roles, the only
     # principals the repository lets pull or push. Each must exist before the deploy.
@@ -336,7 +336,7 @@ class TrainingConfig(_Section):
     sagemaker_max_runtime_seconds: Annotated[int, Field(ge=600, le=86_400)] = 3600
 
 
-# What `profile = "lean"` changes, unless the team file sets the key itself (README: "What it costs").
+# What `profile = "lean"` changes, unless the team file sets the key itself (docs/cost.md).
 LEAN_PROFILE: dict[str, dict[str, object]] = {
     "network": {"extra_endpoints": False},
     "cluster": {"system_node_count": 1, "system_node_instance_type": "t3.medium", "karpenter_replicas": 1},

@@ -96,9 +96,8 @@ def test_no_bastion_unless_the_team_file_asks(demo: Synthesized) -> None:
     assert demo.template("cluster").of_type("AWS::EC2::Instance") == {}
 
 
-def test_the_readme_walks_through_the_bastion_with_the_real_output_names(account_team: Synthesized) -> None:
-    page = (ROOT / "docs" / "smoke.md").read_text()
-    steps = page[page.index("## Reaching the private cluster") :]
+def test_the_docs_walk_through_the_bastion_with_the_real_output_names(account_team: Synthesized) -> None:
+    steps = (ROOT / "docs" / "private-cluster.md").read_text()
     for output in ("BastionInstanceId", "ClusterEndpoint"):
         assert output in account_team.template("cluster").body["Outputs"]
         assert f"OutputKey=='{output}'" in steps

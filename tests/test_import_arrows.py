@@ -1,6 +1,6 @@
 """The house's import arrows, executable: each room imports only the rooms listed for it here.
 
-A new arrow is a design decision: add it to ALLOWED with the README's layout table, or don't."""
+A new arrow is a design decision: add it to ALLOWED with the layout table of docs/architecture.md, or don't."""
 
 from __future__ import annotations
 

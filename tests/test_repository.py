@@ -35,7 +35,7 @@ def test_ci_runs_make_test_and_readme_shows_the_two_commands() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "make demo" in readme
     assert "make test" in readme
-    assert re.search(r"beacon_constructs.*shadow", readme)
+    assert re.search(r"beacon_constructs.*shadow", (ROOT / "docs" / "architecture.md").read_text())
 
 
 def test_python_dependencies_are_pinned_exactly() -> None:
@@ -99,8 +99,8 @@ def test_the_operator_wheel_installs_no_generic_top_level_package(tmp_path: Path
 
 
 def test_the_readmes_layout_table_has_a_row_for_every_source_folder() -> None:
-    """Every folder holding the project's Python (tests aside) is a row of the README's layout table, and every
-    folder row names a folder that exists: the table matches the tree."""
+    """Every folder holding the project's Python (tests aside) is a row of the layout table (docs/architecture.md),
+    and every folder row names a folder that exists: the table matches the tree."""
     tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
     folders = {
         str(Path(path).parent) + "/"

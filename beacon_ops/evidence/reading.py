@@ -354,21 +354,16 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
 
 
 def final_superseded(final: dict[str, Any], evidence: RunEvidence) -> bool:
-    """Whether a later attempt started after `final` was written: its records name a later attempt, or its
-    preflight (each attempt writes one as it starts) is newer than the final state's end."""
-    attempt = final.get("attempt")
-    attempts = {r.attempt for r in evidence.records} | evidence.attempts_indexed
-    if isinstance(attempt, int) and any(a > attempt for a in attempts):
-        return True
-    ended = final.get("ended_at")
+    """`contract.final_state_superseded` on what the run left: its records' and index's attempts, and when each
+    attempt's preflight started."""
+    started = []
     for preflight in evidence.preflights:
         try:
-            started = datetime.fromisoformat(str(preflight.get("started_at"))).timestamp()
+            started.append(datetime.fromisoformat(str(preflight.get("started_at"))).timestamp())
         except ValueError:
             continue
-        if isinstance(ended, int | float) and started > ended:
-            return True
-    return False
+    attempts = {r.attempt for r in evidence.records} | evidence.attempts_indexed
+    return contract.final_state_superseded(final, attempts=attempts, attempts_started_at=started)
 
 
 def _indexed(

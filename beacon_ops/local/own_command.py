@@ -5,11 +5,12 @@ The command runs in the caller's directory as the demo team's writer (IAM enforc
 synthesized templates), with the `BEACON_*` environment a Job sets (team, bucket, experiment, run, a volume of its
 own under the work directory) and the team's run alarms. Afterwards: what reached S3 and CloudWatch (every
 record once, per attempt), the alarms evaluated on the recorded metrics, and the doctor, as for the smoke job.
-Ctrl-C stops the command (SIGINT, then its drain) and the embedded AWS. A `report.json` in the work directory
-holds what was found.
+Ctrl-C stops the command (SIGINT, then its drain; a second Ctrl-C at once) and the embedded AWS. A `report.json`
+in the work directory holds what was found.
 
 `--keep` leaves the embedded AWS running (its address and the identities, in `embedded-aws.json` in the work
-directory) and prints the lines that reach it: `beacon doctor --local`, `python -m beacon.sync`. The next
+directory) and prints the lines that reach it: `beacon doctor --local`, `beacon tensorboard --local`, `python -m
+beacon.sync`. The next
 `beacon local` in that work directory uses it, so a command run again with the same run id resumes, as a
 restarted Job would, from what S3 and the volume hold.
 """

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import os
 import sys
 import threading
@@ -100,19 +99,19 @@ def mirrored_trackers(directory: Path) -> list[str]:
 
 def _final_state(s3: Any, bucket: str, experiment: str, run: str, attempt: int) -> FinalState:
     """The final state the job wrote for this spool's attempt; `failed` when it wrote none (an earlier attempt's
-    does not count: the status key is rewritten by each attempt's end)."""
+    does not count: `contract.final_state_superseded`)."""
     try:
         body = s3.get_object(Bucket=bucket, Key=contract.final_status_key(experiment, run))["Body"].read()
-        final = json.loads(body)
-        if int(final.get("attempt", 0)) < attempt:
-            return FinalState.FAILED
-        return FinalState(final.get("state", FinalState.FINISHED))
+        final = contract.final_state_document(body)
     except ClientError as error:
         if error.response["Error"]["Code"] not in ("NoSuchKey", "404"):
             raise
-    except (ValueError, TypeError):
-        pass
-    return FinalState.FAILED  # the job ended without a final state: killed, or its node lost
+        return FinalState.FAILED  # the job ended without a final state: killed, or its node lost
+    except ValueError:  # not a final state a reader takes: as good as none
+        return FinalState.FAILED
+    if contract.final_state_superseded(final, attempts=(attempt,)):
+        return FinalState.FAILED  # an earlier attempt's: this spool's attempt wrote none
+    return FinalState(final.get("state", FinalState.FINISHED))
 
 
 def _mirror(

@@ -325,6 +325,23 @@ FINAL_FIELDS: dict[str, type | tuple[type, ...]] = {
 }  # fmt: skip
 
 
+def final_state_superseded(
+    final: Mapping[str, Any], *, attempts: Iterable[int] = (), attempts_started_at: Iterable[float] = ()
+) -> bool:
+    """The one final-state rule, for `beacon.sync` and every reader: a final state (`final_status_key`) is an earlier
+    attempt's once a later attempt started, as its records show (`attempts`: a number above the final state's; one
+    without a number is attempt 0's, as older releases wrote it) or its preflight (`attempts_started_at`: an
+    attempt that started after the final state's end). Each attempt's end rewrites the key, so until the running
+    attempt ends it still holds the one before's."""
+    attempt = final.get("attempt", 0)
+    if isinstance(attempt, int) and not isinstance(attempt, bool) and any(a > attempt for a in attempts):
+        return True
+    ended = final.get("ended_at")
+    if not isinstance(ended, int | float) or isinstance(ended, bool):
+        return False
+    return any(started > ended for started in attempts_started_at)
+
+
 def final_state_document(body: bytes) -> dict[str, Any]:
     """A final state as a reader takes it; ValueError naming the field when it is not one (a state a run does not
     end in included)."""
