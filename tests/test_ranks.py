@@ -553,3 +553,21 @@ def test_a_node_leader_counts_another_ranks_checkpoint_as_work_up_to_its_phase_l
     assert not leader.stalled([*waiting, checkpoint], 1000.0), "the others wait out rank 3's 150 s checkpoint"
     overdue = dataclasses.replace(checkpoint, phase_seconds=1850.0)
     assert leader.stalled([*waiting, overdue], 1000.0), "past its limit, rank 3 stopped in its checkpoint"
+
+
+def test_the_one_stall_rule_rank_0_and_the_node_leaders_share() -> None:
+    """`beacon.ranks.a_rank_stalled` (issue 29: one stall rule): rank 0's live snapshots and every node leader's."""
+    from beacon.ranks import a_rank_stalled, stall_threshold
+
+    threshold = stall_threshold(90.0, 15.0)
+    assert threshold == 95.0, "the stacks are dumped at stall_dump_after, within one 5 s pass"
+    waiting = [dataclasses.replace(progress_of(r), progress_age=10.0, wall_time=1000.0) for r in range(3)]
+    hung = dataclasses.replace(progress_of(3), progress_age=10.0, wall_time=900.0)  # stopped rewriting: it ages
+    assert a_rank_stalled([*waiting, hung], 1000.0, threshold=threshold, in_own_phase=False)
+    assert not a_rank_stalled([*waiting, hung], 980.0, threshold=threshold, in_own_phase=False), "90 s: not yet"
+    assert not a_rank_stalled([*waiting, hung], 1000.0, threshold=threshold, in_own_phase=True), "its own phase"
+    in_checkpoint = dataclasses.replace(waiting[0], phase="checkpoint", phase_seconds=150.0, phase_limit=1800.0)
+    assert not a_rank_stalled([in_checkpoint, *waiting[1:], hung], 1000.0, threshold=threshold, in_own_phase=False)
+    stale = dataclasses.replace(in_checkpoint, wall_time=1000.0 - 61.0)  # its document no longer says its phase
+    assert a_rank_stalled([stale, *waiting[1:], hung], 1000.0, threshold=threshold, in_own_phase=False)
+    assert not a_rank_stalled([], 1000.0, threshold=threshold, in_own_phase=False)

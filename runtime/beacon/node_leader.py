@@ -33,12 +33,12 @@ from beacon.contract.rank_evidence import RankProgress
 from beacon.progress import ProgressClock
 from beacon.rank_board import RankBoard
 from beacon.ranks import (
-    PHASE_FRESH_S,
-    CrossRankView,
     LiveSnapshots,
+    a_rank_stalled,
     evidence_state,
     rank_signal_interval,
     read_ranks,
+    stall_threshold,
     this_attempts_documents_since,
     upload_rank_evidence,
 )
@@ -96,7 +96,7 @@ class NodeLeader:
         self.progress = progress  # this rank's own clock: its own phases are work too
         self.directory = settings.run_ranks_dir
         # Rank 0's stall test: the ranks dump their stacks at stall_dump_after, each within one pass.
-        self.stalled_after = settings.stall_dump_after + rank_signal_interval(settings.heartbeat_interval)
+        self.stalled_after = stall_threshold(settings.stall_dump_after, settings.heartbeat_interval)
         self.attempt = 0
         self.live_snapshots = LiveSnapshots()
         self._ranks_since = this_attempts_documents_since()  # restored or left-over documents are not this attempt's
@@ -135,16 +135,7 @@ class NodeLeader:
         return Share(frozenset(r.rank for r in ranks), share.reason) if share.ranks is None else share
 
     def stalled(self, ranks: list[RankProgress], now: float) -> bool:
-        view = CrossRankView.of(ranks, now)
-        working = any(
-            r.working_in_phase(now) and not r.ended and now - r.wall_time < PHASE_FRESH_S for r in ranks
-        )  # a 150 s checkpoint on a rank it sees is work, as rank 0's clock counts it, up to the phase limit
-        return (
-            view is not None
-            and not working
-            and not self.progress.in_phase_work()
-            and view.slowest_progress_age >= self.stalled_after
-        )
+        return a_rank_stalled(ranks, now, threshold=self.stalled_after, in_own_phase=self.progress.in_phase_work())
 
     def look(self, now: float | None = None) -> int | None:
         """One pass: the number of the live snapshot uploaded, or None."""

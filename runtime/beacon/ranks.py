@@ -129,6 +129,23 @@ class CrossRankView:
         return cls(len(ranks), slowest, ages[slowest], max(steps) - min(steps))
 
 
+def stall_threshold(stall_dump_after: float, heartbeat_interval: float) -> float:
+    """How old a rank's progress is before its stall is evidence: the ranks dump their stacks at `stall_dump_after`,
+    each within one pass of its signal thread."""
+    return stall_dump_after + rank_signal_interval(heartbeat_interval)
+
+
+def a_rank_stalled(ranks: list[RankProgress], now: float, *, threshold: float, in_own_phase: bool) -> bool:
+    """The one stall rule, for rank 0 and the node leaders: some rank's progress (its document's, aged since it was
+    written: a rank that stops rewriting ages) is past `threshold`, while no rank works in a named phase within its
+    limit (a 150 s checkpoint), as its fresh document says or, for the caller itself, its own clock
+    (`in_own_phase`: rank 0's follows the other ranks' phases too)."""
+    view = CrossRankView.of(ranks, now)
+    if view is None or in_own_phase or view.slowest_progress_age < threshold:
+        return False
+    return not any(r.working_in_phase(now) and not r.ended and now - r.wall_time < PHASE_FRESH_S for r in ranks)
+
+
 class RankSignal:
     def __init__(
         self,

@@ -34,9 +34,10 @@ from beacon.ranks import (
     CrossRankView,
     LiveSnapshots,
     PhaseFollower,
+    a_rank_stalled,
     evidence_state,
-    rank_signal_interval,
     read_ranks,
+    stall_threshold,
     this_attempts_documents_since,
     upload_rank_evidence,
 )
@@ -566,13 +567,8 @@ class Telemetry(NullTelemetry):
         if self.ranks_dir is None:
             return
         view = CrossRankView.of(everyone, now)
-        stalled = (
-            view is not None
-            and not self.progress.in_phase_work()
-            # the ranks dump their stacks at stall_dump_after, each within one pass of its signal thread
-            and view.slowest_progress_age
-            >= self.config.stall_dump_after + rank_signal_interval(self.config.heartbeat_interval)
-        )
+        threshold = stall_threshold(self.config.stall_dump_after, self.config.heartbeat_interval)
+        stalled = a_rank_stalled(everyone, now, threshold=threshold, in_own_phase=self.progress.in_phase_work())
         busy = self._snapshot_thread is not None and self._snapshot_thread.is_alive()
         state = evidence_state(self.ranks_dir, ranks) if stalled else None
         snapshot = self.live_snapshots.due(stalled=stalled, state=state, busy=busy)
