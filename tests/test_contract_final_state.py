@@ -26,10 +26,12 @@ def test_a_final_state_is_an_earlier_attempts_once_a_later_one_started(
     assert contract.final_state_superseded(FINAL, attempts=attempts, attempts_started_at=started_at) is superseded
 
 
-def test_a_final_state_without_an_attempt_is_attempt_zeros_as_older_releases_wrote_it() -> None:
+def test_a_final_state_without_an_attempt_is_judged_by_its_time_alone() -> None:
+    """Releases before final states named their attempt wrote attempt N's without a number: a later record says
+    nothing of it; a preflight after its end does."""
     older = {"state": "finished", "ended_at": 1000.0}
-    assert contract.final_state_superseded(older, attempts=(0,)) is False
-    assert contract.final_state_superseded(older, attempts=(1,)) is True
+    assert contract.final_state_superseded(older, attempts=(0, 1, 2)) is False
+    assert contract.final_state_superseded(older, attempts=(1,), attempts_started_at=(1200.0,)) is True
 
 
 @pytest.mark.parametrize("forged", [{"attempt": True}, {"attempt": "3"}, {"ended_at": True}, {"ended_at": "later"}])

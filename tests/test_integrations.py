@@ -383,3 +383,21 @@ def test_hf_trainer_stops_saves_and_records_preempted_on_sigterm(
     )
     assert latest_pointer(harness, "hf", "hf-term") == {"step": 2, "framework": str(output_dir / "checkpoint-2")}
     assert sorted(records_by_step(as_writer, "hf", "hf-term")) == [1, 2]
+
+
+def test_lightnings_float_step_is_a_step_and_a_fraction_is_none() -> None:
+    """Lightning 2.4-2.5 hand log_metrics a float step when a module logs "step" (Lightning issue 20692); run.log
+    refuses a step that is not an int, so the logger makes a whole float one, and a fraction is no step."""
+    from types import SimpleNamespace
+
+    from beacon.integrations.lightning import BeaconLogger
+
+    logged: list[tuple[dict[str, float], object]] = []
+    run = SimpleNamespace(settings=None, finished=None, log=lambda metrics, step: logged.append((dict(metrics), step)))
+    logger = BeaconLogger(run=run)  # type: ignore[arg-type]
+    logger.log_metrics({"loss": 1.0}, step=5.0)
+    logger.log_metrics({"loss": 0.5}, step=6)
+    logger.log_metrics({"acc": 0.9}, step=6.5)  # merged into the step being logged
+    logger.steps.flush(run)  # type: ignore[arg-type]
+    assert logged == [({"loss": 1.0}, 5), ({"loss": 0.5, "acc": 0.9}, 6)]
+    assert all(type(step) is int for _, step in logged)

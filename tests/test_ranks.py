@@ -561,13 +561,21 @@ def test_the_one_stall_rule_rank_0_and_the_node_leaders_share() -> None:
 
     threshold = stall_threshold(90.0, 15.0)
     assert threshold == 95.0, "the stacks are dumped at stall_dump_after, within one 5 s pass"
+
+    def stalled(ranks: list[RankProgress], now: float = 1000.0, *, own: bool = False) -> bool:
+        return a_rank_stalled(ranks, now, threshold=threshold, in_own_phase=own, phase_limit=1800.0)
+
     waiting = [dataclasses.replace(progress_of(r), progress_age=10.0, wall_time=1000.0) for r in range(3)]
     hung = dataclasses.replace(progress_of(3), progress_age=10.0, wall_time=900.0)  # stopped rewriting: it ages
-    assert a_rank_stalled([*waiting, hung], 1000.0, threshold=threshold, in_own_phase=False)
-    assert not a_rank_stalled([*waiting, hung], 980.0, threshold=threshold, in_own_phase=False), "90 s: not yet"
-    assert not a_rank_stalled([*waiting, hung], 1000.0, threshold=threshold, in_own_phase=True), "its own phase"
+    assert stalled([*waiting, hung])
+    assert not stalled([*waiting, hung], 980.0), "90 s: not yet"
+    assert not stalled([*waiting, hung], own=True), "the caller is in a phase of its own"
     in_checkpoint = dataclasses.replace(waiting[0], phase="checkpoint", phase_seconds=150.0, phase_limit=1800.0)
-    assert not a_rank_stalled([in_checkpoint, *waiting[1:], hung], 1000.0, threshold=threshold, in_own_phase=False)
+    assert not stalled([in_checkpoint, *waiting[1:], hung]), "a 150 s checkpoint is work"
     stale = dataclasses.replace(in_checkpoint, wall_time=1000.0 - 61.0)  # its document no longer says its phase
-    assert a_rank_stalled([stale, *waiting[1:], hung], 1000.0, threshold=threshold, in_own_phase=False)
-    assert not a_rank_stalled([], 1000.0, threshold=threshold, in_own_phase=False)
+    assert stalled([stale, *waiting[1:], hung])
+    assert not stalled([])
+    # another rank's setup is work for the phase limit at most: one hung before its first step is stalled there
+    setup = dataclasses.replace(waiting[0], phase="setup", phase_seconds=1000.0)
+    assert not stalled([setup, *waiting[1:], hung])
+    assert stalled([dataclasses.replace(setup, phase_seconds=1850.0), *waiting[1:], hung])

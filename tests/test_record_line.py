@@ -138,3 +138,22 @@ def test_a_record_made_in_one_write_is_still_the_frozen_dataclass_it_declares() 
         record.step = 5  # type: ignore[misc]
     assert dataclasses.replace(record, step=5) == Record("e", "r", 5, {"loss": 0.5}, 2.0, seq=4, attempt=1)
     assert record != dataclasses.replace(record, attempt=2)
+
+
+def test_steps_a_failed_spool_cycle_dropped_stay_counted_as_not_delivered(tmp_path: Path) -> None:
+    """A cycle that fails after it took steps from the queue loses them; the next cycle's steps must not wipe the
+    count, or finish() would say delivered (review of issue 26, finding 1)."""
+    settings = RunSettings(experiment="e", run="r", bucket="b", spool_dir=tmp_path, alarms=False)
+    spool = Spool(tmp_path / "e" / "r")
+    telemetry = Telemetry(settings, s3=None, cloudwatch=None, progress=ProgressClock(), spool=spool, run_alarms=None)
+    telemetry.begin_attempt()
+    for step in range(3):
+        telemetry.log(step, {"loss": 1.0})
+    real_append = spool.append
+    spool.append = lambda records: (_ for _ in ()).throw(RuntimeError("a bug in the cycle"))  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        telemetry._persist(final=False)
+    spool.append = real_append  # type: ignore[method-assign]
+    telemetry.log(3, {"loss": 1.0})
+    telemetry._persist(final=True)
+    assert telemetry._in_hand == 3, "the three lost steps are still counted, the spooled one is not"

@@ -70,7 +70,8 @@ def write_long_run(
         )  # fmt: skip
         objects[contract.preflight_key(experiment, run, f"{attempt:04d}.json")] = json.dumps(asdict(preflight)).encode()
     if final:
-        ended = {"state": contract.FinalState.FINISHED, "last_step": records[-1].step}
+        ended = {"state": contract.FinalState.FINISHED, "last_step": records[-1].step, "attempt": len(attempts) - 1,
+                 "ended_at": records[-1].wall_time}  # fmt: skip
         objects[contract.final_status_key(experiment, run)] = json.dumps(ended).encode()
     with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
         list(pool.map(lambda item: s3.put_object(Bucket=bucket, Key=item[0], Body=item[1]), objects.items()))

@@ -135,7 +135,10 @@ class NodeLeader:
         return Share(frozenset(r.rank for r in ranks), share.reason) if share.ranks is None else share
 
     def stalled(self, ranks: list[RankProgress], now: float) -> bool:
-        return a_rank_stalled(ranks, now, threshold=self.stalled_after, in_own_phase=self.progress.in_phase_work())
+        return a_rank_stalled(
+            ranks, now, threshold=self.stalled_after, in_own_phase=self.progress.in_phase_work(),
+            phase_limit=self.settings.phase_limit,
+        )  # fmt: skip
 
     def look(self, now: float | None = None) -> int | None:
         """One pass: the number of the live snapshot uploaded, or None."""

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from beacon import contract
+from beacon.contract import Phase
 from beacon.contract.rank_evidence import (
     EARLIER_ATTEMPT_SLACK_S,
     SIGNAL_STACKS_PREFIX,
@@ -135,15 +136,25 @@ def stall_threshold(stall_dump_after: float, heartbeat_interval: float) -> float
     return stall_dump_after + rank_signal_interval(heartbeat_interval)
 
 
-def a_rank_stalled(ranks: list[RankProgress], now: float, *, threshold: float, in_own_phase: bool) -> bool:
+def a_rank_stalled(
+    ranks: list[RankProgress], now: float, *, threshold: float, in_own_phase: bool, phase_limit: float
+) -> bool:
     """The one stall rule, for rank 0 and the node leaders: some rank's progress (its document's, aged since it was
     written: a rank that stops rewriting ages) is past `threshold`, while no rank works in a named phase within its
     limit (a 150 s checkpoint), as its fresh document says or, for the caller itself, its own clock
-    (`in_own_phase`: rank 0's follows the other ranks' phases too)."""
+    (`in_own_phase`: rank 0's follows the other ranks' phases too). Another rank's setup is work for `phase_limit`
+    (the caller's) at most: one that never leaves it (hung after its first collective, before its first step) is
+    stalled there."""
     view = CrossRankView.of(ranks, now)
     if view is None or in_own_phase or view.slowest_progress_age < threshold:
         return False
-    return not any(r.working_in_phase(now) and not r.ended and now - r.wall_time < PHASE_FRESH_S for r in ranks)
+
+    def working(r: RankProgress) -> bool:
+        if not r.working_in_phase(now) or r.ended or now - r.wall_time >= PHASE_FRESH_S:
+            return False
+        return r.phase != Phase.SETUP or r.phase_seconds + max(0.0, now - r.wall_time) < phase_limit
+
+    return not any(working(r) for r in ranks)
 
 
 class RankSignal:

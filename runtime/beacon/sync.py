@@ -111,7 +111,8 @@ def _final_state(s3: Any, bucket: str, experiment: str, run: str, attempt: int) 
         return FinalState.FAILED
     if contract.final_state_superseded(final, attempts=(attempt,)):
         return FinalState.FAILED  # an earlier attempt's: this spool's attempt wrote none
-    return FinalState(final.get("state", FinalState.FINISHED))
+    state = final.get("state", FinalState.FINISHED)
+    return FinalState(state) if state in set(FinalState) else FinalState.FAILED
 
 
 def _mirror(

@@ -390,7 +390,7 @@ class Telemetry(NullTelemetry):
             for start in range(0, len(steps), APPEND_SLICE):
                 end = start + APPEND_SLICE
                 self.spool.append(self._records(steps[start:end], metrics_of[start:end]))
-            self._in_hand = 0  # each in the spool now, counted there until S3 has it
+            self._in_hand -= len(steps)  # each in the spool now, counted there; a failed cycle's stay counted here
             self._awaiting_sync[0].extend(steps)
             self._awaiting_sync[1].extend(metrics_of)
         self.spool.sync()  # also writes again what a failed attempt left unsynced
@@ -568,7 +568,10 @@ class Telemetry(NullTelemetry):
             return
         view = CrossRankView.of(everyone, now)
         threshold = stall_threshold(self.config.stall_dump_after, self.config.heartbeat_interval)
-        stalled = a_rank_stalled(everyone, now, threshold=threshold, in_own_phase=self.progress.in_phase_work())
+        stalled = a_rank_stalled(
+            everyone, now, threshold=threshold, in_own_phase=self.progress.in_phase_work(),
+            phase_limit=self.config.phase_limit,
+        )  # fmt: skip
         busy = self._snapshot_thread is not None and self._snapshot_thread.is_alive()
         state = evidence_state(self.ranks_dir, ranks) if stalled else None
         snapshot = self.live_snapshots.due(stalled=stalled, state=state, busy=busy)

@@ -330,10 +330,10 @@ def final_state_superseded(
 ) -> bool:
     """The one final-state rule, for `beacon.sync` and every reader: a final state (`final_status_key`) is an earlier
     attempt's once a later attempt started, as its records show (`attempts`: a number above the final state's; one
-    without a number is attempt 0's, as older releases wrote it) or its preflight (`attempts_started_at`: an
-    attempt that started after the final state's end). Each attempt's end rewrites the key, so until the running
-    attempt ends it still holds the one before's."""
-    attempt = final.get("attempt", 0)
+    written without a number, by a release before final states named their attempt, is judged by the time alone)
+    or its preflight (`attempts_started_at`: an attempt that started after the final state's end). Each attempt's
+    end rewrites the key, so until the running attempt ends it still holds the one before's."""
+    attempt = final.get("attempt")
     if isinstance(attempt, int) and not isinstance(attempt, bool) and any(a > attempt for a in attempts):
         return True
     ended = final.get("ended_at")

@@ -106,8 +106,10 @@ class BeaconLogger(Logger):
             self._run.log_hyperparams(self._hyperparams)
 
     @rank_zero_only
-    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | float | None = None) -> None:
         run = self.experiment
+        if isinstance(step, float):  # Lightning 2.4-2.5 pass a float when a module logs "step"
+            step = int(step) if step.is_integer() else None  # a fraction is no step: the next one counts
         self.steps.add(run, self.steps.next_step() if step is None else step, numeric_metrics(metrics))
 
     @rank_zero_only
