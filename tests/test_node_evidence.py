@@ -130,6 +130,20 @@ def test_a_frozen_rank_with_no_dump_while_the_others_dumped_and_wait_went_silent
     assert died is not None and (died.rank, died.how) == (0, "died"), "the others ended: torchrun tore it down"
 
 
+def test_a_frozen_ranks_dump_of_an_earlier_slow_step_does_not_hide_that_it_went_silent() -> None:
+    """Rank 0 dumped its stacks at a slow step 12 (a stall dump is taken once per stop, and CI's load can make one
+    step that slow), stepped on to 50, then froze. That old dump, in all_reduce, is no evidence of where it is
+    now: it went silent, as with no dump at all (CI saw "none stands out" once a snapshot carried the old file)."""
+    documents = [doc(0, written=NOW - 8), *(doc(r) for r in (1, 2, 3))]
+    stacks = {r: stack_dump(r, ALL_REDUCE).replace(" at 1.0,", f" at {NOW - 5},") for r in (1, 2, 3)}
+    stacks[0] = stack_dump(0, ALL_REDUCE).replace(" at 1.0, step 50:", f" at {NOW - 300}, step 12:")
+    assert " step 12: " in stacks[0], "the old dump names its own step"
+    verdict = which_rank(documents, stacks)
+    assert verdict is not None and (verdict.rank, verdict.how, verdict.step) == (0, "silent", 50), verdict
+    current = {**stacks, 0: stack_dump(0, ALL_REDUCE).replace(" at 1.0,", f" at {NOW - 5},")}
+    assert which_rank(documents, current) is None, "a dump of this stop, in all_reduce: it waits like the others"
+
+
 def test_ranks_with_no_document_while_every_other_waits_sent_nothing() -> None:
     """Node-local directories: rank 0's node uploaded nothing, node 1's leader uploaded ranks 2-3."""
     stacks = {r: stack_dump(r, ALL_REDUCE) for r in (2, 3)}

@@ -68,6 +68,13 @@ def main_thread_of(dump: str) -> list[Frame]:
     return []
 
 
+def dumped_step(dump: str) -> int | None:
+    """The step the last dump of a stacks file was taken at, as a stall dump's header says; None for a dump that says
+    none (at a signal, faulthandler's watchdog)."""
+    match = STALL_HEADER.search(dump.split("\n--- rank ")[-1].split("\n", 1)[0])
+    return int(match["step"]) if match else None
+
+
 def dumped_at(dump: str) -> float:
     """When the last dump of a stacks file was written (wall time); 0 when it says nothing."""
     times = [float(match["at"]) for match in DUMPED_AT.finditer(dump)]
@@ -229,6 +236,9 @@ def which_rank(
         return _the_only_rank(ranks, stacks)
     newest = max(r.wall_time for r in ranks)
     main = {r.rank: main_thread_of(stacks.get(r.rank, "")) for r in ranks}
+    for rank in ranks:  # a dump of an earlier stop (a slow step, stepped past since) says nothing of where it is now
+        if (step := dumped_step(stacks.get(rank.rank, ""))) is not None and step < rank.step:
+            main[rank.rank] = []
     waiting: dict[str, list[int]] = defaultdict(list)
     for rank in ranks:
         if (collective := collective_of(main[rank.rank], ddp=rank.rank in in_flight)) is not None:
