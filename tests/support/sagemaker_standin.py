@@ -284,7 +284,9 @@ class SageMakerStandIn:
         for instance in job.instances:
             stream = f"{job.request['TrainingJobName']}/{instance.host}-{int(time.time())}"
             logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
-            lines = instance.log_path.read_text(errors="replace").splitlines() or ["(no output)"]
+            # CloudWatch Logs refuses an empty event (its agent ships none); two ranks' interleaved output leaves some
+            lines = [line for line in instance.log_path.read_text(errors="replace").splitlines() if line]
+            lines = lines or ["(no output)"]
             now_ms = int(time.time() * 1000)
             events = [{"timestamp": now_ms, "message": line} for line in lines[-1000:]]
             logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=stream, logEvents=events)
