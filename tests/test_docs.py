@@ -105,14 +105,20 @@ def text_blocks(page: Path) -> list[str]:
     return [block.strip() for block in re.findall(r"```text\n(.*?)```", page.read_text(), re.DOTALL)]
 
 
-# Runs the doctor answers with each verdict, written as their job writes them (records, preflight, final state)
+# Runs the doctor answers with each verdict, written as their job writes them (records, preflight, final state);
+# `doctor`: what the doctor is given besides (a probe identity, another bucket)
 VERDICT_RUNS: dict[str, dict[str, Any]] = {
+    "healthy": {"final": None, "beats": 2.0},  # heartbeats go on, a step 2 s before the last one
     "failed": {"final": {"state": "failed", "error": "RuntimeError"}},
     "preempted": {"final": {"state": "preempted", "signal": "SIGTERM"}},
     "silent": {"final": None},
-    "stalled": {"final": None, "beats": True},  # heartbeats go on, its progress age grows
+    "stalled": {"final": None, "beats": 200.0},  # heartbeats go on, its progress age grows
+    "permission": {"final": None, "beats": 2.0, "doctor": {"probe": "reader"}},  # the probe may not write
     "spool-not-persistent": {"final": None, "persistent": False},
     "rank-collision": {"final": {"state": "finished"}, "ranks": (0, 1)},
+    "delivery": {"final": {"state": "finished"}, "lost": (1,)},  # the second of three chunks never reached S3
+    "endpoint": {"final": {"state": "finished"}, "region": "eu-west-1"},
+    "not-readable": {"final": None, "doctor": {"bucket": "another-teams-bucket"}},  # its reader may not list it
 }
 
 
@@ -123,17 +129,22 @@ def seed_run(
     final: dict[str, Any] | None,
     ranks: tuple[int, ...] = (0,),
     persistent: bool = True,
-    beats: bool = False,
+    beats: float | None = None,
+    lost: tuple[int, ...] = (),  # chunks
+    region: str = "us-east-1",
 ) -> datetime | None:
-    """30 steps of `run` in S3 as its writer wrote them, from each of `ranks`; its final state, or none; with `beats`,
-    a heartbeat 20 s ago whose progress age says no step for 200 s. The moment to read it at (None: now)."""
+    """30 steps of `run` in S3 as its writer wrote them, from each of `ranks`, in chunks of 10 records less those
+    numbered `lost`; its preflight (in `region`); its final state, or none; with `beats`, a heartbeat 20 s ago whose
+    progress age says no step for that many seconds. The moment to read it at (None: now)."""
     s3, bucket, now = as_writer.client("s3"), as_writer.bucket, time.time()
     steps = enumerate((step, rank) for step in range(30) for rank in ranks)
     lines = [contract.Record("smoke", run, s, {"loss": 2.0 / (s + 1)}, now - 60 + s, seq=seq, rank=r).to_line()
              for seq, (s, r) in steps]  # fmt: skip
-    s3.put_object(Bucket=bucket, Key=contract.events_key("smoke", run, 0), Body=b"".join(lines))
+    for chunk in set(range(0, len(lines), 10)) - {10 * c for c in lost}:
+        s3.put_object(Bucket=bucket, Key=contract.events_key("smoke", run, chunk // 10),
+                      Body=b"".join(lines[chunk : chunk + 10]))  # fmt: skip
     preflight = PreflightRecord(
-        run=run, experiment="smoke", host="train-0", pid=100, world_size=1, team="demo", region="us-east-1",
+        run=run, experiment="smoke", host="train-0", pid=100, world_size=1, team="demo", region=region,
         spool_dir="/artifacts/spool" if persistent else "/tmp/spool", spool_persistent=persistent,
         spool_filesystem="nfs4" if persistent else "tmpfs", started_at="2026-12-01T10:00:00+00:00",
         namespace=contract.metric_namespace("demo"),
@@ -147,14 +158,14 @@ def seed_run(
     if final is not None:
         body = {"attempt": 0, "last_step": 29, "ended_at": now, "unacknowledged_records": 0, **final}
         s3.put_object(Bucket=bucket, Key=contract.final_status_key("smoke", run), Body=json.dumps(body))
-    if not beats:
+    if beats is None:
         return None
     beat = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=20)
     dimensions = [{"Name": k, "Value": v} for k, v in contract.run_dimensions("demo", "smoke", run).items()]
     as_writer.client("cloudwatch").put_metric_data(Namespace=contract.metric_namespace("demo"), MetricData=[
         {"MetricName": metric.name, "Dimensions": dimensions, "Value": value, "Unit": metric.unit.value,
          "Timestamp": beat, "StorageResolution": 1}
-        for metric, value in ((contract.HEARTBEAT, 1.0), (contract.PROGRESS_AGE, 200.0))
+        for metric, value in ((contract.HEARTBEAT, 1.0), (contract.PROGRESS_AGE, beats), (contract.STEP, 29.0))
     ])  # fmt: skip
     return beat + timedelta(seconds=5)
 
@@ -163,11 +174,14 @@ def verdict_examples(as_writer: WriterSession) -> list[str]:
     """What the doctor says on each of `VERDICT_RUNS`: its first line, then each failing or warning check's fix."""
     examples = []
     for verdict, run in VERDICT_RUNS.items():
-        at = seed_run(as_writer, f"example-{verdict}", **run)
+        given = run.get("doctor", {})
+        seeded = {name: value for name, value in run.items() if name != "doctor"}
+        at = seed_run(as_writer, f"example-{verdict}", **seeded)
+        reader = as_writer.client("s3", as_writer.reader)
         diagnosis = diagnose(DoctorInputs(
-            team="demo", experiment="smoke", run=f"example-{verdict}", bucket=as_writer.bucket, region="us-east-1",
-            s3=as_writer.client("s3", as_writer.reader), cloudwatch=as_writer.client("cloudwatch", as_writer.reader),
-            now=at,
+            team="demo", experiment="smoke", run=f"example-{verdict}", bucket=given.get("bucket", as_writer.bucket),
+            region="us-east-1", s3=reader, cloudwatch=as_writer.client("cloudwatch", as_writer.reader),
+            probe_s3=reader if given.get("probe") else None, now=at,
         ))  # fmt: skip
         assert diagnosis.diagnosis == verdict, diagnosis.headline()
         shown = [
@@ -193,9 +207,211 @@ def test_the_doctors_example_verdicts_are_what_it_says_on_such_a_run(as_writer: 
     as_writer.client("s3").put_object(Bucket=as_writer.bucket, Key=ranks_key(rank_document_name(1)), Body=b"[]")
     set_aside = shown(diagnosed(as_writer))
     page = ROOT / "docs" / "doctor.md"
-    assert text_blocks(page) == [finished, set_aside, *verdict_examples(as_writer)]
+    produced = [finished, set_aside, *verdict_examples(as_writer)]
+    on_page = text_blocks(page)
+    assert len(on_page) == len(produced), on_page
+    for example, said in zip(on_page, produced, strict=True):
+        assert example_shown(example, said), f"the page shows\n{example}\nthe doctor says\n{said}"
     listed = re.findall(r"^\| `(\w+)` \|", page.read_text(), re.MULTILINE)
     assert listed == [v.check for v in clean.verdicts], "the checks' table, in the order the doctor gives them"
+
+
+# --- every verdict of the orchestrator, SageMaker and the logs on docs/doctor-reference.md --------------------------
+REFERENCE_PAGE = ROOT / "docs" / "doctor-reference.md"
+
+
+def orchestrator_examples() -> list[str]:
+    """Each verdict of the EKS orchestrator check on a Job as the Kubernetes API serves it (the scenarios of
+    tests/test_doctor_orchestrator.py), as `[status] verdict: evidence`."""
+    from beacon_ops.doctor.orchestrator import OrchestratorState, job_state, orchestrator_verdict
+    from tests import test_doctor_orchestrator as k
+    from workloads import manifests
+
+    gpu, t0, ns = k.GPU_NODE, k.T0, k.NS
+
+    def placed(pod: str, at: str = t0) -> dict[str, Any]:
+        return k.event("Pod", pod, "Scheduled", f"Successfully assigned {ns}/{pod} to {gpu}", at,
+                       source="default-scheduler", kind_type="Normal")  # fmt: skip
+
+    def waiting(reason: str, message: str = "") -> dict[str, Any]:
+        return {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+
+    def ended(code: int, reason: str, at: str) -> dict[str, Any]:
+        return {"terminated": {"exitCode": code, "reason": reason, "startedAt": t0, "finishedAt": at}}
+
+    # fmt: off
+    running = {"running": {"startedAt": t0}}
+    spot = [k.event("Node", gpu, "SpotInterrupted", k.SPOT_MESSAGE, "2026-12-01T10:05:00Z", source="karpenter"),
+            k.event("Pod", "spot-run-0-aaaaa", "Evicted", k.FORCEFUL, "2026-12-01T10:05:02Z", source="karpenter")]
+    complete = [{"type": "Complete", "status": "True", "lastTransitionTime": "2026-12-01T11:00:00Z"}]
+    failed = [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "lastTransitionTime":
+               "2026-12-01T12:00:00Z", "message": "Job was active longer than specified deadline"}]
+    insufficient = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    killed = ended(137, "Error", "2026-12-01T10:20:00Z")
+    evicted = k.pod(k.foreign_job("pressed"), "e5v6t", phase="Failed", state=killed)
+    evicted["status"] |= {"reason": "Evicted", "message": "The node was low on resource: memory."}
+    mount = ('MountVolume.SetUp failed for volume "beacon-artifacts" : rpc error: code = Internal desc = Could not '
+             'mount "fs-0abc:/": mount failed: exit status 32: Connection timed out')
+    old = k.karpenter_node(gpu, created="2026-11-01T09:00:00Z", deleting="2026-12-01T10:00:00Z")
+    sick = k.karpenter_node(gpu, created=t0, deleting="2026-12-01T10:50:00Z",
+                            conditions=[k.xid_condition("2026-12-01T10:20:00Z")])
+    ill = k.karpenter_node(gpu, created=t0, conditions=[k.xid_condition("2026-12-01T10:20:00Z")])
+    pools = {manifests.GPU_POOL: k.node_pool(manifests.GPU_POOL, "720h")}
+    nominated = "Pod should schedule on: nodeclaim/gpu-x7k2p"
+    # verdict: (job, its pods, events, nodes)
+    scenarios: dict[str, tuple[Any, ...]] = {
+        "complete": (k.foreign_job("done-job", succeeded=1, conditions=complete), ["p0o9i Succeeded"], [], []),
+        "running": (k.beacon_job("train-run", active=1), ["0-r4n5m Running"], [], []),
+        "restarted": (k.beacon_job("flaky-run", active=1), ["0-f1k2y Running restarted"], [], []),
+        "starting": (k.beacon_job("new-run", active=1), [], [], []),
+        "image-pull": (k.foreign_job("etl-train", active=1), ["m3n4b ImagePullBackOff"], [], []),
+        "container-config": (k.beacon_job("cfg-run", active=1), ["0-c9f8g CreateContainerConfigError"], [], []),
+        "volume-mount": (k.beacon_job("mount-run", active=1), ["0-q8w2e ContainerCreating"],
+                         [k.event("Pod", "mount-run-0-q8w2e", "FailedMount", mount, "2026-12-01T10:01:00Z",
+                                  source="kubelet")], []),
+        "oom-killed": (k.beacon_job("oom-run", failed=1), ["0-x7k2p OOMKilled"], [], [k.spot_node(gpu)]),
+        "spot-interrupted": (k.beacon_job("spot-run", active=1), ["0-bbbbb Unschedulable"],
+                             [placed("spot-run-0-aaaaa"), *spot], []),
+        "spot-interrupted, resumed": (k.beacon_job("spot-run", active=1), ["0-ccccc Running elsewhere"],
+                                      [placed("spot-run-0-aaaaa"), *spot], []),
+        "disrupted": (k.beacon_job("consolidated", failed=1), [], [
+            placed("consolidated-0-d3s4r"),
+            k.event("Node", gpu, "DisruptionTerminating", "Disrupting Node: Underutilized/Delete",
+                    "2026-12-01T10:40:00Z", source="karpenter")], []),
+        "node-repaired": (k.foreign_job("xid-run", failed=1), [], [
+            placed("xid-run-0-z0x9c"), k.grace_expiring(gpu, "2026-12-01T10:50:00Z", "2026-12-01T10:50:00Z"),
+            k.force_deleted("xid-run-0-z0x9c", "2026-12-01 10:50:00 +0000 UTC", "2026-12-01T10:50:01Z")], [sick]),
+        "expired": (k.foreign_job("long-job", failed=1), [], [
+            placed("long-job-0-d1r2n"), k.grace_expiring(gpu, "2026-12-02T10:00:00Z", "2026-12-01T10:00:00Z")],
+            [old]),
+        "expired, draining": (k.foreign_job("long-job", active=1), ["d1r2n Running"],
+                              [k.grace_expiring(gpu, "2026-12-02T10:00:00Z", "2026-12-01T10:00:00Z")], [old]),
+        "forcefully-terminated": (k.foreign_job("gone-node", failed=1), [], [
+            placed("gone-node-0-k8l9m"),
+            k.event("Pod", "gone-node-0-k8l9m", "Evicted", k.FORCEFUL, "2026-12-01T10:30:00Z", source="karpenter")],
+            []),
+        "node-unhealthy": (k.foreign_job("xid-job", failed=1), ["x1d2e Error"], [
+            k.event("Node", gpu, "NodeRepairBlocked", "more than 20% nodes are unhealthy in the nodepool",
+                    "2026-12-01T10:31:00Z", source="karpenter")], [ill]),
+        "evicted": (k.foreign_job("pressed", failed=1), [evicted], [], []),
+        "unschedulable": (k.foreign_job("llm-finetune", active=1), ["q9w8e Unschedulable"], [
+            k.event("Pod", "llm-finetune-q9w8e", "FailedScheduling", insufficient, "2026-12-01T10:00:05Z",
+                    source="default-scheduler")], []),
+        "waiting-for-node": (k.foreign_job("llm-finetune", active=1), ["q9w8e Unschedulable"], [
+            k.event("Pod", "llm-finetune-q9w8e", "Nominated", nominated, "2026-12-01T10:00:06Z", source="karpenter",
+                    kind_type="Normal")], []),
+        "exit-code": (k.foreign_job("plain-job", failed=1, conditions=failed[:0]), ["k1l2j Error"], [], []),
+        "job-failed": (k.foreign_job("slow-job", failed=1, conditions=failed), [], [], []),
+    }
+    # fmt: on
+    pod_states = {
+        "Succeeded": ("Succeeded", ended(0, "Completed", "2026-12-01T11:00:00Z")),
+        "Running": ("Running", running),
+        "ImagePullBackOff": ("Pending", waiting("ImagePullBackOff", f'Back-off pulling image "{k.IMAGE}"')),
+        "CreateContainerConfigError": ("Pending", waiting("CreateContainerConfigError", 'secret "wandb" not found')),
+        "ContainerCreating": ("Pending", waiting("ContainerCreating")),
+        "OOMKilled": ("Failed", ended(137, "OOMKilled", "2026-12-01T10:04:12Z")),
+        "Error": ("Failed", ended(1, "Error", "2026-12-01T10:31:30Z")),
+    }
+
+    def pods_of(job: dict[str, Any], shorthand: list[Any]) -> list[dict[str, Any]]:
+        made = []
+        for pod in shorthand:
+            if isinstance(pod, dict):
+                made.append(pod)
+                continue
+            suffix, state, *how = pod.split()
+            if state == "Unschedulable":
+                made.append(k.unschedulable(job, suffix, insufficient))
+                continue
+            phase, status = pod_states[state]
+            made.append(k.pod(job, suffix, phase=phase, state=status, restarts=2 if "restarted" in how else 0,
+                              node="ip-10-0-3-9.ec2.internal" if "elsewhere" in how else gpu,
+                              memory="16Gi" if state == "OOMKilled" else None))  # fmt: skip
+        return made
+
+    examples = []
+    read_at = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    for name, (job, pods, events, nodes) in scenarios.items():
+        state = job_state(job, pods_of(job, pods), events, {n["metadata"]["name"]: n for n in nodes}, pools)
+        verdict = orchestrator_verdict(OrchestratorState("eks", "beacon-demo", ns, job["metadata"]["name"], read_at,
+                                                         job=state))  # fmt: skip
+        assert verdict.verdict == name, (name, verdict)
+        examples.append(f"[{verdict.status}] {verdict.verdict}: {verdict.evidence}")
+    gone = orchestrator_verdict(OrchestratorState("eks", "beacon-demo", ns, "old-run", read_at))
+    refused = orchestrator_verdict(OrchestratorState(
+        "eks", "beacon-demo", ns, "any-run", read_at,
+        problem="the Kubernetes API at https://10.0.1.12 refused the doctor's identity (403 Forbidden)",
+        fix="give your role an access entry: cluster.operator_role_arns in the team file, then make deploy",
+    ))  # fmt: skip
+    return [*examples, *(f"[{v.status}] {v.verdict}: {v.evidence}" for v in (gone, refused))]
+
+
+def sagemaker_examples() -> list[str]:
+    from beacon_ops.doctor.sagemaker_state import training_job_verdict
+
+    at = datetime(2026, 12, 1, 10, 30, tzinfo=UTC)
+    transitions = [{"Status": "Starting", "StartTime": datetime(2026, 12, 1, 10, tzinfo=UTC)},
+                   {"Status": "Training", "StartTime": datetime(2026, 12, 1, 10, 4, tzinfo=UTC)}]  # fmt: skip
+    job = {"TrainingJobName": "demo-run-r7", "SecondaryStatusTransitions": transitions}
+    jobs: dict[str, dict[str, Any]] = {
+        "training-job-failed": {"TrainingJobStatus": "Failed", "SecondaryStatus": "Failed", "TrainingEndTime": at,
+                                "FailureReason": "AlgorithmError: ExecuteUserScriptError: exit code 1"},
+        "max-runtime-exceeded": {"TrainingJobStatus": "Stopped", "SecondaryStatus": "MaxRuntimeExceeded",
+                                 "StoppingCondition": {"MaxRuntimeInSeconds": 86400}},
+        "complete": {"TrainingJobStatus": "Completed", "SecondaryStatus": "Completed", "TrainingEndTime": at},
+        "stopped": {"TrainingJobStatus": "Stopped", "SecondaryStatus": "Stopped"},
+        "running": {"TrainingJobStatus": "InProgress", "SecondaryStatus": "Training"},
+        "starting": {"TrainingJobStatus": "InProgress", "SecondaryStatus": "Downloading",
+                     "SecondaryStatusTransitions": transitions[:1]},
+    }  # fmt: skip
+    examples = []
+    for name, described in jobs.items():
+        verdict = training_job_verdict({**job, **described})
+        assert verdict.verdict == name, (name, verdict)
+        examples.append(f"[{verdict.status}] {verdict.verdict}: {verdict.evidence}")
+    return examples
+
+
+def log_examples() -> list[str]:
+    """One container's log with a line of each kind the doctor knows: each at its start, then one at the gap in the
+    metrics and one in the last lines; and a log with none."""
+    from beacon_ops.doctor.log_lines import LogLine, log_verdicts
+
+    start = datetime(2026, 12, 1, 10, tzinfo=UTC)
+    said = [
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "NVRM: Xid (PCI:0000:00:1e): 79, pid=1234, GPU has fallen off the bus.",
+        "[rank1]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout",
+        "botocore.exceptions.ClientError: An error occurred (AccessDenied) when calling the PutObject operation",
+        "Could not resolve host: s3.us-east-1.amazonaws.com",
+        "torch.distributed.DistStoreError: connect() to train-0.beacon:29500 failed: Connection refused",
+        "urllib3.exceptions.ConnectTimeoutError: Connection to monitoring.us-east-1.amazonaws.com timed out",
+    ]
+    source = "training/train-run-0-x7k2p/train"
+
+    def line(seconds: float, text: str) -> LogLine:
+        return LogLine(start + timedelta(seconds=seconds), text, "stream-0", source)
+
+    lines = [line(0, "starting train.py"), *(line(i + 1, text) for i, text in enumerate(said))]
+    lines += [line(60 * i, f"step {i}") for i in range(1, 10)]
+    gap = start + timedelta(seconds=600)  # the run's last heartbeat
+    lines.append(line(601, "[rank0]: RuntimeError: NCCL communicator was aborted on rank 0"))
+    lines += [line(610 + i, f"waiting for rank 0, {i} s") for i in range(50)]
+    lines.append(line(2400, "Traceback: TimeoutError: The read operation timed out"))
+    verdicts = log_verdicts(sorted(lines, key=lambda ln: ln.at), where="the log", gap=gap)
+    nothing = log_verdicts([line(1, "epoch 0 done")], where="the cluster's application log group")
+    return [f"[{v.status}] {v.verdict}: {v.evidence}" for v in (*verdicts, *nothing)]
+
+
+def test_every_verdict_of_the_orchestrator_sagemaker_and_the_logs_is_on_the_reference_page_as_the_doctor_says_it() -> (
+    None
+):
+    """Issue 28: the doctor's reference shows every verdict with an example, produced here, not written by hand."""
+    produced = ["\n".join(orchestrator_examples()), "\n".join(sagemaker_examples()), "\n".join(log_examples())]
+    shown = text_blocks(REFERENCE_PAGE)[-3:]
+    for example, said in zip(shown, produced, strict=True):
+        assert example_shown(example, said), f"the page shows\n{example}\nthe doctor says\n{said}"
 
 
 # --- the rank verdicts on docs/runtime/ranks.md: each as the doctor says it on such evidence ----------------------

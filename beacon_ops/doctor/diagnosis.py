@@ -210,6 +210,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     lead, cause = next(((check, name(by_check[check])) for check, name in failing), ("job", ""))
     if not cause:
         cause = "not-started" if by_check["job"].verdict == "not started" else evidence.final_state or "healthy"
+        # A healthy run's evidence is its heartbeat and its last step, not its attempts
+        lead = "liveness" if cause == "healthy" and by_check["liveness"].verdict == "healthy" else lead
     return Diagnosis(
         inputs.team,
         inputs.experiment,
