@@ -105,10 +105,21 @@ def text_blocks(page: Path) -> list[str]:
     return [block.strip() for block in re.findall(r"```text\n(.*?)```", page.read_text(), re.DOTALL)]
 
 
-# Runs the doctor answers with each verdict, written as their job writes them (records, preflight, final state);
-# `doctor`: what the doctor is given besides (a probe identity, another bucket)
+# Runs the doctor answers with each verdict, written as their job writes them (records, preflights, final state,
+# metrics), each named by what the doctor says first (after the comma: which example of it); `doctor`: what the
+# doctor is given besides (a probe identity, an S3 it cannot reach or that answers slowly, another bucket).
+WARNINGS = {contract.NON_FINITE_LOSS: 3.0, contract.CHECKPOINTS_SKIPPED: 1.0, contract.STEPS_SINCE_CHECKPOINT: 40.0,
+            contract.UPLOAD_FAILURES: 2.0, contract.SPOOL_BACKLOG: 12.0}  # fmt: skip
+# fmt: off
 VERDICT_RUNS: dict[str, dict[str, Any]] = {
     "healthy": {"final": None, "beats": 2.0},  # heartbeats go on, a step 2 s before the last one
+    "healthy, with warnings": {
+        "final": None,
+        "beats": 2.0,
+        "metrics": WARNINGS,
+        "hosts": ("train-0", "train-1"),
+        "doctor": {"alarm": True},
+    },
     "failed": {"final": {"state": "failed", "error": "RuntimeError"}},
     "preempted": {"final": {"state": "preempted", "signal": "SIGTERM"}},
     "silent": {"final": None},
@@ -117,9 +128,18 @@ VERDICT_RUNS: dict[str, dict[str, Any]] = {
     "spool-not-persistent": {"final": None, "persistent": False},
     "rank-collision": {"final": {"state": "finished"}, "ranks": (0, 1)},
     "delivery": {"final": {"state": "finished"}, "lost": (1,)},  # the second of three chunks never reached S3
+    "delivery, behind": {
+        "final": None,
+        "beats": 2.0,
+        "metrics": {contract.UPLOAD_FAILURES: 40.0, contract.SPOOL_BACKLOG: 900.0},
+    },
     "endpoint": {"final": {"state": "finished"}, "region": "eu-west-1"},
+    "unreachable": {"final": {"state": "finished"}, "doctor": {"s3": "nowhere", "probe": "nowhere"}},
+    "finished, slowly": {"final": {"state": "finished"}, "doctor": {"s3": "slow"}},
     "not-readable": {"final": None, "doctor": {"bucket": "another-teams-bucket"}},  # its reader may not list it
+    "no-bucket": {"final": None, "doctor": {"bucket": "no-such-bucket", "admin": True}},  # one who may list any
 }
+# fmt: on
 
 
 def seed_run(
@@ -132,10 +152,13 @@ def seed_run(
     beats: float | None = None,
     lost: tuple[int, ...] = (),  # chunks
     region: str = "us-east-1",
+    metrics: dict[contract.Metric, float] | None = None,
+    hosts: tuple[str, ...] = ("train-0",),
 ) -> datetime | None:
     """30 steps of `run` in S3 as its writer wrote them, from each of `ranks`, in chunks of 10 records less those
-    numbered `lost`; its preflight (in `region`); its final state, or none; with `beats`, a heartbeat 20 s ago whose
-    progress age says no step for that many seconds. The moment to read it at (None: now)."""
+    numbered `lost`; a preflight (in `region`) from each of `hosts`; its final state, or none; with `beats`, a
+    heartbeat 20 s ago whose progress age says no step for that many seconds, and `metrics` beside it. The moment
+    to read it at (None: now)."""
     s3, bucket, now = as_writer.client("s3"), as_writer.bucket, time.time()
     steps = enumerate((step, rank) for step in range(30) for rank in ranks)
     lines = [contract.Record("smoke", run, s, {"loss": 2.0 / (s + 1)}, now - 60 + s, seq=seq, rank=r).to_line()
@@ -143,18 +166,19 @@ def seed_run(
     for chunk in set(range(0, len(lines), 10)) - {10 * c for c in lost}:
         s3.put_object(Bucket=bucket, Key=contract.events_key("smoke", run, chunk // 10),
                       Body=b"".join(lines[chunk : chunk + 10]))  # fmt: skip
-    preflight = PreflightRecord(
-        run=run, experiment="smoke", host="train-0", pid=100, world_size=1, team="demo", region=region,
-        spool_dir="/artifacts/spool" if persistent else "/tmp/spool", spool_persistent=persistent,
-        spool_filesystem="nfs4" if persistent else "tmpfs", started_at="2026-12-01T10:00:00+00:00",
-        namespace=contract.metric_namespace("demo"),
-        s3_endpoint="https://s3.us-east-1.amazonaws.com", heartbeat_interval=15.0,
-    )  # fmt: skip
-    s3.put_object(
-        Bucket=bucket,
-        Key=contract.preflight_key("smoke", run, "1-abc.json"),
-        Body=json.dumps(dataclasses.asdict(preflight)),
-    )
+    for number, host in enumerate(hosts):
+        preflight = PreflightRecord(
+            run=run, experiment="smoke", host=host, pid=100, world_size=1, team="demo", region=region,
+            spool_dir="/artifacts/spool" if persistent else "/tmp/spool", spool_persistent=persistent,
+            spool_filesystem="nfs4" if persistent else "tmpfs", started_at=f"2026-12-01T1{number}:00:00+00:00",
+            namespace=contract.metric_namespace("demo"),
+            s3_endpoint="https://s3.us-east-1.amazonaws.com", heartbeat_interval=15.0,
+        )  # fmt: skip
+        s3.put_object(
+            Bucket=bucket,
+            Key=contract.preflight_key("smoke", run, f"{number + 1}-abc.json"),
+            Body=json.dumps(dataclasses.asdict(preflight)),
+        )
     if final is not None:
         body = {"attempt": 0, "last_step": 29, "ended_at": now, "unacknowledged_records": 0, **final}
         s3.put_object(Bucket=bucket, Key=contract.final_status_key("smoke", run), Body=json.dumps(body))
@@ -162,28 +186,75 @@ def seed_run(
         return None
     beat = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=20)
     dimensions = [{"Name": k, "Value": v} for k, v in contract.run_dimensions("demo", "smoke", run).items()]
+    sent = {contract.HEARTBEAT: 1.0, contract.PROGRESS_AGE: beats, contract.STEP: 29.0, **(metrics or {})}
     as_writer.client("cloudwatch").put_metric_data(Namespace=contract.metric_namespace("demo"), MetricData=[
         {"MetricName": metric.name, "Dimensions": dimensions, "Value": value, "Unit": metric.unit.value,
          "Timestamp": beat, "StorageResolution": 1}
-        for metric, value in ((contract.HEARTBEAT, 1.0), (contract.PROGRESS_AGE, beats), (contract.STEP, 29.0))
+        for metric, value in sent.items()
     ])  # fmt: skip
     return beat + timedelta(seconds=5)
 
 
+class SlowS3:
+    """The reader's S3 client, answering a listing a little over the doctor's one-second mark for a slow endpoint."""
+
+    def __init__(self, s3: Any) -> None:
+        self._s3, self.meta = s3, s3.meta
+
+    def list_objects_v2(self, **kwargs: Any) -> Any:
+        time.sleep(1.05)
+        return self._s3.list_objects_v2(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._s3, name)
+
+
+def alarm_of(as_writer: WriterSession, run: str) -> None:
+    """The run's own alarms, as its job creates them, one of them in ALARM (set by the admin: moto evaluates none)."""
+    from beacon.run_alarms import RunAlarms
+
+    as_writer.aws.reset_auth_only()
+    try:
+        RunAlarms(as_writer.aws.client("cloudwatch"), as_writer.aws.client("ssm"), "demo", "smoke", run).arm()
+        as_writer.aws.client("cloudwatch").set_alarm_state(
+            AlarmName=contract.run_alarm_name("demo", "smoke", run, contract.RunAlarm.STALLED),
+            StateValue="ALARM", StateReason="ProgressAge above its threshold",
+        )  # fmt: skip
+    finally:
+        as_writer.aws.enforce_iam()
+
+
 def verdict_examples(as_writer: WriterSession) -> list[str]:
     """What the doctor says on each of `VERDICT_RUNS`: its first line, then each failing or warning check's fix."""
+    import boto3
+    from botocore.config import Config
+
+    nowhere = boto3.client("s3", endpoint_url="http://127.0.0.1:9", region_name="us-east-1",
+                           aws_access_key_id="x", aws_secret_access_key="y",
+                           config=Config(retries={"max_attempts": 1}, connect_timeout=1))  # fmt: skip
     examples = []
-    for verdict, run in VERDICT_RUNS.items():
+    for name, run in VERDICT_RUNS.items():
         given = run.get("doctor", {})
-        seeded = {name: value for name, value in run.items() if name != "doctor"}
-        at = seed_run(as_writer, f"example-{verdict}", **seeded)
+        seeded = {key: value for key, value in run.items() if key != "doctor"}
+        run_id = "example-" + name.replace(", ", "-").replace(" ", "-")
+        at = seed_run(as_writer, run_id, **seeded)
+        if given.get("alarm"):
+            alarm_of(as_writer, run_id)
         reader = as_writer.client("s3", as_writer.reader)
-        diagnosis = diagnose(DoctorInputs(
-            team="demo", experiment="smoke", run=f"example-{verdict}", bucket=given.get("bucket", as_writer.bucket),
-            region="us-east-1", s3=reader, cloudwatch=as_writer.client("cloudwatch", as_writer.reader),
-            probe_s3=reader if given.get("probe") else None, now=at,
-        ))  # fmt: skip
-        assert diagnosis.diagnosis == verdict, diagnosis.headline()
+        s3 = {"nowhere": nowhere, "slow": SlowS3(reader)}
+        if given.get("admin"):
+            as_writer.aws.reset_auth_only()
+        inputs = DoctorInputs(
+            team="demo", experiment="smoke", run=run_id, bucket=given.get("bucket", as_writer.bucket),
+            region="us-east-1", s3=s3.get(given.get("s3", ""), reader),
+            cloudwatch=as_writer.client("cloudwatch", as_writer.reader),
+            probe_s3={"reader": reader, "nowhere": nowhere}.get(given.get("probe", "")), now=at,
+        )  # fmt: skip
+        try:
+            diagnosis = diagnose(inputs)
+        finally:
+            as_writer.aws.enforce_iam()
+        assert diagnosis.diagnosis == name.split(",")[0], diagnosis.headline()
         shown = [
             f"[{v.status}] {v.check}: {v.verdict}; fix: {v.fix}"
             for v in diagnosis.verdicts
@@ -414,13 +485,47 @@ def test_every_verdict_of_the_orchestrator_sagemaker_and_the_logs_is_on_the_refe
         assert example_shown(example, said), f"the page shows\n{example}\nthe doctor says\n{said}"
 
 
+def test_every_failing_or_warning_verdict_the_doctor_can_give_has_an_example() -> None:
+    """Issue 28: a verdict added to the doctor without an example on its pages fails here. Read from the doctor's own
+    source: Beacon's checks (on the doctor's page, as `[status] check: verdict`), the orchestrator's and SageMaker's
+    verdicts and each kind of log line (on the reference page), and how a rank stopped (on the ranks page)."""
+    from beacon_ops.doctor import diagnosis, log_lines, orchestrator, rank_verdict, sagemaker_state
+
+    doctor_page, reference = (ROOT / "docs" / "doctor.md").read_text(), REFERENCE_PAGE.read_text()
+    def source_of(module: Any) -> str:
+        return Path(str(module.__file__)).read_text()
+
+    source = source_of(diagnosis)
+    checks = re.findall(r'Verdict\(\s*"([\w-]+)",\s*(?:FAIL|WARN),\s*"([^"]+)"', source)
+    assert len(checks) >= 20, checks
+    missing = [
+        f"{check}: {verdict}" for check, verdict in checks if not re.search(rf"\] {check}: {verdict}[:;]", doctor_page)
+    ]
+    platform = source_of(orchestrator) + source_of(sagemaker_state)
+    names = re.findall(r'Verdict\(\s*CHECK,\s*(?:FAIL|WARN|INFO|OK),\s*"([\w -]+)"', platform)
+    names += re.findall(r'name, fix = \(\s*"([\w-]+)"', platform)
+    assert len(names) >= 25, names
+    missing += [name for name in names if f"] {name}:" not in reference and f"] {name}, " not in reference]
+    missing += [f"{kind.name}-at-start" for kind in log_lines.CLASSES if f"] {kind.name}-at-start:" not in reference]
+    hows = set(re.findall(r'how(?:=| = .*, )"(\w+)"', source_of(rank_verdict)))
+    ranks_page = RANKS_PAGE.read_text()
+    assert hows == {"silent", "died", "hung", "failed"}, hows
+    said = {how: "went silent" if how == "silent" else how for how in hows}
+    missing += [f"rank-{how}" for how in hows if not re.search(rf"`rank \d [^`]*?{said[how]}\s+at\s+step", ranks_page)]
+    assert missing == [], "verdicts without an example"
+
+
 # --- the rank verdicts on docs/runtime/ranks.md: each as the doctor says it on such evidence ----------------------
 RANKS_PAGE = ROOT / "docs" / "runtime" / "ranks.md"
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 
 
-def rank_document(rank: int, step: int, pod: str, node: str, instance: str = "", written: float = 100.0) -> bytes:
-    document = RankProgress(rank, rank % 2, 4, step, "training", 95.0, written, written - 95, 1, pod, node, instance, 1)
+def rank_document(
+    rank: int, step: int, pod: str, node: str, instance: str = "", written: float = 100.0, ended: str = ""
+) -> bytes:
+    document = RankProgress(
+        rank, rank % 2, 4, step, "training", 95.0, written, written - 95, 1, pod, node, instance, 1, ended
+    )
     return json.dumps(dataclasses.asdict(document)).encode()
 
 
@@ -481,7 +586,16 @@ def test_the_rank_verdicts_on_the_runtime_loop_page_are_what_the_doctor_says_on_
     alone = {rank_document_name(r): rank_document(r, 16, *smoke[r]) for r in (2, 3)}
     alone |= {stacks_name(r): stall_dump(r, 16, f"{C10D} 2793 all_reduce") for r in (2, 3)}
     (sent_nothing, _) = rank_check("lost-node-0", alone)
-    produced = [hung.evidence, live.fix, silent.evidence, sent_nothing.evidence]
+    # Rank 3 killed outright, torchrun stopped the others (their last word: preempted); rank 2 failed, alike
+    died = {rank_document_name(r): rank_document(r, 40 - (r == 3), *smoke[r], written=120.0 if r == 3 else 200.0,
+                                                 ended="" if r == 3 else "preempted") for r in range(4)}  # fmt: skip
+    (dead, _) = rank_check("died-r3", died)
+    failing = {rank_document_name(r): rank_document(r, 40, *smoke[r], written=200.0,
+                                                    ended="failed: RuntimeError" if r == 2 else "preempted")
+               for r in range(4)}  # fmt: skip
+    (failed, _) = rank_check("failed-r2", failing)
+    assert "container's log" in failed.fix, "a failed rank's traceback is in its log, not a stack dump"
+    produced = [hung.evidence, dead.evidence, failed.evidence, live.fix, silent.evidence, sent_nothing.evidence]
 
     page = RANKS_PAGE.read_text()
     blocks = re.findall(r"^ *```(\w*)\n(.*?)^ *```$", page, re.M | re.S)

@@ -190,7 +190,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         ("delivery", lambda v: "delivery"),
         ("endpoint", lambda v: "endpoint"),
     ]
-    if by_check["endpoint"].verdict in ("no bucket", "not readable"):
+    if by_check["endpoint"].verdict in ("no bucket", "not readable", "unreachable"):
         # Without the bucket every verdict from S3 is blind: that leads, after what the orchestrator saw.
         causes.insert(0, ("endpoint", lambda v: v.verdict.replace(" ", "-")))
     failing = [(check, name) for check, name in causes if check in by_check and by_check[check].status == FAIL]
@@ -608,7 +608,12 @@ def _stopped_rank(evidence: RunEvidence, recorder: FlightRecorderReading | None)
         node = re.search(rf"/{contract.NODE}-(\d+)/", found)
         uploader = f"node {int(node[1])}'s leader" if node else "rank 0"
         found += f" (live snapshot: {uploader} uploaded it while the run hung)"
-    where = f"its stack: {found}" if stopped.stack else "no stack dump (killed outright, or frozen)"
+    if stopped.stack:
+        where = f"its stack: {found}"
+    elif stopped.how == "failed":  # its own exception ended it: the traceback went to its log
+        where = "its exception's traceback is in its container's log (the logs check; kubectl logs --previous)"
+    else:
+        where = "no stack dump (killed outright, or frozen)"
     return Verdict("rank", FAIL, stopped.how, stopped.line() + read, "; ".join(filter(None, (where, unread)))), stopped
 
 
