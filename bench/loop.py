@@ -96,7 +96,7 @@ class BeaconTracker(Tracker):
         spool = self.telemetry.spool
         wait_until(lambda: spool.durable_step >= last_step)
         spooled = time.perf_counter() - started
-        wait_until(lambda: not self.telemetry._queue and spool.unacknowledged_records() == 0)
+        wait_until(lambda: self.telemetry.unacknowledged_records() == 0)
         return {"durable_s": time.perf_counter() - started, "spool_fsync_s": spooled}
 
 

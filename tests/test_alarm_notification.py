@@ -346,10 +346,9 @@ def test_while_the_run_still_hangs_rank_0s_live_snapshot_lets_the_notification_n
         flags = {"--bucket": bucket, "--team": TEAM, "--experiment": EXPERIMENT, "--run-id": RUN}
         config = parse_args([part for pair in flags.items() for part in pair]).settings
         rank_0 = Telemetry(config, s3=s3, cloudwatch=as_writer.client("cloudwatch"), progress=ProgressClock(),
-                           spool=Spool(tmp_path / "spool"), run_alarms=None)  # fmt: skip
-        rank_0.ranks_dir = ranks_dir
-        rank_0.beat()
-        assert rank_0.wait_live_snapshot(timeout=30)
+                           spool=Spool(tmp_path / "spool"), run_alarms=None, ranks_dir=ranks_dir)  # fmt: skip
+        rank_0.heartbeat.beat()
+        assert rank_0.evidence is not None and rank_0.evidence.wait(timeout=30)
 
     seed_hung_run(as_writer.client("s3"), as_writer.bucket, as_writer.workdir, rank_0s_heartbeat)
     topic, sqs, queue, publisher = topic_with_queue_as_admin(as_writer)

@@ -14,7 +14,8 @@ from beacon.contract import ChunkSummary, records_of
 from beacon.progress import ProgressClock
 from beacon.settings import RunSettings
 from beacon.spool import Spool
-from beacon.telemetry import APPEND_SLICE, Telemetry
+from beacon.spool_writer import APPEND_SLICE
+from beacon.telemetry import Telemetry
 
 from tests.test_tensorboard_view import scalars
 
@@ -32,8 +33,8 @@ def test_queued_steps_are_nothing_the_collector_tracks_once_it_has_looked(tmp_pa
     for step in range(1000):
         sink.log(step, {"loss": 1.0 / (step + 1), "lr": 0.1, "ok": True, "nan": math.nan})
     gc.collect(0)  # untracks what holds only numbers: it promotes nothing of ours to older generations
-    assert sink.queued() == 1000 and len(sink._queue) == 2000, "a step's numbers, then its metrics"
-    assert not any(gc.is_tracked(item) for item in sink._queue)
+    assert sink.spool_writer.queued() == 1000 and len(sink.spool_writer.queue) == 2000, "numbers, then metrics"
+    assert not any(gc.is_tracked(item) for item in sink.spool_writer.queue)
     sink.spool.close()
 
 
@@ -44,7 +45,7 @@ def test_a_cycle_of_many_steps_spools_each_once_in_order_across_record_slices(tm
     count = 3 * APPEND_SLICE + 7
     for step in range(count):
         sink.log(step, {"loss": torch.tensor(0.5) if step == 300 else float(step), "step_inf": math.inf})
-    sink._persist(final=True)
+    sink.spool_writer.persist(final=True)
     (chunk,) = sink.spool.pending()
     records = records_of(chunk.body())
     assert [(r.seq, r.step) for r in records] == [(n, n) for n in range(count)]
@@ -87,7 +88,7 @@ def test_log_reads_no_value_on_the_training_thread_only_the_spool_thread_does(tm
     for step in range(3):
         sink.log(step, {"loss": OnTheDevice(), "lr": 0.1})
     assert reads == [], "log appends to a queue and reads nothing"
-    spool_thread = threading.Thread(target=sink._persist, kwargs={"final": True}, name="beacon-spool")
+    spool_thread = threading.Thread(target=sink.spool_writer.persist, kwargs={"final": True}, name="beacon-spool")
     spool_thread.start()
     spool_thread.join(timeout=60)
     assert reads and set(reads) == {"beacon-spool"}, reads

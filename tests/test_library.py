@@ -253,6 +253,36 @@ def test_a_spool_thread_still_at_work_when_the_budget_ends_is_never_reported_del
     assert final_state(as_writer, "lib-hung-read")["spool_unfinished"] is True
 
 
+FLUSHED_LOOP = """
+import os
+import signal
+
+import beacon
+
+run = beacon.init("lib")
+for step in range(25):
+    run.log({"loss": 1.0 / (step + 1)}, step)
+flushed = run.flush(timeout=60)
+print("flushed", flushed.in_s3, flushed.logged_step, flushed.durable_step, flushed.not_in_s3, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # nothing after the flush: what S3 holds, the flush put there
+"""
+
+
+def test_run_flush_returns_once_every_step_logged_is_in_s3_and_says_so(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """Issue 29: `run.flush(timeout)` seals the open chunk at once (here an hour before its flush interval would)
+    and returns what is durable where; the process is then killed, so S3 holds what the flush delivered."""
+    (tmp_path / "train.py").write_text(FLUSHED_LOOP)
+    env = environment(harness, "lib-flushed", BEACON_FLUSH_INTERVAL="3600")
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py")], cwd=ROOT, capture_output=True, text=True,
+                          env=env, timeout=180)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    assert "flushed True 24 24 0" in done.stdout.splitlines(), done.stdout + done.stderr[-3000:]
+    delivered = delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "lib-flushed")
+    assert sorted(r.step for r in delivered) == list(range(25))
+
+
 def test_an_exception_out_of_the_context_manager_is_recorded_as_failed_with_its_type(
     harness: JobHarness, as_writer: WriterSession, tmp_path: Path
 ) -> None:

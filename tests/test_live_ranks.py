@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from beacon import contract
 from beacon.contract.rank_evidence import RankProgress, rank_document_name, stacks_name
+from beacon.live_evidence import LiveEvidence
 from beacon.progress import ProgressClock
 from beacon.ranks import LiveSnapshots, upload_rank_evidence
 from beacon.spool import Spool
@@ -75,14 +76,18 @@ def rank_0(aws: MotoServer, tmp_path: Path) -> Telemetry:
     flags = {"--bucket": BUCKET, "--experiment": EXPERIMENT, "--run-id": RUN, "--stall-dump-after": str(STALL)}
     config = parse_args([part for pair in flags.items() for part in pair]).settings
     sink = Telemetry(config, s3=aws.client("s3"), cloudwatch=aws.client("cloudwatch"), progress=ProgressClock(),
-                     spool=Spool(tmp_path / "spool"), run_alarms=None)  # fmt: skip
-    sink.ranks_dir = tmp_path / "ranks"
+                     spool=Spool(tmp_path / "spool"), run_alarms=None, ranks_dir=tmp_path / "ranks")  # fmt: skip
     return sink
 
 
+def live(sink: Telemetry) -> LiveEvidence:
+    assert sink.evidence is not None, "rank 0 of a run with a ranks directory"
+    return sink.evidence
+
+
 def beat(sink: Telemetry) -> None:
-    sink.beat()
-    assert sink.wait_live_snapshot(timeout=30)
+    sink.heartbeat.beat()
+    assert live(sink).wait(timeout=30)
 
 
 def ranks_keys(aws: MotoServer) -> list[str]:
@@ -120,7 +125,7 @@ def test_one_snapshot_per_stall_and_a_refresh_only_when_the_evidence_changed_and
     """The bound: per stall, 1 + beats / LIVE_REFRESH_BEATS snapshots at most, each one PutObject per
     file of the ranks directory and a marker; a hang that stays as it is costs one."""
     sink = rank_0(aws, tmp_path)
-    refresh = sink.live_snapshots.refresh_beats
+    refresh = live(sink).snapshots.refresh_beats
     ranks = tmp_path / "ranks"
     write_ranks(ranks, hung(), dumped=False)  # the ranks' own dumps come a beat later (their own clocks)
     beat(sink)
@@ -151,7 +156,7 @@ def test_a_150_s_checkpoint_on_one_rank_while_the_others_wait_uploads_nothing(aw
     beat(sink)
     beat(sink)
     assert ranks_keys(aws) == []
-    assert sink.live_snapshots.taken == 0
+    assert live(sink).snapshots.taken == 0
     write_ranks(tmp_path / "ranks", [*waiting, document(3, age=150.0)])  # back in training, and stuck there
     beat(sink)
     assert [k.rsplit("/", 2)[1] for k in ranks_keys(aws)] == ["live-00000"] * len(EVERY_FILE)
@@ -172,7 +177,7 @@ def test_a_single_rank_run_snapshots_its_own_stall_and_sends_no_cross_rank_metri
     """One rank, stuck in forward 100 s: its own stack (where it hangs) reaches S3 while it hangs, and the doctor
     shows it; the two cross-rank metrics are for runs of several ranks."""
     sink = rank_0(aws, tmp_path)
-    assert not sink.cross_rank_metrics  # world size 1, as `beacon.run` builds it
+    assert not sink.heartbeat.cross_rank_metrics  # world size 1, as `beacon.run` builds it
     alone = replace(document(0, age=100.0), world_size=1)
     (tmp_path / "ranks").mkdir()
     (tmp_path / "ranks" / rank_document_name(0)).write_text(json.dumps(asdict(alone)))

@@ -118,7 +118,7 @@ def test_the_spool_holds_logged_tensors_numbers_and_non_finite_values_as_read_ba
     ]
     for step, metrics in enumerate(logged):
         telemetry.log(step, metrics)
-    telemetry._persist(final=True)
+    telemetry.spool_writer.persist(final=True)
     (chunk,) = spool.pending()
     lines = chunk.body().splitlines(keepends=True)
     assert [strict(line)["seq"] for line in lines] == [0, 1, 2]
@@ -152,8 +152,8 @@ def test_steps_a_failed_spool_cycle_dropped_stay_counted_as_not_delivered(tmp_pa
     real_append = spool.append
     spool.append = lambda records: (_ for _ in ()).throw(RuntimeError("a bug in the cycle"))  # type: ignore[method-assign]
     with pytest.raises(RuntimeError):
-        telemetry._persist(final=False)
+        telemetry.spool_writer.persist(final=False)
     spool.append = real_append  # type: ignore[method-assign]
     telemetry.log(3, {"loss": 1.0})
-    telemetry._persist(final=True)
-    assert telemetry._in_hand == 3, "the three lost steps are still counted, the spooled one is not"
+    telemetry.spool_writer.persist(final=True)
+    assert telemetry.spool_writer.in_hand == 3, "the three lost steps are still counted, the spooled one is not"

@@ -17,7 +17,7 @@ from typing import Any
 import boto3
 import pytest
 from beacon import contract, kill_points
-from beacon import telemetry as telemetry_module
+from beacon import spool_writer as spool_writer_module
 from beacon.contract import Phase
 from beacon.liveness import Liveness
 from beacon.progress import ProgressClock
@@ -258,14 +258,14 @@ def test_a_diverging_loss_keeps_the_heartbeat_flowing_is_counted_and_is_stored_f
     sink = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=cloudwatch)
     for step, value in enumerate([1.0, math.nan, math.inf, -math.inf, 2.0**400, 0.5]):
         sink.log(step, {"loss": value})
-    sink._persist(final=False)  # the spool thread reads the logged values into the window
-    sink.beat()
+    sink.spool_writer.persist(final=False)  # the spool thread reads the logged values into the window
+    sink.heartbeat.beat()
     assert cloudwatch.data(contract.HEARTBEAT), "the request was valid: the heartbeat arrived"
     (loss,) = cloudwatch.data(contract.LOSS)
     assert loss["StatisticValues"]["SampleCount"] == 2 and loss["StatisticValues"]["Maximum"] == 1.0
     (diverged,) = cloudwatch.data(contract.NON_FINITE_LOSS)
     assert diverged["Value"] == 4
-    sink._persist(final=True)
+    sink.spool_writer.persist(final=True)
     (chunk,) = sink.spool.pending()
     stored = [record.metrics["loss"] for record in contract.records_of(chunk.body())]
     assert math.isnan(stored[1]) and stored[2] == math.inf and stored[3] == -math.inf and stored[4] == 2.0**400
@@ -274,11 +274,11 @@ def test_a_diverging_loss_keeps_the_heartbeat_flowing_is_counted_and_is_stored_f
 def test_a_failed_metric_batch_is_counted_in_the_next_one_rather_than_thrown_away(tmp_path: Path) -> None:
     cloudwatch = RecordingCloudWatch(fail_first=1)
     sink = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=cloudwatch)
-    sink._window.upload_failures = 3
+    sink.window.stats.upload_failures = 3
     sink.log(0, {"loss": 1.0})
-    sink._persist(final=False)  # the spool thread reads the logged values into the window
-    sink.beat()
-    sink.beat()
+    sink.spool_writer.persist(final=False)  # the spool thread reads the logged values into the window
+    sink.heartbeat.beat()
+    sink.heartbeat.beat()
     (failures,) = [d for d in cloudwatch.data(contract.UPLOAD_FAILURES) if len(d["Dimensions"]) == 3]
     assert failures["Value"] == 3
     (loss,) = cloudwatch.data(contract.LOSS)
@@ -375,14 +375,14 @@ def test_the_jobs_largest_metric_batch_is_one_request_far_under_the_size_limit(
     for window in range(4):
         for step in range(window * 5000, (window + 1) * 5000):
             sink.log(step, {"loss": math.nan if step % 7 == 0 else 1.0 / (step + 1)})
-        sink._persist(final=False)  # the spool thread reads the logged values into the window
+        sink.spool_writer.persist(final=False)  # the spool thread reads the logged values into the window
         sink.checkpoint_finished(2.5)
-        with sink._window_lock:
-            sink._window.upload_latencies_ms.extend([12.5] * 1000)
-            sink._window.upload_failures += 3
+        with sink.window.lock:
+            sink.window.stats.upload_latencies_ms.extend([12.5] * 1000)
+            sink.window.stats.upload_failures += 3
         if window < 3:
-            sink._restore_window(sink._metric_batch(time.time(), [])[1])  # a batch that failed: merged into the next
-    sink.beat()
+            sink.window.restore(sink.heartbeat.metric_batch(time.time(), [])[1])  # failed: merged into the next
+    sink.heartbeat.beat()
     assert sink.report.metric_batches == 1 and sink.report.metric_failures == 0, "accepted by the strict AWS"
     (request,) = sent
     carried = {datum["MetricName"] for datum in request}
@@ -452,13 +452,13 @@ def test_a_tensorboard_part_a_crash_left_open_is_sealed_and_uploaded_on_restart(
     # A flush interval no persist outlasts: the part stays open however slow this machine is.
     first = telemetry(tmp_path, s3=SlowS3(0), cloudwatch=RecordingCloudWatch(), **{"--flush-interval": "3600"})
     first.log(0, {"loss": 1.0})
-    first._persist(final=False)  # the part is open, its points on disk; then the process dies
+    first.spool_writer.persist(final=False)  # the part is open, its points on disk; then the process dies
     (part,) = (tmp_path / "spool" / "tensorboard").glob("part-*")
     assert any(part.glob("events.out.tfevents.*"))
     s3 = SlowS3(0)
     restarted = telemetry(tmp_path, s3=s3, cloudwatch=RecordingCloudWatch())
     assert not part.exists()
-    restarted._upload_pending()
+    restarted.uploader.upload_pending()
     assert any(contract.TENSORBOARD in key and part.name in key for key in s3.puts), s3.puts
 
 
@@ -483,7 +483,7 @@ def test_a_conflict_that_appears_mid_run_stops_the_job_instead_of_retrying_forev
     try:
         sink.log(0, {"loss": 1.0})
         deadline = time.monotonic() + 10
-        while sink._fatal is None and time.monotonic() < deadline:
+        while sink.lifecycle.fatal is None and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(RunConflictError, match="another job writes this run id"):
             sink.log(1, {"loss": 1.0})
@@ -524,7 +524,7 @@ def test_one_eio_on_the_spool_is_retried_and_every_record_lands_exactly_once(
     """The old spool raised any OSError as SpoolFullError: one EIO stopped the job with exit 74. A
     failed write leaves half its bytes (a torn tail) and a failed fsync leaves pages the kernel may
     have dropped: both are written again from the last durable size, so no record is lost or doubled."""
-    monkeypatch.setattr(telemetry_module, "SPOOL_DISK_RETRY_S", (0.0,) * 3)  # the retry itself is what counts
+    monkeypatch.setattr(spool_writer_module, "SPOOL_DISK_RETRY_S", (0.0,) * 3)  # the retry itself is what counts
     eio = EioOnOpenChunk(call, 2)
     monkeypatch.setattr(os, call, eio)
     s3 = KeepingS3()
@@ -537,7 +537,7 @@ def test_one_eio_on_the_spool_is_retried_and_every_record_lands_exactly_once(
     assert sink.wait_durable(39, timeout=30), "durable despite the EIO: retried, not given up"
     report = sink.close(budget=10)
     assert eio.injected == 1
-    assert sink._fatal is None, "a transient disk error stops nothing"
+    assert sink.lifecycle.fatal is None, "a transient disk error stops nothing"
     assert report.unacknowledged_records == 0 and report.records == 40
     delivered = s3.records()
     assert [r.step for r in delivered] == list(range(40)), "each record once, in order"
@@ -547,14 +547,14 @@ def test_one_eio_on_the_spool_is_retried_and_every_record_lands_exactly_once(
 def test_an_eio_that_persists_stops_the_job_naming_the_spool_and_not_as_a_full_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(telemetry_module, "SPOOL_DISK_RETRY_S", (0.0,) * 3)
+    monkeypatch.setattr(spool_writer_module, "SPOOL_DISK_RETRY_S", (0.0,) * 3)
     eio = EioOnOpenChunk("fsync", 1, persistent=True)
     monkeypatch.setattr(os, "fsync", eio)
     sink = telemetry(tmp_path, s3=KeepingS3(), cloudwatch=RecordingCloudWatch())
     sink.start()
     try:
         sink.log(0, {"loss": 1.0})
-        assert sink._spool_done.wait(timeout=30), "the spool thread gives up after its retries"
+        assert sink.spool_writer.done.wait(timeout=30), "the spool thread gives up after its retries"
         with pytest.raises(SpoolDiskError) as stopped:
             sink.log(1, {"loss": 1.0})
         assert not isinstance(stopped.value, SpoolFullError)

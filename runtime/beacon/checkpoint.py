@@ -227,8 +227,8 @@ class AsyncCheckpointer:
         self.on_finished = on_finished
         self._thread: threading.Thread | None = None
         self._staging: Any = None  # the last snapshot's memory, reused by the next one
-        self._commits: list[threading.Thread] = []
-        self._promotion = threading.Lock()
+        self.commits = FrameworkCommits(self)  # the framework's checkpoints, each on a thread of its own
+        self.promotion = threading.Lock()
         self._promoted = -1
         self._loop_over = threading.Event()
         self._last_record_step = -1
@@ -285,7 +285,7 @@ class AsyncCheckpointer:
             if not self.wait_durable(step, 60.0):
                 log.warning("records through step %d are not durable yet; checkpoint kept but not latest", step)
                 return
-            if not self._promote(step, {"step": step, "file": name}):
+            if not self.promote(step, {"step": step, "file": name}):
                 return
             kill_points.hit(kill_points.CHECKPOINT_PROMOTED)
             self._retain(step)
@@ -298,9 +298,9 @@ class AsyncCheckpointer:
         finally:
             self.on_finished(time.monotonic() - started)
 
-    def _promote(self, step: int, pointer: dict[str, Any]) -> bool:
+    def promote(self, step: int, pointer: dict[str, Any]) -> bool:
         """Point `latest` at `step`, unless a later step is already there: commits end out of order."""
-        with self._promotion:
+        with self.promotion:
             if step <= self._promoted:
                 log.info(
                     "checkpoint of step %d is ready after that of step %d: latest stays there", step, self._promoted
@@ -312,34 +312,10 @@ class AsyncCheckpointer:
 
     def commit(self, step: int, future: Any, path: str | None) -> None:
         """Make a checkpoint the framework wrote (or is writing: `future`) the resume point, once its
-        save finished and every record through `step` is durable. Returns at once."""
-        self._commits = [thread for thread in self._commits if thread.is_alive()]
-        thread = threading.Thread(
-            target=self._commit,
-            args=(step, future, path, time.monotonic()),
-            name=f"beacon-commit-{step}",
-            daemon=True,
-        )
-        self._commits.append(thread)
-        thread.start()
+        save finished and every record through `step` is durable. Returns at once (`FrameworkCommits`)."""
+        self.commits.start(step, future, path)
 
-    def _commit(self, step: int, future: Any, path: str | None, started: float) -> None:
-        try:
-            if future is not None:
-                wait_for_save(future)
-            if not self._durable_through(step):
-                log.warning("records through step %d are not durable; latest stays before it", step)
-                return
-            self._promote(step, {"step": step, FRAMEWORK_KEY: path})
-            self.saved.append(step)  # complete and durable, even if a later one was ready first
-        except Exception as error:  # whatever the framework's save raised
-            with self._promotion:  # commits run side by side
-                self.failures += 1
-            log.error("checkpoint of step %d failed (%s: %s); latest stays", step, type(error).__name__, error)
-        finally:
-            self.on_finished(time.monotonic() - started)
-
-    def _durable_through(self, step: int) -> bool:
+    def durable_through(self, step: int) -> bool:
         """Wait until records through `step` are durable. A framework logs when it likes (every 50
         steps, or not at the step it saved at), so while the loop runs this waits for a record at or
         after `step`; once it ended, for the last record there will be."""
@@ -371,7 +347,45 @@ class AsyncCheckpointer:
     def join(self, timeout: float) -> bool:
         """Wait for the in-flight checkpoint and commits; False if any is still going after `timeout`."""
         deadline = time.monotonic() + timeout
-        for thread in [self._thread, *self._commits]:
+        for thread in [self._thread, *self.commits.threads]:
             if thread is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
-        return not self.in_flight and not any(thread.is_alive() for thread in self._commits)
+        return not self.in_flight and not any(thread.is_alive() for thread in self.commits.threads)
+
+
+class FrameworkCommits:
+    """The framework's checkpoints (Lightning's, HF Trainer's save), one thread each: made the resume point once the
+    framework's save finished and every record through its step is durable. Beacon's own checkpoints are written by
+    `AsyncCheckpointer` itself, one at a time; both promote through its one lock."""
+
+    def __init__(self, checkpointer: AsyncCheckpointer) -> None:
+        self.checkpointer = checkpointer
+        self.threads: list[threading.Thread] = []
+
+    def start(self, step: int, future: Any, path: str | None) -> None:
+        self.threads = [thread for thread in self.threads if thread.is_alive()]
+        thread = threading.Thread(
+            target=self._commit,
+            args=(step, future, path, time.monotonic()),
+            name=f"beacon-commit-{step}",
+            daemon=True,
+        )
+        self.threads.append(thread)
+        thread.start()
+
+    def _commit(self, step: int, future: Any, path: str | None, started: float) -> None:
+        checkpointer = self.checkpointer
+        try:
+            if future is not None:
+                wait_for_save(future)
+            if not checkpointer.durable_through(step):
+                log.warning("records through step %d are not durable; latest stays before it", step)
+                return
+            checkpointer.promote(step, {"step": step, FRAMEWORK_KEY: path})
+            checkpointer.saved.append(step)  # complete and durable, even if a later one was ready first
+        except Exception as error:  # whatever the framework's save raised
+            with checkpointer.promotion:  # commits run side by side
+                checkpointer.failures += 1
+            log.error("checkpoint of step %d failed (%s: %s); latest stays", step, type(error).__name__, error)
+        finally:
+            checkpointer.on_finished(time.monotonic() - started)

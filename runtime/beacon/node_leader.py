@@ -14,8 +14,8 @@ At an attempt's end every leader uploads its own node's ranks' files (and, while
 first leader still writing everything), after waiting briefly for their last words: rank 0 uploads once the ranks
 finished together, but torchrun tears a node's surviving ranks down 30 s after one of them exits, so whichever
 process's end comes first or is cut short, each node's last words still reach S3.
-A leader's stall test is rank 0's: some rank's progress older than `stall_dump_after` plus one rank-signal pass,
-no rank in a named phase; `LiveSnapshots` bounds it alike.
+A leader's stall test, snapshot bound and upload are rank 0's (`beacon.live_evidence.LiveEvidence`): some rank's
+progress older than `stall_dump_after` plus one rank-signal pass, no rank in a named phase.
 It calls S3 only (no CloudWatch, no preflight: rank 0's preflight checked the bucket).
 """
 
@@ -30,18 +30,10 @@ from typing import Any
 
 from beacon import contract
 from beacon.contract.rank_evidence import RankProgress
+from beacon.live_evidence import LiveEvidence
 from beacon.progress import ProgressClock
 from beacon.rank_board import RankBoard
-from beacon.ranks import (
-    LiveSnapshots,
-    a_rank_stalled,
-    evidence_state,
-    rank_signal_interval,
-    read_ranks,
-    stall_threshold,
-    this_attempts_documents_since,
-    upload_rank_evidence,
-)
+from beacon.ranks import evidence_state, rank_signal_interval, read_ranks, this_attempts_documents_since
 from beacon.settings import RunSettings
 
 log = logging.getLogger("beacon.node_leader")
@@ -90,15 +82,13 @@ def node_share(
 
 class NodeLeader:
     def __init__(self, s3: Any, *, settings: RunSettings, rank: int, node_rank: int, progress: ProgressClock) -> None:
-        self.s3 = s3
         self.settings = settings
         self.rank, self.node_rank = rank, node_rank
         self.progress = progress  # this rank's own clock: its own phases are work too
         self.directory = settings.run_ranks_dir
-        # Rank 0's stall test: the ranks dump their stacks at stall_dump_after, each within one pass.
-        self.stalled_after = stall_threshold(settings.stall_dump_after, settings.heartbeat_interval)
+        # Rank 0's stall rule, snapshot bound and upload, under this node's key
+        self.evidence = LiveEvidence(s3, settings, progress=progress, node=node_rank)
         self.attempt = 0
-        self.live_snapshots = LiveSnapshots()
         self._ranks_since = this_attempts_documents_since()  # restored or left-over documents are not this attempt's
         # Other nodes' documents, where each node has its own directory: for the stall test alone (what it
         # uploads stays this node's files, `node_share`).
@@ -135,10 +125,7 @@ class NodeLeader:
         return Share(frozenset(r.rank for r in ranks), share.reason) if share.ranks is None else share
 
     def stalled(self, ranks: list[RankProgress], now: float) -> bool:
-        return a_rank_stalled(
-            ranks, now, threshold=self.stalled_after, in_own_phase=self.progress.in_phase_work(),
-            phase_limit=self.settings.phase_limit,
-        )  # fmt: skip
+        return self.evidence.stalled(ranks, now)
 
     def look(self, now: float | None = None) -> int | None:
         """One pass: the number of the live snapshot uploaded, or None."""
@@ -147,7 +134,7 @@ class NodeLeader:
         share = self._own(self._share(ranks, now, at_end=False), ranks)
         stalled = share.ranks != frozenset() and self.stalled(self.rank_board.merged(ranks), now)
         state = (evidence_state(self.directory, ranks), share.ranks) if stalled else None
-        snapshot = self.live_snapshots.due(stalled=stalled, state=state)
+        snapshot = self.evidence.due(stalled=stalled, state=state)
         if snapshot is None:
             return None
         log.warning(
@@ -193,7 +180,4 @@ class NodeLeader:
         return contract.node_rank_evidence_key(s.experiment, s.run, self.attempt, self.node_rank, "", snapshot=snapshot)
 
     def _upload(self, share: Share, snapshot: int | None) -> None:
-        upload_rank_evidence(
-            self.s3, bucket=self.settings.bucket, experiment=self.settings.experiment, run=self.settings.run,
-            attempt=self.attempt, directory=self.directory, live=snapshot, node=self.node_rank, ranks=share.ranks,
-        )  # fmt: skip
+        self.evidence.upload(self.directory, attempt=self.attempt, snapshot=snapshot, ranks=share.ranks)

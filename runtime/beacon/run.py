@@ -52,14 +52,13 @@ from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, Mirrors, MirrorWork
 from beacon.node_leader import NodeLeader, leads_evidence
 from beacon.preflight import PreflightError, run_preflight
 from beacon.progress import ProgressClock
-from beacon.rank_board import RankBoard
 from beacon.ranks import RankSignal, rank_signal_interval
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.run_alarms import RunAlarms
 from beacon.settings import RunSettings, SettingsError, generated_run_id
 from beacon.spool import Spool
 from beacon.spool_owner import SpoolOwnedError, SpoolOwner
-from beacon.telemetry import DeliveryReport, NullTelemetry, Telemetry
+from beacon.telemetry import DeliveryReport, Flushed, NullTelemetry, Telemetry, TelemetrySink
 
 log = logging.getLogger("beacon.run")
 RESUME_MODES = ("auto", "never")
@@ -116,7 +115,7 @@ class Run:
         settings: RunSettings,
         world: World,
         progress: ProgressClock,
-        telemetry: NullTelemetry,
+        telemetry: TelemetrySink,
         checkpointer: AsyncCheckpointer | None,
         resume_limit: int | None,
         resumed_after_step: int,
@@ -193,6 +192,13 @@ class Run:
         self.mark_step(step)
         self.last_step = step
         self.telemetry.log(step, metrics)
+
+    def flush(self, timeout: float = 30.0) -> Flushed:
+        """Wait, at most `timeout` seconds, until every step logged so far is durable in the spool and in S3 (its
+        chunk sealed now, not at the next flush interval); say what is durable where. Before an evaluation that
+        reads the run back, or a hand-over. On a rank other than 0, or with telemetry off, there is nothing to
+        wait for. Never needed for safety: `finish` drains, and a kill loses nothing the spool has fsync'd."""
+        return self.telemetry.flush(timeout)
 
     def mark_step(self, step: int) -> None:
         """`step` finished, whether or not it has metrics: the stall clock restarts. A framework logs
@@ -504,30 +510,30 @@ def _start(
 def _build(
     settings: RunSettings, world: World, liveness: Liveness, stop: threading.Event, resume: str, progress: ProgressClock
 ) -> Run:
-    telemetry: NullTelemetry = NullTelemetry()
+    writer: Telemetry | None = None  # rank 0's, with telemetry on
     mirrors: Mirrors | None = None
     checkpointer: AsyncCheckpointer | None = None
     resumed_after_step = -1
     failure = ""
     if world.is_writer:
         try:
-            telemetry, resumed_after_step = _writer_telemetry(settings, world, progress)
+            writer, resumed_after_step = _writer_telemetry(settings, world, progress)
             if resume == "never" and resumed_after_step >= 0:
                 raise PreflightError(
                     f"run {settings.run!r} already holds records through step {resumed_after_step} "
                     "and resume='never': start with a new run id"
                 )
-            mirrors = _writer_mirrors(settings, telemetry)
+            mirrors = _writer_mirrors(settings, writer) if writer is not None else None
         except PreflightError as error:
             failure = str(error)
-        if not failure:
-            s3 = getattr(telemetry, "s3", None)
-            checkpointer = AsyncCheckpointer(
-                settings.run_checkpoint_dir,
-                upload=Uploader(s3, settings.bucket, settings.experiment, settings.run) if s3 is not None else None,
-                wait_durable=telemetry.wait_durable,
-                on_finished=telemetry.checkpoint_finished,
-            )
+    telemetry: TelemetrySink = writer if writer is not None else NullTelemetry()
+    if world.is_writer and not failure:
+        checkpointer = AsyncCheckpointer(
+            settings.run_checkpoint_dir,
+            upload=Uploader(writer.s3, settings.bucket, settings.experiment, settings.run) if writer else None,
+            wait_durable=telemetry.wait_durable,
+            on_finished=telemetry.checkpoint_finished,
+        )
     failure = world.broadcast(failure)  # every rank stops if rank 0's preflight failed
     if failure:
         raise PreflightError(failure)
@@ -584,9 +590,9 @@ def keep_flight_recorder(settings: RunSettings) -> None:
         os.environ.setdefault(name, value)
 
 
-def _writer_mirrors(settings: RunSettings, telemetry: NullTelemetry) -> Mirrors | None:
+def _writer_mirrors(settings: RunSettings, telemetry: Telemetry) -> Mirrors | None:
     """A worker per tracker, reading the spool (and S3, for chunks already delivered)."""
-    if not settings.mirrors or not isinstance(telemetry, Telemetry):
+    if not settings.mirrors:
         return None
     info = RunInfo(settings.team, settings.experiment, settings.run, settings.run_spool_dir / MIRRORS_DIR)
     fetch = s3_chunks(telemetry.s3, settings.bucket, settings.experiment, settings.run)
@@ -625,9 +631,9 @@ def _framework_resume_point(settings: RunSettings, resume_limit: int | None) -> 
     return committed
 
 
-def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClock) -> tuple[NullTelemetry, int]:
+def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClock) -> tuple[Telemetry | None, int]:
     if not settings.telemetry:
-        return NullTelemetry(), -1
+        return None, -1
     spool_dir = settings.run_spool_dir
     s3 = aws.client("s3", settings.region)
     cloudwatch = aws.client("cloudwatch", settings.region)
@@ -675,21 +681,7 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
         )
     alarms = RunAlarms(cloudwatch, ssm, settings.team, settings.experiment, settings.run) if ssm is not None else None
     telemetry = Telemetry(
-        settings,
-        s3=s3,
-        cloudwatch=cloudwatch,
-        progress=progress,
-        spool=spool,
-        run_alarms=alarms,
-    )
-    telemetry.ranks_dir = settings.run_ranks_dir
-    telemetry.cross_rank_metrics = world.size > 1
-    if world.size > 1:  # other nodes' documents, where each node has its own directory (multi-node SageMaker);
-        # started with the telemetry's threads
-        telemetry.rank_board = RankBoard(
-            settings.run_ranks_dir,
-            node_rank=int(os.environ.get("GROUP_RANK", "-1")),
-            since=telemetry.ranks_since,
-            interval=rank_signal_interval(settings.heartbeat_interval),
-        )  # fmt: skip
+        settings, s3=s3, cloudwatch=cloudwatch, progress=progress, spool=spool, run_alarms=alarms,
+        ranks_dir=settings.run_ranks_dir, world_size=world.size, node_rank=int(os.environ.get("GROUP_RANK", "-1")),
+    )  # fmt: skip
     return telemetry, spool.last_step

@@ -1,0 +1,121 @@
+"""One uploader of the ranks' live evidence while a rank stalls, for rank 0 (at each heartbeat) and for each node
+leader (at each of its passes): one stall rule and threshold (`ranks.a_rank_stalled`), one bound on snapshots
+(`ranks.LiveSnapshots`), one upload (`ranks.upload_rank_evidence`). Rank 0 uploads on a thread of its own, one at a
+time, so a slow S3 never delays a heartbeat; a node leader's pass is a thread of its own already."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from beacon import contract
+from beacon.contract.rank_evidence import RankProgress
+from beacon.progress import ProgressClock
+from beacon.rank_board import RankBoard
+from beacon.ranks import (
+    CrossRankView,
+    LiveSnapshots,
+    a_rank_stalled,
+    evidence_state,
+    read_ranks,
+    stall_threshold,
+    upload_rank_evidence,
+)
+from beacon.settings import RunSettings
+
+log = logging.getLogger("beacon.telemetry")
+
+
+@dataclass(frozen=True)
+class RanksDirectory:
+    """The run's ranks directory as one process reads it: this attempt's documents (`since`), and with `board`, the
+    other nodes' where each node has a directory of its own."""
+
+    directory: Path
+    since: float
+    board: RankBoard | None = None
+
+    def read(self) -> tuple[list[RankProgress], list[RankProgress]]:
+        """This directory's ranks, and everyone's (with the board's)."""
+        ranks = read_ranks(self.directory, since=self.since)
+        return ranks, self.board.merged(ranks) if self.board is not None else ranks
+
+
+class LiveEvidence:
+    def __init__(self, s3: Any, settings: RunSettings, *, progress: ProgressClock, node: int | None = None) -> None:
+        self.s3, self.settings = s3, settings
+        self.progress = progress  # this rank's own clock: its own phases are work too
+        self.node = node  # a node leader's node; None: rank 0's uploads
+        # The ranks dump their stacks at stall_dump_after, each within one rank-signal pass.
+        self.threshold = stall_threshold(settings.stall_dump_after, settings.heartbeat_interval)
+        self.snapshots = LiveSnapshots()
+        self._thread: threading.Thread | None = None
+
+    def stalled(self, everyone: list[RankProgress], now: float) -> bool:
+        return a_rank_stalled(
+            everyone, now, threshold=self.threshold, in_own_phase=self.progress.in_phase_work(),
+            phase_limit=self.settings.phase_limit,
+        )  # fmt: skip
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def due(self, *, stalled: bool, state: tuple[object, ...] | None) -> int | None:
+        """The number of the live snapshot to take now, or None."""
+        return self.snapshots.due(stalled=stalled, state=state, busy=self.busy())
+
+    def look_as_rank_zero(
+        self,
+        where: RanksDirectory,
+        ranks: list[RankProgress],
+        everyone: list[RankProgress],
+        now: float,
+        *,
+        attempt: int,
+    ) -> int | None:
+        """Rank 0's pass: a live snapshot of this directory's ranks' files once a rank stalls, uploaded in the
+        background; the number taken, or None."""
+        view = CrossRankView.of(everyone, now)
+        stalled = self.stalled(everyone, now)
+        snapshot = self.due(stalled=stalled, state=evidence_state(where.directory, ranks) if stalled else None)
+        if snapshot is None or view is None:
+            return None
+        log.warning(
+            "rank %d: no progress for %.0f s; live snapshot %d of the ranks' evidence to s3://%s/%s",
+            view.slowest_rank,
+            view.slowest_progress_age,
+            snapshot,
+            self.settings.bucket,
+            contract.live_rank_evidence_key(self.settings.experiment, self.settings.run, attempt, snapshot, ""),
+        )
+        mine = frozenset(r.rank for r in ranks)  # this attempt's ranks' files
+        self._thread = threading.Thread(
+            target=self._upload_logged, args=(where.directory, attempt, snapshot, mine),
+            name="beacon-rank-snapshot", daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+        return snapshot
+
+    def upload(self, directory: Path, *, attempt: int, snapshot: int | None, ranks: frozenset[int] | None) -> None:
+        """The ranks' files to S3, create-only: live snapshot `snapshot`, or the attempt's end (None)."""
+        s = self.settings
+        upload_rank_evidence(
+            self.s3, bucket=s.bucket, experiment=s.experiment, run=s.run, attempt=attempt, directory=directory,
+            live=snapshot, node=self.node, ranks=ranks,
+        )  # fmt: skip
+
+    def _upload_logged(self, directory: Path, attempt: int, snapshot: int, ranks: frozenset[int]) -> None:
+        try:
+            self.upload(directory, attempt=attempt, snapshot=snapshot, ranks=ranks)
+        except Exception:  # evidence helps; it never stops the heartbeat or training
+            log.exception("live snapshot %d of the ranks' evidence failed", snapshot)
+
+    def wait(self, timeout: float) -> bool:
+        """True once no live snapshot is uploading."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()

@@ -1,0 +1,257 @@
+"""The spool thread: disk only. It takes the steps `run.log` queued, reads their values (a tensor waits for its
+device here, never on the loop), appends them to the spool as records, fsyncs, draws the TensorBoard view and
+seals a chunk when it is due; the uploader takes sealed chunks from there."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+from beacon import contract
+from beacon.contract import Record
+from beacon.delivery import DeliveryReport, Lifecycle
+from beacon.metric_window import MetricWindow, metric_value
+from beacon.settings import RunSettings
+from beacon.spool import Spool, SpoolDiskError, SpoolFullError, on_spool_disk
+from beacon.spool_owner import SpoolTakenOverError
+from beacon.tensorboard_view import TensorBoardView
+
+log = logging.getLogger("beacon.telemetry")
+
+# A logged step's numbers: (step, wall time, journal entry number or 0); its metrics travel beside it.
+# The cyclic garbage collector untracks a tuple of numbers, never one holding a dict: tens of thousands
+# of steps waiting for the spool were promoted to its oldest generation, whose collections (100s of ms,
+# torch loaded) scan every object of the process. A dict of numbers is never tracked.
+Logged = tuple[int, float, int]
+# Records made at a time on the spool thread, gone before the collector's first threshold (700 objects).
+APPEND_SLICE = 256
+POLL_S = 0.25
+# Waits between attempts after a disk error under the spool (EIO, ...), about 30 s in all: a hiccup
+# passes, a dead volume stops the job, naming it. Records wait in memory meanwhile; none is dropped.
+SPOOL_DISK_RETRY_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
+
+
+class SpoolWriter:
+    def __init__(
+        self,
+        config: RunSettings,
+        *,
+        spool: Spool,
+        window: MetricWindow,
+        report: DeliveryReport,
+        lifecycle: Lifecycle,
+        sealed: Callable[[], None],
+    ) -> None:
+        self.config, self.spool, self.window, self.report, self.lifecycle = config, spool, window, report, lifecycle
+        self._sealed = sealed  # the uploader's wake-up: a chunk is sealed, or nothing more will be
+        self.attempt = 0
+        # Two items a step, its numbers then its metrics (see `Logged`), appended by one call.
+        self.queue: collections.deque[Logged | dict[str, Any]] = collections.deque()
+        self.in_hand = 0  # steps taken from the queue and not yet spooled
+        self._journaled = 0  # the last journal entry drained into the spool
+        self.done = threading.Event()  # nothing new will become durable in this process
+        self.last_logged = -1  # the step of the last `log`
+        self._wake = threading.Event()  # a cycle now: the run is closing, or a flush asked for a seal
+        self._seal_requested = False
+        self._durable = threading.Condition()
+        self._durable_watchers: list[threading.Event] = []  # set whenever records become durable
+        self._chunk_opened_at: float | None = None
+        self._sealed_at = 0.0  # monotonic time of the last seal
+        # Appended to the spool, not yet fsync'd: their numbers and their metrics.
+        self._awaiting_sync: tuple[list[Logged], list[dict[str, float]]] = ([], [])
+        self.tensorboard = TensorBoardView(
+            spool.directory / "tensorboard", points_per_s=config.tensorboard_points_per_s
+        )
+        with on_spool_disk(spool.directory):
+            self.tensorboard.seal_leftovers()
+        self.thread = threading.Thread(target=self._loop, name="beacon-spool", daemon=True)
+
+    # --- the training thread's side: cheap -------------------------------------------------
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """A queue append and nothing else: values (tensors too) are read on the spool thread."""
+        copy, wall_time = dict(metrics), time.time()
+        # Journaled first (a memory copy into the spool volume's page cache): a SIGKILL now loses nothing.
+        journaled = self.spool.journal.append(step, wall_time, copy)
+        # One call: no signal's exception can land between the two, leaving a step without its metrics.
+        self.queue.extend(((step, wall_time, journaled), copy))
+        self.last_logged = step
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def seal_soon(self) -> None:
+        """Seal the open chunk at the next cycle, due or not (a flush), and start that cycle now."""
+        self._seal_requested = True
+        self._wake.set()
+
+    def queued(self) -> int:
+        """Steps logged and not yet taken by the spool thread."""
+        return len(self.queue) // 2
+
+    def unspooled(self) -> int:
+        """Steps logged and not yet in the spool: queued, or in the spool thread's hands."""
+        return self.queued() + self.in_hand
+
+    def wait_durable(self, step: int, timeout: float) -> bool:
+        """Block (a checkpoint thread, never the loop) until records through `step` are fsync'd."""
+        deadline = time.monotonic() + timeout
+        with self._durable:
+            while self.spool.durable_step < step:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.done.is_set():
+                    return self.spool.durable_step >= step
+                self._durable.wait(min(remaining, POLL_S))
+        return True
+
+    def watch_durable(self) -> threading.Event:
+        """An event set each time records become durable, and once the spool is done (a mirror's wake-up)."""
+        event = threading.Event()
+        self._durable_watchers.append(event)
+        return event
+
+    def _notify_durable(self) -> None:
+        with self._durable:
+            self._durable.notify_all()
+        for event in self._durable_watchers:
+            event.set()
+
+    # --- the spool thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        disk_failures = 0  # consecutive cycles a disk error (not a full disk) interrupted
+        lifecycle = self.lifecycle
+        try:
+            while True:
+                stopping = lifecycle.closing.is_set()
+                try:
+                    self.persist(final=stopping)
+                    disk_failures = 0
+                except SpoolFullError as error:
+                    lifecycle.fatal = error
+                    log.error("%s: the spool is full; stopping before anything acknowledged can be lost", error)
+                    return
+                except SpoolTakenOverError as error:  # a second writer would renumber the new owner's chunks
+                    lifecycle.fatal = error
+                    log.error("%s", error)
+                    return
+                except SpoolDiskError as error:
+                    if disk_failures == len(SPOOL_DISK_RETRY_S) or (stopping and lifecycle.remaining() <= 0):
+                        lifecycle.fatal = SpoolDiskError(
+                            error.errno,
+                            f"{error.strerror}, {disk_failures + 1} attempts in a row: records after step "
+                            f"{self.spool.durable_step} are not durable; the volume is failing, not full",
+                        )
+                        log.error("%s", lifecycle.fatal)
+                        return
+                    wait = SPOOL_DISK_RETRY_S[disk_failures]
+                    disk_failures += 1
+                    log.warning("%s; retrying in %.2f s, nothing dropped (%d)", error.strerror, wait, disk_failures)
+                    if stopping:  # the closing event is set already: it cannot pace the retries
+                        time.sleep(max(0.0, min(wait, lifecycle.remaining())))
+                    else:
+                        lifecycle.closing.wait(wait)
+                    continue
+                except Exception:  # keep persisting whatever happens (a record is durable only once fsync'd)
+                    log.exception("spool cycle failed with %d step(s) in hand; retrying", self.in_hand)
+                    if stopping:
+                        return
+                if stopping:
+                    return
+                if self.queued() < self.config.chunk_records:  # a backlog goes on at once
+                    self._wake.wait(POLL_S)
+                    self._wake.clear()
+        finally:
+            self.done.set()
+            self._sealed()
+            self._notify_durable()
+
+    def _drain(self) -> tuple[list[Logged], list[dict[str, float]]]:
+        """The queued steps and their metrics, the values read here rather than on the training thread
+        (a tensor's value waits for the device only on this thread)."""
+        steps: list[Logged] = []
+        metrics_of: list[dict[str, float]] = []
+        queue = self.queue
+        while queue:  # whole steps only: `log` appends both items of one in a single call
+            entry, metrics = cast(Logged, queue.popleft()), cast(dict[str, Any], queue.popleft())  # `log`'s own copy
+            self.in_hand += 1  # until spooled: counted as not delivered, whatever stops this cycle
+            self._journaled = entry[2] or self._journaled
+            for value in metrics.values():
+                if type(value) is not float:
+                    metrics = self._numbers(entry[0], metrics)
+                    break
+            steps.append(entry)
+            metrics_of.append(metrics)
+        if steps:
+            self.window.steps(steps[-1][0], metrics_of)
+            for (step, _, _), metrics in zip(steps, metrics_of, strict=True):  # for pod logs and SageMaker's parsers
+                if step % contract.PROGRESS_LOG_INTERVAL == 0 and (loss := metrics.get(contract.LOSS_KEY)) is not None:
+                    log.info(contract.progress_line(step, loss))
+        return steps, metrics_of
+
+    def _numbers(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
+        """A step's values as floats, one value at a time: one that cannot be read is set aside and counted,
+        never the step with it (nor the steps drained beside it)."""
+        numbers: dict[str, float] = {}
+        for name, value in metrics.items():
+            try:
+                numbers[name] = metric_value(value)
+            except Exception as error:  # a device error, an overflow: this value alone
+                aside = self.report.values_set_aside
+                if name not in aside:
+                    log.error(
+                        "metric %r at step %d: %s: %s; set aside, the step's other values kept (counted in "
+                        "finish()'s report and the final state)", name, step, type(error).__name__, error,
+                    )  # fmt: skip
+                aside[name] = aside.get(name, 0) + 1
+        return numbers
+
+    def _records(self, steps: Sequence[Logged], metrics_of: Sequence[dict[str, float]]) -> list[Record]:
+        experiment, run, attempt = self.config.experiment, self.config.run, self.attempt
+        return [
+            Record(experiment, run, step, metrics, wall_time, attempt=attempt)
+            for (step, wall_time, _), metrics in zip(steps, metrics_of, strict=True)
+        ]
+
+    def persist(self, *, final: bool) -> None:
+        """One cycle: drain, append, fsync, draw; seal when due (or `final`)."""
+        steps, metrics_of = self._drain()
+        if steps:
+            if self._chunk_opened_at is None:
+                self._chunk_opened_at = time.monotonic()
+            # A few records at a time, gone before the collector would promote them (see `Logged`).
+            for start in range(0, len(steps), APPEND_SLICE):
+                end = start + APPEND_SLICE
+                self.spool.append(self._records(steps[start:end], metrics_of[start:end]))
+            self.in_hand -= len(steps)  # each in the spool now, counted there; a failed cycle's stay counted here
+            self._awaiting_sync[0].extend(steps)
+            self._awaiting_sync[1].extend(metrics_of)
+        self.spool.sync()  # also writes again what a failed attempt left unsynced
+        self.spool.journal.durable_through(self._journaled)
+        if self._awaiting_sync[0]:
+            (synced, synced_metrics), self._awaiting_sync = self._awaiting_sync, ([], [])
+            self.report.records += len(synced)
+            self._notify_durable()
+            drawn = self.tensorboard.within_budget(range(len(synced)))  # records made only for these
+            with on_spool_disk(self.spool.directory):
+                # A view of the records: a disk error here loses no record.
+                self.tensorboard.draw(
+                    self._records([synced[i] for i in drawn], [synced_metrics[i] for i in drawn]),
+                    part=self.spool.next_chunk,
+                )
+        now = time.monotonic()
+        # At most one full chunk per poll interval: a fast loop's chunks grow rather than its PUTs multiply.
+        due = self._chunk_opened_at is not None and (
+            now - self._chunk_opened_at >= self.config.flush_interval
+            or (self.spool.open_records >= self.config.chunk_records and now - self._sealed_at >= POLL_S)
+        )
+        if due or final or self._seal_requested:
+            self._seal_requested = False
+            if self.spool.seal() is not None:
+                self._sealed_at = now
+                self._sealed()
+            self._chunk_opened_at = None
+            with on_spool_disk(self.spool.directory):
+                self.tensorboard.rotate()
