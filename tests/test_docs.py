@@ -492,6 +492,7 @@ def test_every_failing_or_warning_verdict_the_doctor_can_give_has_an_example() -
     from beacon_ops.doctor import diagnosis, log_lines, orchestrator, rank_verdict, sagemaker_state
 
     doctor_page, reference = (ROOT / "docs" / "doctor.md").read_text(), REFERENCE_PAGE.read_text()
+
     def source_of(module: Any) -> str:
         return Path(str(module.__file__)).read_text()
 

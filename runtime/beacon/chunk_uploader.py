@@ -52,6 +52,11 @@ class ChunkUploader:
     def wake(self) -> None:
         self._wake.set()
 
+    def retry_now(self) -> None:
+        """Try at once, whatever the backoff says (a flush is waiting)."""
+        self._backoff_until = 0.0
+        self._wake.set()
+
     def closing(self) -> None:
         """The shutdown budget starts: an outage's long backoff must not eat it."""
         self._backoff_until, self._backoff = 0.0, 1.0

@@ -55,6 +55,7 @@ class SpoolWriter:
         self._journaled = 0  # the last journal entry drained into the spool
         self.done = threading.Event()  # nothing new will become durable in this process
         self.last_logged = -1  # the step of the last `log`
+        self.logged = 0  # `log` calls in this process (the training thread's count; `report.records`: the spooled)
         self._wake = threading.Event()  # a cycle now: the run is closing, or a flush asked for a seal
         self._seal_requested = False
         self._durable = threading.Condition()
@@ -79,6 +80,7 @@ class SpoolWriter:
         # One call: no signal's exception can land between the two, leaving a step without its metrics.
         self.queue.extend(((step, wall_time, journaled), copy))
         self.last_logged = step
+        self.logged += 1
 
     def wake(self) -> None:
         self._wake.set()
@@ -175,8 +177,8 @@ class SpoolWriter:
         metrics_of: list[dict[str, float]] = []
         queue = self.queue
         while queue:  # whole steps only: `log` appends both items of one in a single call
+            self.in_hand += 1  # until spooled, counted as not delivered (first: a reader never sees it nowhere)
             entry, metrics = cast(Logged, queue.popleft()), cast(dict[str, Any], queue.popleft())  # `log`'s own copy
-            self.in_hand += 1  # until spooled: counted as not delivered, whatever stops this cycle
             self._journaled = entry[2] or self._journaled
             for value in metrics.values():
                 if type(value) is not float:
@@ -216,7 +218,15 @@ class SpoolWriter:
         ]
 
     def persist(self, *, final: bool) -> None:
-        """One cycle: drain, append, fsync, draw; seal when due (or `final`)."""
+        """One cycle: drain, append, fsync, draw; seal when due (or `final`, or asked before this cycle drained)."""
+        requested, self._seal_requested = self._seal_requested, False  # a request now covers what is queued now
+        try:
+            self._persist(final=final or requested)
+        except BaseException:
+            self._seal_requested = self._seal_requested or requested  # not sealed: asked again next cycle
+            raise
+
+    def _persist(self, *, final: bool) -> None:
         steps, metrics_of = self._drain()
         if steps:
             if self._chunk_opened_at is None:
@@ -247,8 +257,7 @@ class SpoolWriter:
             now - self._chunk_opened_at >= self.config.flush_interval
             or (self.spool.open_records >= self.config.chunk_records and now - self._sealed_at >= POLL_S)
         )
-        if due or final or self._seal_requested:
-            self._seal_requested = False
+        if due or final:
             if self.spool.seal() is not None:
                 self._sealed_at = now
                 self._sealed()

@@ -46,17 +46,14 @@ __all__ = ["DeliveryReport", "Flushed", "NullTelemetry", "Telemetry", "Telemetry
 
 @dataclass(frozen=True)
 class Flushed:
-    """What `flush` found durable, and where: the last step logged before it, the last step fsync'd in the spool
-    (a SIGKILL or a lost pod cannot take it; a lost volume can), and the records not yet in S3."""
+    """What `flush` found, and where: the last step logged before it, the last step fsync'd in the spool (a SIGKILL
+    or a lost pod cannot take it; a lost volume can), the records not yet in S3, and whether every record logged
+    before the flush is in S3 (false where nothing is sent: other ranks, telemetry off)."""
 
     logged_step: int
     durable_step: int
     not_in_s3: int
-
-    @property
-    def in_s3(self) -> bool:
-        """Every record logged before the flush is in S3."""
-        return self.not_in_s3 == 0 and self.durable_step >= self.logged_step
+    in_s3: bool
 
 
 class TelemetrySink(Protocol):
@@ -107,7 +104,7 @@ class NullTelemetry:
         return True
 
     def flush(self, timeout: float) -> Flushed:
-        return Flushed(-1, -1, 0)
+        return Flushed(-1, -1, 0, in_s3=False)
 
     def close(self, budget: float) -> DeliveryReport:
         return DeliveryReport()
@@ -203,20 +200,26 @@ class Telemetry:
         return self.spool_writer.wait_durable(step, timeout)
 
     def flush(self, timeout: float) -> Flushed:
-        """Block until every step logged so far is fsync'd in the spool and, its chunk sealed at once, in S3; or until
-        `timeout`. What it found, either way."""
-        logged = self.spool_writer.last_logged
+        """Block until every record logged so far is fsync'd in the spool and, its chunk sealed at once, in S3; or
+        until `timeout`. What it found, either way. Counted in records, not steps: a step logged twice (train,
+        then evaluation) is two records."""
+        if self.lifecycle.fatal is not None:
+            raise self.lifecycle.fatal
+        writer, logged = self.spool_writer, self.spool_writer.logged
         deadline = time.monotonic() + timeout
-        self.spool_writer.seal_soon()
-        while time.monotonic() < deadline and not self.spool_writer.done.is_set():
-            if self.spool.durable_step >= logged and self.unacknowledged_records() == 0:
-                break
+        writer.seal_soon()
+        self.uploader.retry_now()  # an outage's backoff is not this flush's wait
+        delivered = False
+        while not delivered and time.monotonic() < deadline and not writer.done.is_set():
             time.sleep(FLUSH_POLL_S)
-        return Flushed(logged, self.spool.durable_step, self.unacknowledged_records())
+            delivered = self.report.records >= logged and self.unacknowledged_records() == 0
+        delivered = delivered or (self.report.records >= logged and self.unacknowledged_records() == 0)
+        return Flushed(writer.last_logged, self.spool.durable_step, self.unacknowledged_records(), in_s3=delivered)
 
     def unacknowledged_records(self) -> int:
         """Logged, not yet in S3: queued, in the spool thread's hands, or spooled."""
-        return self.spool.unacknowledged_records() + self.spool_writer.unspooled()
+        unspooled = self.spool_writer.unspooled()  # first: a record the spool takes meanwhile is counted there
+        return unspooled + self.spool.unacknowledged_records()
 
     def watch_durable(self) -> Any:
         return self.spool_writer.watch_durable()
