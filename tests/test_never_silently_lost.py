@@ -4,9 +4,9 @@ Each test runs real processes against the embedded AWS (a clock step inside the 
 zeroed, two processes on one directory, a full volume) and says what a run must do. Until the redesign makes
 it true, each is a strict xfail naming its finding: CI stays green, and a fix that lands unannounced fails the
 xfail, which then becomes a plain test. Findings 1, 3, 7, 10 and 12 are fixed; their tests live beside the code
-they prove (test_library, test_faults, test_config, test_ranks). Findings 2, 6 and 11 are fixed early, as slices
-of the redesign (one owner per spool directory; a step larger than the journal; beacon.sync's outcomes), and
-pass here."""
+they prove (test_library, test_faults, test_config, test_ranks). Findings 2, 5, 6 and 11 are fixed early, as slices
+of the redesign (one owner per spool directory; a damaged spool read as far as it reads, the rest named; a step
+larger than the journal; beacon.sync's outcomes), and pass here."""
 
 from __future__ import annotations
 
@@ -148,7 +148,6 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
-@redesign(5, "everything readable recovered, a bad line set aside and named, or one line naming the file")
 def test_a_damaged_spool_is_synced_as_far_as_it_reads_and_the_damage_is_named(
     harness: JobHarness, as_writer: WriterSession, tmp_path: Path, damage: str
 ) -> None:
@@ -159,9 +158,26 @@ def test_a_damaged_spool_is_synced_as_far_as_it_reads_and_the_damage_is_named(
     steps = steps_in_s3(as_writer, "smoke", f"damaged-{damage}")
     if damage == "torn-state":  # the state file is a floor: the chunks themselves say what they hold
         assert (pushed.returncode, steps) == (0, list(range(45))), pushed.stdout
+        assert "state.json: unreadable (JSONDecodeError), left out" in pushed.stdout, pushed.stdout
     else:  # the zeroed line alone is set aside, counted and named; every other step reaches S3
         assert pushed.returncode == 0 and len(steps) == 44, (steps, pushed.stdout)
         assert "1 line(s) set aside" in pushed.stdout, pushed.stdout
+
+
+def test_a_damaged_chunk_s3_already_holds_whole_is_kept_as_s3_holds_it(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """The uploader put chunk 1 in S3, the machine died before the spool acknowledged it, and the page came back
+    zeroed: the spool's repaired copy differs from S3's, which is whole, so S3's is kept, not called a conflict."""
+    directory = stranded_spool(tmp_path / "volume", "damaged-after-upload", 45)
+    sealed = sorted((directory / "sealed").glob("chunk-*.jsonl"))[1]
+    key = contract.events_key("smoke", "damaged-after-upload", int(sealed.stem.split("-")[1]))
+    as_writer.client("s3").put_object(Bucket=as_writer.bucket, Key=key, Body=sealed.read_bytes(), IfNoneMatch="*")
+    zero_a_sealed_line(directory)
+    pushed = sync(harness, aged(directory))
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr[-2000:]
+    assert steps_in_s3(as_writer, "smoke", "damaged-after-upload") == list(range(45)), "the zeroed step too, from S3"
+    assert "1 line(s) set aside" in pushed.stdout, pushed.stdout
 
 
 def tear_a_mirror_cursor(directory: Path) -> None:
@@ -185,7 +201,6 @@ RESTART_DAMAGE = {**DAMAGE, "torn-mirror-cursor": tear_a_mirror_cursor}
 
 
 @pytest.mark.parametrize("damage", sorted(RESTART_DAMAGE))
-@redesign(5, "a job started again on a damaged spool trains, and recovers what it reads or names the file")
 def test_a_job_started_again_on_a_damaged_spool_trains_and_the_damage_is_named(
     harness: JobHarness, as_writer: WriterSession, tmp_path: Path, damage: str
 ) -> None:
@@ -199,6 +214,8 @@ def test_a_job_started_again_on_a_damaged_spool_trains_and_the_damage_is_named(
     assert done.returncode == 0, done.stderr[-2000:]
     steps = steps_in_s3(as_writer, "smoke", run)
     assert len(steps) >= 59 and steps[-1] == 59, steps  # at most the zeroed line's step is gone, and named
+    named = "mirror cursor" if damage == "torn-mirror-cursor" else "spool damaged: "
+    assert named in done.stderr, done.stderr[-3000:]
 
 
 # --- finding 6: a step larger than the journal's ring ------------------------------------------------------------

@@ -11,6 +11,7 @@ already holds byte for byte counts as delivered; only a pending chunk whose key 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ from botocore.exceptions import ClientError
 
 from beacon import contract
 from beacon.spool import Spool
+
+log = logging.getLogger("beacon.reconcile")
 
 CHUNK_KEY = re.compile(r"chunk-(\d{8})\.jsonl$")
 
@@ -55,6 +58,12 @@ def reconcile(s3: Any, *, bucket: str, experiment: str, run: str, spool: Spool) 
         key = contract.events_key(experiment, run, chunk.sequence)
         theirs = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         if hashlib.sha256(theirs).digest() != hashlib.sha256(chunk.body()).digest():
+            if chunk.sequence in spool.repaired:  # S3 took it whole before the damage: its copy is the one kept
+                log.warning("chunk %d: s3://%s/%s holds it whole; the damaged copy is let go", chunk.sequence,
+                            bucket, key)  # fmt: skip
+                spool.acknowledge(chunk)
+                delivered += 1
+                continue
             raise RunConflictError(
                 f"run {run!r}: chunk {chunk.sequence} in the spool ({chunk.path}) differs from s3://{bucket}/{key}: "
                 "another job wrote this run id; start with a new --run-id (the spool keeps its records)"

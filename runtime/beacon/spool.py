@@ -15,13 +15,14 @@ from __future__ import annotations
 import errno
 import io
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from beacon import kill_points
 from beacon.contract import ChunkSummary, Record, records_of
@@ -29,6 +30,8 @@ from beacon.journal import Journal
 
 if TYPE_CHECKING:
     from beacon.spool_owner import SpoolOwner
+
+log = logging.getLogger("beacon.spool")
 
 OPEN = "open.jsonl"
 SEALED = "sealed"
@@ -159,12 +162,17 @@ class Spool:
         self.sealed_dir.mkdir(parents=True, exist_ok=True)
         # The uploader lists and acknowledges chunks while the spool thread seals them.
         self._lock = threading.Lock()
+        # What recovery found damaged (a torn page after a lost machine), named: the file, and each line it set
+        # aside; every readable record is kept. `repaired`: the chunks rewritten without their unreadable lines.
+        self.damage: list[str] = []
+        self.lines_set_aside = 0
+        self.repaired: set[int] = set()
         state = self._read_state()
         # Chunk numbers are never reused, so the state's count is a floor. The sequence and the last
         # step come from records actually present (here, then in S3 by `reconcile`): a restore that
         # brings back the state file but not the chunks it counts must not skip their steps.
-        self.next_chunk: int = state.get("next_chunk", 0)
-        self._state_seq: int = state.get("next_seq", 0)
+        self.next_chunk: int = state["next_chunk"]
+        self._state_seq: int = state["next_seq"]
         self.next_seq = 0
         self.last_step = -1
         self.last_attempt = -1  # the highest attempt of any record here (or in S3, after `continue_after`)
@@ -200,9 +208,41 @@ class Spool:
         return io.FileIO(self.directory / OPEN, "ab")
 
     # --- recovery ----------------------------------------------------------------------
-    def _read_state(self) -> dict[str, Any]:
+    def _read_state(self) -> dict[str, int]:
+        """The chunk and sequence numbers given so far: a floor, since the chunks say what they hold. A state file
+        that does not read (torn by a lost machine) is named and left out: the chunks alone then decide."""
         path = self.directory / STATE
-        return dict(json.loads(path.read_text())) if path.exists() else {}
+        state = {"next_chunk": 0, "next_seq": 0}
+        if not path.exists():
+            return state
+        try:
+            saved = json.loads(path.read_bytes())
+            return {name: int(saved.get(name, 0)) for name in state}
+        except (ValueError, TypeError, AttributeError) as error:
+            self._damaged(f"{path}: unreadable ({type(error).__name__}), left out: the chunks say what they hold")
+            return state
+
+    def _damaged(self, what: str) -> None:
+        self.damage.append(what)
+        log.warning("spool damaged: %s", what)
+
+    def _readable(self, path: Path) -> tuple[list[Record], bool]:
+        """The records of a chunk file; a line that is not one (zeroed or torn by a lost machine) is set aside,
+        named, and the file rewritten without it (the second value: it was), so what is uploaded reads whole."""
+        lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+        records, kept, bad = [], [], []
+        for number, line in enumerate(lines, start=1):
+            try:
+                records.append(Record.from_line(line))
+                kept.append(line)
+            except (ValueError, TypeError, KeyError) as error:
+                bad.append(f"{path.relative_to(self.directory)} line {number}: not a record ({error})"[:300])
+        if bad:
+            self.lines_set_aside += len(bad)
+            for what in bad:
+                self._damaged(f"{what}; set aside")
+            write_atomically(path, b"".join(line + b"\n" for line in kept))
+        return records, bool(bad)
 
     def _sealed_sequences(self) -> list[int]:
         return sorted(int(p.stem.split("-")[1]) for p in self.sealed_dir.glob("chunk-*.jsonl"))
@@ -210,13 +250,14 @@ class Spool:
     def _index_sealed(self, sequence: int) -> None:
         """Count a sealed chunk found on disk, and move the position past what it holds."""
         path = self.sealed_path(sequence)
-        lines = [line for line in path.read_bytes().splitlines() if line.strip()]
-        self._sealed[sequence] = Chunk(sequence, path, len(lines))
+        records, repaired = self._readable(path)
+        if repaired:
+            self.repaired.add(sequence)
+        self._sealed[sequence] = Chunk(sequence, path, len(records))
         self.next_chunk = max(self.next_chunk, sequence + 1)
-        self._advance_past(lines)
+        self._advance_past(records)
 
-    def _advance_past(self, lines: list[bytes]) -> None:
-        records = [Record.from_line(line) for line in lines]
+    def _advance_past(self, records: list[Record]) -> None:
         self.remember(records)
         for record in records:
             self.next_seq = max(self.next_seq, record.seq + 1)
@@ -244,15 +285,21 @@ class Spool:
             # Cut the torn tail in place: the complete records are never rewritten, so a second
             # kill here cannot lose them.
             os.truncate(path, len(complete))
-        first_seq = Record.from_line(lines[0]).seq
+        records, repaired = self._readable(path)
+        if not records:
+            path.unlink()
+            return
+        first_seq = records[0].seq
         state_seq = self._state_seq
-        self._advance_past(lines)
-        self.recovered_records = len(lines)
+        self._advance_past(records)
+        self.recovered_records = len(records)
         # A seal writes the state (next chunk = N + 1) before renaming the open chunk into N: an open
         # chunk whose records the state already counts is that chunk N, caught between the two.
         sequence = self.next_chunk - 1 if first_seq < state_seq and self.next_chunk > 0 else self.next_chunk
         sequence = max(sequence, max(self._sealed, default=-1) + 1)
-        self._seal_path(path, len(lines), sequence)
+        if repaired:
+            self.repaired.add(sequence)
+        self._seal_path(path, len(records), sequence)
 
     def recover_journal(self) -> int:
         """Spool the steps a killed process journaled past its last fsync (`beacon.journal`), as a chunk
@@ -277,7 +324,7 @@ class Spool:
                     chunk.write(lines)
                     chunk.flush()
                     os.fsync(chunk.fileno())
-                self._advance_past(lines.splitlines())
+                self._advance_past([Record.from_line(line) for line in lines.splitlines()])
                 self.recovered_records += len(records)
                 self._open.close()
                 self._seal_path(path, len(records), max(self.next_chunk, max(self._sealed, default=-1) + 1))

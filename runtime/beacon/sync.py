@@ -90,6 +90,8 @@ class SyncReport:
     rank_files: int = 0  # progress documents and dumps the dead job's ranks left under `ranks/`
     final_state: str = ""  # what the trackers were told
     mirrors: dict[str, MirrorReport] = field(default_factory=dict)
+    damage: list[str] = field(default_factory=list)  # what the spool's recovery could not read, named
+    lines_set_aside: int = 0
 
 
 def mirrored_trackers(directory: Path) -> list[str]:
@@ -169,7 +171,7 @@ def sync_spool(
         if error.errno in FULL:
             raise _volume_full(directory, error) from None
         raise
-    report = SyncReport(experiment, run)
+    report = SyncReport(experiment, run, damage=list(spool.damage), lines_set_aside=spool.lines_set_aside)
     index = IndexWriter(s3, bucket=bucket, experiment=experiment, run=run)
     try:
         reconciled = reconcile(s3, bucket=bucket, experiment=experiment, run=run, spool=spool)
@@ -270,6 +272,9 @@ def main(argv: list[str] | None = None) -> Outcome:
         f"({report.records_sent} records), {report.already_in_s3} already in s3://{args.bucket}; "
         f"{report.rank_files} rank file(s)"
     )
+    if report.damage:  # a torn page after a lost machine: what was readable went up, the rest is named here
+        print(f"beacon sync: the spool was damaged: {report.lines_set_aside} line(s) set aside; "
+              + "; ".join(report.damage))  # fmt: skip
     for name, mirrored in report.mirrors.items():
         closed = f"final state {report.final_state}" if mirrored.closed else "not closed"
         print(f"beacon sync: {name}: {mirrored.sent} record(s) mirrored, {mirrored.behind} behind, {closed}")

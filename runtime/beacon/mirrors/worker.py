@@ -162,9 +162,15 @@ class Cursor:
         self.seq = -1
         self.final_state: str | None = None
         if path.exists():
-            saved = json.loads(path.read_text())
-            self.seq = int(saved.get("seq", -1))
-            self.final_state = saved.get("final_state")
+            try:
+                saved = json.loads(path.read_bytes())
+                self.seq = int(saved.get("seq", -1))
+                self.final_state = saved.get("final_state")
+            except (ValueError, TypeError, AttributeError) as error:  # torn by a lost machine
+                # The tracker is asked what it holds at start: the worker resumes after that, nothing sent twice
+                log.warning("mirror cursor %s unreadable (%s): resuming after what the tracker holds", path,
+                            type(error).__name__)  # fmt: skip
+                self.seq, self.final_state = -1, None
 
     def save(self, seq: int, final_state: str | None = None) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
