@@ -4,9 +4,9 @@ A plain two-rank DDP script on gloo under torchrun, against the embedded AWS: ra
 at step 100, rank 0 waits inside `loss.backward()`, where DDP's reducer runs the gradient all_reduce from C++ hooks
 (its Python stack shows `backward`, no collective). The stall dump comes after 3 s here (90 s in a Job).
 
-A step logged in two calls (finding 5) is one step: the contract's history merges them. What the runtime writes
-of a team's run (findings 3 and 4: a killed run's end, a failed preflight) are strict xfails until the one-log
-redesign (issue 29) gives the runtime one final-state rule; then the doctor's reading of them here."""
+A step logged in two calls (finding 5) is one step: the contract's history merges them. A start that failed its
+preflight says so in its record, and the doctor counts it apart (finding 4). A killed run's end (finding 3) is a
+strict xfail until the one-log redesign (issue 29) gives the runtime one final-state rule."""
 
 from __future__ import annotations
 
@@ -331,7 +331,6 @@ run.finish()
 """
 
 
-@redesign(4, "a preflight that failed says so, and why, in its record; the doctor counts a failed start")
 def test_a_start_that_failed_its_preflight_is_a_failed_start_not_a_passed_attempt(
     moto_server: Any, tmp_path: Path
 ) -> None:

@@ -335,10 +335,14 @@ def test_a_restart_that_goes_back_to_its_checkpoint_is_sent_beside_the_earlier_a
     script.write_text(RESUMING_LOOP)
     env = environment(harness, "mirror-resume", BEACON_MIRRORS="mlflow,wandb", BEACON_MLFLOW_TRACKING_URI=tracker.url,
                       BEACON_WANDB_MODE="offline")  # fmt: skip
+    said = []  # each process's own account, shown if the trackers disagree with it
     for steps in (15, 25):
         done = subprocess.run([sys.executable, str(script), str(steps)], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=300)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
+        said.append(f"--- process {len(said)}:\n" + "\n".join(
+            line for line in done.stderr.splitlines() if "beacon" in line and "progress" not in line
+        )[-3000:])  # fmt: skip
 
     tracked = Tracked(tracker, "mirror-resume")
     points = tracked.client.get_metric_history(tracked.run.info.run_id, "loss")
@@ -349,7 +353,7 @@ def test_a_restart_that_goes_back_to_its_checkpoint_is_sent_beside_the_earlier_a
         **{step: [0] for step in range(10)},
         **{step: [0, 1] for step in range(10, 15)},
         **{step: [1] for step in range(15, 25)},
-    }, "every record once; at 10-14 attempt 0's beside attempt 1's"
+    }, "every record once; at 10-14 attempt 0's beside attempt 1's\n" + "\n".join(said)
     tags = tracked.client.get_run(tracked.run.info.run_id).data.tags
     assert tags["beacon.superseded.attempt-00000"] == "10-14" and tags["beacon.last"] == "1:24"
     assert tracked.status == "FINISHED"

@@ -327,18 +327,22 @@ def _log_by_hand(inputs: DoctorInputs) -> str:
 
 def _job_state(evidence: RunEvidence, inputs: DoctorInputs) -> Verdict:
     attempts = len(evidence.preflights)
+    failed = evidence.failed_starts
+    # Starts that stopped in their preflight (the run's alarms refused, say) are not attempts: counted apart
+    counted = "1 start failed its preflight" if len(failed) == 1 else f"{len(failed)} starts failed their preflight"
+    starts = f"; {counted}, the last: {failed[-1].get('failed')}" if failed else ""
     if attempts == 0:
         return Verdict(
             "job",
             FAIL,
             "not started",
-            "no preflight record under the run prefix: the job never passed its first seconds",
+            "no preflight record under the run prefix: the job never passed its first seconds" + starts,
             f"the logs check above reads the container's first 20 s; by hand: {_log_by_hand(inputs)} (preflight "
             "prints one line, or why it stopped)",
         )
     restarted = f", restarted {attempts - 1} time(s)" if attempts > 1 else ""
     if evidence.final is not None:
-        return _final_state(evidence, restarted)
+        return _final_state(evidence, restarted + starts)
     earlier = evidence.superseded_final
     before = (
         f"; an earlier attempt ended {earlier.get('state')} at step {earlier.get('last_step')}, and a later one "
@@ -350,7 +354,7 @@ def _job_state(evidence: RunEvidence, inputs: DoctorInputs) -> Verdict:
         "job",
         OK if attempts == 1 else WARN,
         "running",
-        f"{attempts} attempt(s) started{restarted}{before}",
+        f"{attempts} attempt(s) started{restarted}{before}{starts}",
         "" if attempts == 1 else "the orchestrator restarted the job: check its events and exit codes",
     )
 

@@ -30,7 +30,8 @@ class RunEvidence:
     run: str
     records: list[contract.Record] = field(default_factory=list)
     chunk_keys: list[str] = field(default_factory=list)
-    preflights: list[dict[str, Any]] = field(default_factory=list)
+    preflights: list[dict[str, Any]] = field(default_factory=list)  # each start that passed: an attempt
+    failed_starts: list[dict[str, Any]] = field(default_factory=list)  # each that stopped in its preflight, and why
     final: dict[str, Any] | None = None
     # A final state an earlier attempt wrote, a later attempt having started since (`final` is then None): the
     # status key is rewritten by each attempt's end, so until the running one ends it still holds the last one's.
@@ -334,7 +335,7 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
         elif kind == contract.PREFLIGHT:
             preflight = _document(_read(s3, bucket, key), where, evidence, preflight_document)
             if preflight is not None:
-                evidence.preflights.append(preflight)
+                (evidence.failed_starts if preflight.get("failed") else evidence.preflights).append(preflight)
         elif kind == contract.STATUS and key == contract.final_status_key(experiment, run):
             evidence.final = _document(_read(s3, bucket, key), where, evidence, contract.final_state_document)
         elif kind == contract.CHECKPOINTS:

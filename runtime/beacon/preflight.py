@@ -17,7 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -298,6 +298,34 @@ def run_preflight(
         heartbeat_interval=config.heartbeat_interval,
         stall_dump_after=config.stall_dump_after,
     )
+    # CloudWatch and the run's alarms first: the record, written last, then says whether this start passed (its
+    # write is the probe of the job's S3 rights; a refused write is the error raised, whatever else failed).
+    failure: PreflightError | None = None
+    try:
+        heartbeat = {
+            "MetricName": contract.HEARTBEAT.name,
+            "Dimensions": [
+                {"Name": k, "Value": v}
+                for k, v in contract.run_dimensions(config.team, config.experiment, config.run).items()
+            ],
+            "Value": 1.0,
+            "Unit": contract.HEARTBEAT.unit.value,
+            "StorageResolution": contract.HEARTBEAT.storage_resolution,
+        }
+        retrying.call(
+            lambda: cloudwatch.put_metric_data(Namespace=config.namespace, MetricData=[heartbeat]),
+            action="cloudwatch:PutMetricData",
+            target=f"namespace {config.namespace}",
+            client=cloudwatch,
+        )
+        if ssm is not None:
+            parameter = contract.run_alarm_parameter_name(config.team)
+            retrying.call(
+                lambda: ssm.get_parameter(Name=parameter), action="ssm:GetParameter", target=parameter, client=ssm
+            )
+    except PreflightError as error:
+        failure = error
+        record = replace(record, failed=str(error)[:1000])
     key = contract.preflight_key(
         config.experiment, config.run, f"{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}.json"
     )
@@ -312,25 +340,6 @@ def run_preflight(
     )
     if echoed != body:
         raise PreflightError(f"s3:GetObject {target}: read back different bytes than written")
-    heartbeat = {
-        "MetricName": contract.HEARTBEAT.name,
-        "Dimensions": [
-            {"Name": k, "Value": v}
-            for k, v in contract.run_dimensions(config.team, config.experiment, config.run).items()
-        ],
-        "Value": 1.0,
-        "Unit": contract.HEARTBEAT.unit.value,
-        "StorageResolution": contract.HEARTBEAT.storage_resolution,
-    }
-    retrying.call(
-        lambda: cloudwatch.put_metric_data(Namespace=config.namespace, MetricData=[heartbeat]),
-        action="cloudwatch:PutMetricData",
-        target=f"namespace {config.namespace}",
-        client=cloudwatch,
-    )
-    if ssm is not None:
-        parameter = contract.run_alarm_parameter_name(config.team)
-        retrying.call(
-            lambda: ssm.get_parameter(Name=parameter), action="ssm:GetParameter", target=parameter, client=ssm
-        )
+    if failure is not None:
+        raise failure
     return record

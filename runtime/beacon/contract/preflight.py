@@ -1,5 +1,5 @@
-"""The preflight record: what each attempt writes as it starts (`contract.preflight_key`), once its preflight passed,
-and the one parser readers take it through; and preflight's own time as a job's log reports it."""
+"""The preflight record: what each start of a run writes as its preflight ends (`contract.preflight_key`), passed or
+`failed` (and why), and the one parser readers take it through; and preflight's own time as a job's log reports it."""
 
 from __future__ import annotations
 
@@ -36,13 +36,16 @@ class PreflightRecord:
     namespace: str
     heartbeat_interval: float
     stall_dump_after: float = float(STALL_THRESHOLD_S)  # the run's stall threshold, for every stall test
+    # Why this start stopped in its preflight, once its record could be written (CloudWatch or the run's alarms
+    # refused it); empty: it passed, and an attempt of the run began. A reader counts a failed start apart.
+    failed: str = ""
 
 
 # The fields a reader uses of a preflight record, and their types: a record whose field has another is set aside.
 PREFLIGHT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "world_size": int, "heartbeat_interval": NUMBER, "stall_dump_after": NUMBER, "spool_dir": str,
     "spool_filesystem": str, "spool_persistent": bool, "started_at": str, "host": str, "s3_endpoint": str,
-    "region": str,
+    "region": str, "failed": str,
 }  # fmt: skip
 PREFLIGHT_REQUIRED = frozenset({"spool_dir", "spool_filesystem", "started_at"})  # what the verdicts read
 PREFLIGHT_POSITIVE = frozenset({"world_size", "heartbeat_interval", "stall_dump_after"})
