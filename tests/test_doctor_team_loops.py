@@ -5,8 +5,8 @@ at step 100, rank 0 waits inside `loss.backward()`, where DDP's reducer runs the
 (its Python stack shows `backward`, no collective). The stall dump comes after 3 s here (90 s in a Job).
 
 A step logged in two calls (finding 5) is one step: the contract's history merges them. A start that failed its
-preflight says so in its record, and the doctor counts it apart (finding 4). A killed run's end (finding 3) is a
-strict xfail until the one-log redesign (issue 29) gives the runtime one final-state rule."""
+preflight says so in its record, and the doctor counts it apart (finding 4); a killed run synced afterwards has its
+end written by `beacon.sync`, under the one final-state rule, and is named at its newest step (finding 3)."""
 
 from __future__ import annotations
 
@@ -261,12 +261,7 @@ def test_a_flight_recorder_dump_that_is_not_one_shows_no_collective_in_flight() 
     assert ranks_in_a_collective({f"p/{FLIGHT_RECORDER_PREFIX}0": body for body in forged}) == set()
 
 
-# --- what the runtime writes (findings 3, 4): strict xfails until the one-log redesign ---------------------------
-REDESIGN = "issue 29 (the one log) then issue 27 fix finding"
-
-
-def redesign(finding: int, what: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"{REDESIGN} {finding}: {what}")
+# --- what the runtime writes (findings 3, 4) ------------------------------------------------------------------------
 
 
 def run_script(
@@ -297,7 +292,6 @@ os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer, at step 299; no finish()
 """
 
 
-@redesign(3, "beacon.sync of a killed run writes its end (no clean exit, at step N); the doctor names step N")
 def test_a_killed_run_synced_afterwards_is_named_at_its_newest_step_and_its_end_is_written(
     as_writer: WriterSession, strict_aws: str, tmp_path: Path
 ) -> None:

@@ -597,6 +597,10 @@ def _stopped_rank(evidence: RunEvidence, recorder: FlightRecorderReading | None)
     not_joined = recorder.mismatch.missing if recorder is not None and recorder.mismatch is not None else None
     in_flight = ranks_in_a_collective(evidence.flight_recorder_dumps())
     stopped = which_rank(documents, stacks, not_joined=not_joined, in_flight=in_flight)
+    newest = evidence.last_step
+    if stopped is not None and stopped.rank == 0 and stopped.how != "hung" and newest is not None:
+        # Rank 0 writes the records: its newest one says more than its document, rewritten every few seconds
+        stopped = replace(stopped, step=max(stopped.step, newest))
     if stopped is None:
         return Verdict(
             "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others{read}", unread

@@ -264,6 +264,10 @@ class Spool:
             self.last_step = max(self.last_step, record.step)
             self.last_attempt = max(self.last_attempt, record.attempt)
 
+    def newest(self, attempt: int) -> tuple[float, int] | None:
+        """The (wall time, step) of the latest record of `attempt` spooled here or known in S3, if any."""
+        return self._newest.get(attempt)
+
     def remember(self, records: list[Record]) -> None:
         """Records spooled here or delivered to S3: the journal's recovery skips what they cover."""
         for record in records:

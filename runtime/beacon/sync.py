@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import sys
 import threading
@@ -91,6 +92,7 @@ class SyncReport:
     final_state: str = ""  # what the trackers were told
     mirrors: dict[str, MirrorReport] = field(default_factory=dict)
     damage: list[str] = field(default_factory=list)  # what the spool's recovery could not read, named
+    end_written: bool = False  # the attempt had no final state: sync wrote its end (failed, no clean exit)
     lines_set_aside: int = 0
 
 
@@ -115,6 +117,35 @@ def _final_state(s3: Any, bucket: str, experiment: str, run: str, attempt: int) 
         return FinalState.FAILED  # an earlier attempt's: this spool's attempt wrote none
     state = final.get("state", FinalState.FINISHED)
     return FinalState(state) if state in set(FinalState) else FinalState.FAILED
+
+
+KILLED = "no clean exit (killed, or its node lost): its end written by beacon.sync from its spool"
+
+
+def _end_of_a_killed_attempt(s3: Any, bucket: str, experiment: str, run: str, spool: Spool) -> bool:
+    """Write the final state of the spool's attempt when it wrote none (killed outright, its node lost): failed, at
+    its newest step, so readers name that step rather than an older document's. Never over an end this attempt or a
+    later one wrote (`contract.final_state_superseded`). Whether it wrote one."""
+    attempt = max(spool.last_attempt, 0)
+    newest = spool.newest(attempt)
+    if newest is None:
+        return False
+    key = contract.final_status_key(experiment, run)
+    try:
+        final = contract.final_state_document(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    except ClientError as error:
+        if error.response["Error"]["Code"] not in ("NoSuchKey", "404"):
+            raise
+        final = None
+    except ValueError:  # not a final state a reader takes: as good as none
+        final = None
+    if final is not None and not contract.final_state_superseded(final, attempts=(attempt,)):
+        return False  # this attempt ended cleanly, or a later one has started since
+    ended_at, last_step = newest
+    end = {"state": FinalState.FAILED.value, "attempt": attempt, "last_step": last_step, "ended_at": ended_at,
+           "error": KILLED, "unacknowledged_records": 0}  # fmt: skip
+    s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(end).encode())
+    return True
 
 
 def _mirror(
@@ -194,6 +225,7 @@ def sync_spool(
                 report.already_in_s3 += 1
             spool.acknowledge(chunk)
             index.acknowledged(chunk.summary(body))
+        report.end_written = _end_of_a_killed_attempt(s3, bucket, experiment, run, spool)
         report.rank_files = upload_rank_evidence(
             s3, bucket=bucket, experiment=experiment, run=run, attempt=max(spool.last_attempt, 0),
             directory=directory / contract.RANKS,
@@ -271,6 +303,7 @@ def main(argv: list[str] | None = None) -> Outcome:
         f"beacon sync: {report.experiment}/{report.run}: {report.chunks_uploaded} chunk(s) uploaded "
         f"({report.records_sent} records), {report.already_in_s3} already in s3://{args.bucket}; "
         f"{report.rank_files} rank file(s)"
+        + ("; its attempt ended without a final state: written (failed, no clean exit)" if report.end_written else "")
     )
     if report.damage:  # a torn page after a lost machine: what was readable went up, the rest is named here
         print(f"beacon sync: the spool was damaged: {report.lines_set_aside} line(s) set aside; "
