@@ -162,6 +162,10 @@ class Spool:
         self.sealed_dir.mkdir(parents=True, exist_ok=True)
         # The uploader lists and acknowledges chunks while the spool thread seals them.
         self._lock = threading.Lock()
+        # Until the journal is recovered: the records of the newest sealed chunk, the open one and S3's last chunk, by
+        # what they are (attempt, step, wall time): a kill between an fsync and the journal's mark leaves that fsync's
+        # steps journaled and in the open chunk both, recognised so whatever the clock did.
+        self._spooled: set[tuple[int, int, float]] | None = set()
         # What recovery found damaged (a torn page after a lost machine), named: the file, and each line it set
         # aside; every readable record is kept. `repaired`: the chunks rewritten without their unreadable lines.
         self.damage: list[str] = []
@@ -176,7 +180,9 @@ class Spool:
         self.next_seq = 0
         self.last_step = -1
         self.last_attempt = -1  # the highest attempt of any record here (or in S3, after `continue_after`)
-        self._newest: dict[int, tuple[float, int]] = {}  # per attempt: the latest (wall time, step) spooled
+        # Per attempt: the (seq, wall time, step) of its last record spooled here or in S3, by sequence number (the
+        # wall clock may step back: wall time is data, not an order)
+        self._newest: dict[int, tuple[int, float, int]] = {}
         self.recovered_records = 0
         self._sealed: dict[int, Chunk] = {}
         for sequence in self._sealed_sequences():
@@ -255,6 +261,8 @@ class Spool:
             self.repaired.add(sequence)
         self._sealed[sequence] = Chunk(sequence, path, len(records))
         self.next_chunk = max(self.next_chunk, sequence + 1)
+        if self._spooled is not None:  # sealed chunks come in order: the newest one's records are all it keeps
+            self._spooled.clear()
         self._advance_past(records)
 
     def _advance_past(self, records: list[Record]) -> None:
@@ -265,15 +273,18 @@ class Spool:
             self.last_attempt = max(self.last_attempt, record.attempt)
 
     def newest(self, attempt: int) -> tuple[float, int] | None:
-        """The (wall time, step) of the latest record of `attempt` spooled here or known in S3, if any."""
-        return self._newest.get(attempt)
+        """The (wall time, step) of the last record of `attempt`, by sequence number, spooled here or known in S3."""
+        newest = self._newest.get(attempt)
+        return (newest[1], newest[2]) if newest is not None else None
 
     def remember(self, records: list[Record]) -> None:
         """Records spooled here or delivered to S3: the journal's recovery skips what they cover."""
         for record in records:
             newest = self._newest.get(record.attempt)
-            if newest is None or (record.wall_time, record.step) > newest:
-                self._newest[record.attempt] = (record.wall_time, record.step)
+            if newest is None or record.seq > newest[0]:
+                self._newest[record.attempt] = (record.seq, record.wall_time, record.step)
+        if self._spooled is not None:
+            self._spooled.update((r.attempt, r.step, r.wall_time) for r in records)
 
     def _recover_open_chunk(self) -> None:
         path = self.directory / OPEN
@@ -312,14 +323,15 @@ class Spool:
         if self._journal_recovered:
             return 0
         attempt, experiment, run = self.journal.attempt, self.directory.parent.name, self.directory.name
-        # Steps are journaled in the order logged: those at or before the attempt's latest spooled step
-        # are in the spool or in S3 already (a kill between an fsync and the journal's mark).
-        newest = self._newest.get(attempt, (float("-inf"), -1))
+        # A kill between an fsync and the journal's mark leaves steps journaled and spooled both: recognised by what
+        # they are, never by the wall clock's order (chrony may step it back between two steps).
+        spooled = self._spooled or set()
         records = [
             Record(experiment, run, step, metrics, wall_time, attempt=attempt)
             for step, wall_time, metrics in self.journal.unspooled()
-            if (wall_time, step) > newest
+            if (attempt, step, wall_time) not in spooled
         ]
+        self._spooled = None  # from here on, nothing reads it
         if records:
             with on_spool_disk(self.directory):
                 path = self.directory / OPEN
