@@ -4,10 +4,10 @@ Each test runs real processes against the embedded AWS (a clock step inside the 
 zeroed, two processes on one directory, a full volume) and says what a run must do. Until the redesign makes
 it true, each is a strict xfail naming its finding: CI stays green, and a fix that lands unannounced fails the
 xfail, which then becomes a plain test. Findings 1, 3, 7, 10 and 12 are fixed; their tests live beside the code
-they prove (test_library, test_faults, test_config, test_ranks). Findings 2, 4, 5, 6 and 11 are fixed early, as slices
-of the redesign (one owner per spool directory; recovery by what a record is, not by the wall clock; a damaged
-spool read as far as it reads, the rest named; a step
-larger than the journal; beacon.sync's outcomes), and pass here."""
+they prove (test_library, test_faults, test_config, test_ranks). Findings 2, 4, 5, 6 and 11 are fixed early, as
+slices of the redesign (one owner per spool directory; recovery by what a record is, not by the wall clock; a
+damaged spool read as far as it reads, the rest named; a step larger than the journal; beacon.sync's outcomes),
+and pass here."""
 
 from __future__ import annotations
 
