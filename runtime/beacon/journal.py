@@ -4,8 +4,9 @@
 keeps a killed process's dirty pages and writes them back), and the spool thread marks each fsync.
 A restart, or `beacon.sync`, appends the steps past that mark to the spool before anything else.
 
-Only plain numbers are journaled: a tensor's value exists only once the spool thread reads it (reading
-it here would wait for the device), so such a step is durable from the spool's fsync, as before.
+Every step is journaled, with its plain numbers; a tensor's value exists only once the spool thread reads it
+(reading it here would wait for the device), so the entry names it as pending: a kill before the spool's fsync
+loses that value alone, and recovery says which.
 Not a defence against a lost machine: the page cache goes with it (the spool's fsync is that defence).
 """
 
@@ -57,11 +58,14 @@ class Journal:
 
     # --- the training thread -----------------------------------------------------------------------
     def append(self, step: int, wall_time: float, metrics: dict[str, Any]) -> int:
-        """The step's entry number, or 0 when it is not journaled (a tensor value, a full ring)."""
+        """The step's entry number, or 0 when it is not journaled (a full ring, a step larger than it)."""
         for value in metrics.values():
-            if type(value) not in PLAIN:  # a tensor, a numpy scalar: the spool thread reads it
-                return 0
-        payload = marshal.dumps((step, wall_time, metrics))
+            if type(value) not in PLAIN:  # a tensor, a numpy scalar: the spool thread reads it; named as pending
+                plain = {name: v for name, v in metrics.items() if type(v) in PLAIN}
+                payload = marshal.dumps((step, wall_time, plain, [n for n in metrics if n not in plain]))
+                break
+        else:
+            payload = marshal.dumps((step, wall_time, metrics))
         position, size = self._position, ENTRY.size + len(payload)
         if size > self.capacity - DATA_START:  # larger than the whole ring: left to the spool's fsync
             self.skipped += 1
@@ -85,9 +89,10 @@ class Journal:
             HEADER.pack_into(self._map, 0, MAGIC, self._epoch, number, self.attempt)
 
     # --- start-up: the spool, before anything is appended ----------------------------------------------
-    def unspooled(self) -> list[tuple[int, float, dict[str, float]]]:
-        """The steps a killed process journaled past its spool's last fsync, in the order logged."""
-        found: list[tuple[int, float, dict[str, float]]] = []
+    def unspooled(self) -> list[tuple[int, float, dict[str, float], list[str]]]:
+        """The steps a killed process journaled past its spool's last fsync, in the order logged: each with its plain
+        values and the names of the values that were pending (tensors the spool thread had not read)."""
+        found: list[tuple[int, float, dict[str, float], list[str]]] = []
         position, expected = DATA_START, None
         while position + ENTRY.size <= self.capacity:
             length, crc, epoch, number = ENTRY.unpack_from(self._map, position)
@@ -101,8 +106,9 @@ class Journal:
                 break  # torn by the kill: never returned to the caller of `log`
             if number > self._durable:
                 try:
-                    step, wall_time, metrics = marshal.loads(payload)
-                    found.append((int(step), float(wall_time), {str(k): float(v) for k, v in metrics.items()}))
+                    step, wall_time, metrics, *pending = marshal.loads(payload)  # a release before: no pending
+                    numbers = {str(k): float(v) for k, v in metrics.items()}
+                    found.append((int(step), float(wall_time), numbers, [str(n) for n in (pending or [[]])[0]]))
                 except (ValueError, TypeError, OverflowError, EOFError):
                     self.unreadable += 1  # never blocks a start: the spool thread would have refused it too
             position, expected = end, number + 1

@@ -123,6 +123,11 @@ class RunningSummary:
         )
 
 
+def lost_values(values: dict[str, int]) -> str:
+    """`loss x180, acc x3`: the values a kill took, by metric."""
+    return ", ".join(f"{name} x{count}" for name, count in sorted(values.items()))
+
+
 class SpoolFullError(OSError):
     """The spool's filesystem is full: nothing more can be made durable."""
 
@@ -171,6 +176,7 @@ class Spool:
         self.damage: list[str] = []
         self.lines_set_aside = 0
         self.repaired: set[int] = set()
+        self.values_lost: dict[str, int] = {}  # by metric: pending values a kill took (`recover_journal`)
         state = self._read_state()
         # Chunk numbers are never reused, so the state's count is a floor. The sequence and the last
         # step come from records actually present (here, then in S3 by `reconcile`): a restore that
@@ -326,11 +332,18 @@ class Spool:
         # A kill between an fsync and the journal's mark leaves steps journaled and spooled both: recognised by what
         # they are, never by the wall clock's order (chrony may step it back between two steps).
         spooled = self._spooled or set()
-        records = [
-            Record(experiment, run, step, metrics, wall_time, attempt=attempt)
-            for step, wall_time, metrics in self.journal.unspooled()
-            if (attempt, step, wall_time) not in spooled
-        ]
+        records = []
+        for step, wall_time, metrics, pending in self.journal.unspooled():
+            if (attempt, step, wall_time) in spooled:
+                continue
+            records.append(Record(experiment, run, step, metrics, wall_time, attempt=attempt))
+            for name in pending:  # a tensor the spool thread had not read when the process was killed
+                self.values_lost[name] = self.values_lost.get(name, 0) + 1
+        if self.values_lost:
+            log.warning(
+                "a kill took %s before the spool thread read them (tensors); their steps are kept",
+                lost_values(self.values_lost),
+            )
         self._spooled = None  # from here on, nothing reads it
         if records:
             with on_spool_disk(self.directory):

@@ -41,7 +41,7 @@ from beacon.preflight import PreflightError
 from beacon.ranks import upload_rank_evidence
 from beacon.reconcile import RunConflictError, reconcile
 from beacon.settings import SettingsError
-from beacon.spool import FULL, OPEN, STATE, Spool
+from beacon.spool import FULL, OPEN, STATE, Spool, lost_values
 from beacon.spool_owner import SpoolOwnedError, SpoolOwner, read_owner
 
 # A spool an older release wrote (no owner record) this recently may still belong to a live job.
@@ -93,6 +93,7 @@ class SyncReport:
     mirrors: dict[str, MirrorReport] = field(default_factory=dict)
     damage: list[str] = field(default_factory=list)  # what the spool's recovery could not read, named
     end_written: bool = False  # the attempt had no final state: sync wrote its end (failed, no clean exit)
+    values_lost: dict[str, int] = field(default_factory=dict)  # pending values (tensors) the kill took, by metric
     lines_set_aside: int = 0
 
 
@@ -143,7 +144,7 @@ def _end_of_a_killed_attempt(s3: Any, bucket: str, experiment: str, run: str, sp
         return False  # this attempt ended cleanly, or a later one has started since
     ended_at, last_step = newest
     end = {"state": FinalState.FAILED.value, "attempt": attempt, "last_step": last_step, "ended_at": ended_at,
-           "error": KILLED, "unacknowledged_records": 0}  # fmt: skip
+           "error": KILLED, "unacknowledged_records": 0, "values_lost": spool.values_lost}  # fmt: skip
     s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(end).encode())
     return True
 
@@ -203,6 +204,7 @@ def sync_spool(
             raise _volume_full(directory, error) from None
         raise
     report = SyncReport(experiment, run, damage=list(spool.damage), lines_set_aside=spool.lines_set_aside)
+    report.values_lost = spool.values_lost  # filled by reconcile's journal recovery, below
     index = IndexWriter(s3, bucket=bucket, experiment=experiment, run=run)
     try:
         reconciled = reconcile(s3, bucket=bucket, experiment=experiment, run=run, spool=spool)
@@ -308,6 +310,9 @@ def main(argv: list[str] | None = None) -> Outcome:
     if report.damage:  # a torn page after a lost machine: what was readable went up, the rest is named here
         print(f"beacon sync: the spool was damaged: {report.lines_set_aside} line(s) set aside; "
               + "; ".join(report.damage))  # fmt: skip
+    if report.values_lost:
+        print(f"beacon sync: values the kill took before they were read (tensors), their steps kept: "
+              f"{lost_values(report.values_lost)}")  # fmt: skip
     for name, mirrored in report.mirrors.items():
         closed = f"final state {report.final_state}" if mirrored.closed else "not closed"
         print(f"beacon sync: {name}: {mirrored.sent} record(s) mirrored, {mirrored.behind} behind, {closed}")

@@ -322,6 +322,7 @@ class FinalState(StrEnum):
 FINAL_FIELDS: dict[str, type | tuple[type, ...]] = {
     "state": str, "attempt": int, "ended_at": NUMBER, "last_step": int, "unacknowledged_records": int,
     "checkpoints": list, "checkpoints_skipped": list, "values_set_aside": dict, "spool_unfinished": bool,
+    "values_lost": dict,
 }  # fmt: skip
 
 
