@@ -86,11 +86,11 @@ def test_a_torn_entry_ends_the_journal_and_an_old_epoch_is_never_read(tmp_path: 
     assert sizes == [1, 2, 3]
     entry_size = (journal._position - DATA_START) // 3
     journal._map[DATA_START + 2 * entry_size + ENTRY.size] ^= 0xFF  # the kill tore step 2's payload
-    assert [step for step, _, _ in journal.unspooled()] == [0, 1]
+    assert [step for step, *_ in journal.unspooled()] == [0, 1]
     journal.restart(attempt=1)
     # Same-sized entries of the new epoch end where old ones began: the epoch keeps them apart.
     journal.append(10, 1.0, {"loss": 0.5})
-    assert [step for step, _, _ in journal.unspooled()] == [10]
+    assert [step for step, *_ in journal.unspooled()] == [10]
     journal.durable_through(1)
     assert journal.unspooled() == []
 
@@ -99,15 +99,17 @@ def test_a_tensor_value_is_left_to_the_spool_thread_and_a_ring_of_unfsynced_step
     tmp_path: Path,
 ) -> None:
     journal = Journal(tmp_path, capacity=DATA_START + 200)
-    assert journal.append(0, 1.0, {"loss": torch.tensor(0.5)}) == 0, "reading a tensor would wait for the device"
-    assert journal.append(0, 1.0, {"loss": 0.5}) == 1
+    # Reading a tensor would wait for the device: its step is journaled with its plain values, the tensor named
+    assert journal.append(0, 1.0, {"loss": torch.tensor(0.5), "lr": 0.1}) == 1
+    assert journal.unspooled() == [(0, 1.0, {"lr": 0.1}, ["loss"])]
+    assert journal.append(0, 1.0, {"loss": 0.5}) == 2
     while journal.append(1, 1.0, {"loss": 0.5}):
         pass
     assert journal.skipped == 1
     written = journal._number
     journal.durable_through(written)  # the spool caught up: the ring may wrap
     assert journal.append(2, 1.0, {"loss": 0.5}) == written + 1
-    assert [step for step, _, _ in journal.unspooled()] == [2]
+    assert [step for step, *_ in journal.unspooled()] == [2]
 
 
 def test_recovered_steps_are_numbered_after_and_never_repeat_what_s3_holds(tmp_path: Path) -> None:
@@ -129,14 +131,22 @@ def test_recovered_steps_are_numbered_after_and_never_repeat_what_s3_holds(tmp_p
     assert restarted.recover_journal() == 0, "once"
 
 
-def test_only_plain_numbers_are_journaled_and_an_unreadable_entry_never_blocks_a_start(tmp_path: Path) -> None:
+def test_only_plain_numbers_are_journaled_as_values_and_an_unreadable_entry_never_blocks_a_start(
+    tmp_path: Path,
+) -> None:
     journal = Journal(tmp_path)
-    assert journal.append(0, 1.0, {"loss": None}) == 0
-    assert journal.append(0, 1.0, {"loss": "low"}) == 0
-    assert journal.append(1, 1.0, {"loss": 10**400}) == 1, "an int is a plain number, even one float() refuses"
-    assert journal.append(2, 1.0, {"loss": 0.5, "ok": True}) == 2
-    assert journal.unspooled() == [(2, 1.0, {"loss": 0.5, "ok": 1.0})]
+    assert journal.append(0, 1.0, {"loss": None}) == 1, "not a plain number: named as pending, not read"
+    assert journal.append(1, 1.0, {"loss": 10**400}) == 2, "an int is a plain number, even one float() refuses"
+    assert journal.append(2, 1.0, {"loss": 0.5, "ok": True}) == 3
+    assert journal.unspooled() == [(0, 1.0, {}, ["loss"]), (2, 1.0, {"loss": 0.5, "ok": 1.0}, [])]
     assert journal.unreadable == 1
+
+
+def test_a_journal_an_older_release_wrote_reads_with_nothing_pending(tmp_path: Path) -> None:
+    """Its entries are (step, wall time, metrics), before pending names existed: read as they were."""
+    journal = Journal(tmp_path)
+    journal.append(0, 1.0, {"loss": 0.5})
+    assert journal.unspooled() == [(0, 1.0, {"loss": 0.5}, [])]
 
 
 def test_a_journal_that_does_not_fit_the_spool_volume_is_a_full_spool_at_start(
@@ -156,4 +166,4 @@ def test_a_step_larger_than_the_whole_ring_is_skipped_and_counted_and_the_next_o
     assert journal.append(0, 1.0, {f"m{i:05d}": float(i) for i in range(5_000)}) == 0
     assert journal.skipped == 1
     assert journal.append(1, 2.0, {"loss": 0.5}) == 1
-    assert [step for step, _, _ in journal.unspooled()] == [1]
+    assert [step for step, *_ in journal.unspooled()] == [1]

@@ -335,7 +335,7 @@ def test_a_restart_that_goes_back_to_its_checkpoint_is_sent_beside_the_earlier_a
     script.write_text(RESUMING_LOOP)
     env = environment(harness, "mirror-resume", BEACON_MIRRORS="mlflow,wandb", BEACON_MLFLOW_TRACKING_URI=tracker.url,
                       BEACON_WANDB_MODE="offline")  # fmt: skip
-    said = []  # each process's own account, shown if the trackers disagree with it
+    said: list[str] = []  # each process's own account, shown if the trackers disagree with it
     for steps in (15, 25):
         done = subprocess.run([sys.executable, str(script), str(steps)], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=300)  # fmt: skip
