@@ -167,3 +167,33 @@ def test_a_step_larger_than_the_whole_ring_is_skipped_and_counted_and_the_next_o
     assert journal.skipped == 1
     assert journal.append(1, 2.0, {"loss": 0.5}) == 1
     assert [step for step, *_ in journal.unspooled()] == [1]
+
+
+def test_a_kill_while_recovery_seals_the_journals_steps_spools_each_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps 0-4 were fsync'd into a sealed chunk but the journal never marked them; 5-7 were journaled alone. The
+    next start spools and seals 5-7 and is killed before it goes on: the start after must not spool 0-4 again (it
+    knows only the newest chunk's records), so the journal lets go of its steps before the seal."""
+    directory = tmp_path / "exp" / "run-1"
+    spool = Spool(directory)
+    spool.recover_journal()
+    attempt = spool.begin_attempt()
+    for step in range(8):
+        spool.journal.append(step, 100.0 + step, {"loss": 1.0})
+    spool.append([Record("exp", "run-1", step, {"loss": 1.0}, 100.0 + step, attempt=attempt) for step in range(5)])
+    spool.sync()
+    spool.seal()  # killed here: the journal's mark never moved past step 0-4's entries
+    restarted = Spool(directory)
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt("SIGKILL while sealing the recovered steps")
+
+    monkeypatch.setattr(restarted, "_open_chunk", killed)  # sealed, then killed before the next chunk opens
+    with pytest.raises(KeyboardInterrupt):
+        restarted.recover_journal()
+    monkeypatch.undo()
+    again = Spool(directory)
+    again.recover_journal()
+    steps = sorted(r.step for chunk in again.pending() for r in records_of(chunk.body()))
+    assert steps == list(range(8)), "each step once"

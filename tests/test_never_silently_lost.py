@@ -23,7 +23,7 @@ import pytest
 from beacon import contract
 
 from tests.conftest import WriterSession
-from tests.support.job_harness import JobHarness, delivered_records, finish, signal_group, wait_for
+from tests.support.job_harness import JobHarness, delivered_records, finish, keys_under, signal_group, wait_for
 from tests.support.synth import ROOT
 from tests.test_faults import small_filesystem  # noqa: F401 (a fixture)
 from tests.test_sync import aged, stranded_spool, sync
@@ -178,6 +178,37 @@ def test_a_damaged_chunk_s3_already_holds_whole_is_kept_as_s3_holds_it(
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr[-2000:]
     assert steps_in_s3(as_writer, "smoke", "damaged-after-upload") == list(range(45)), "the zeroed step too, from S3"
     assert "1 line(s) set aside" in pushed.stdout, pushed.stdout
+
+
+def test_a_torn_state_with_every_sealed_chunk_delivered_numbers_the_open_one_after_what_s3_holds(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """The sealed chunks reached S3 and left the volume; then the state file tore. Nothing local says the next
+    chunk number: the open chunk, first numbered 0, follows what S3 holds, rather than collide with chunk 0."""
+    directory = stranded_spool(tmp_path / "volume", "torn-after-delivery", 45)
+    for sealed in sorted((directory / "sealed").glob("chunk-*.jsonl")):
+        key = contract.events_key("smoke", "torn-after-delivery", int(sealed.stem.split("-")[1]))
+        as_writer.client("s3").put_object(Bucket=as_writer.bucket, Key=key, Body=sealed.read_bytes())
+        sealed.unlink()  # acknowledged: S3 has it
+    tear_state(directory)
+    pushed = sync(harness, aged(directory))
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr[-2000:]
+    assert steps_in_s3(as_writer, "smoke", "torn-after-delivery") == list(range(45))
+
+
+def test_a_sync_of_an_older_attempts_volume_writes_no_end_while_a_later_attempt_runs(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """Attempt 0 was killed on one volume; attempt 1 runs on another and has delivered a chunk. Syncing the first
+    volume must not write 'failed, no clean exit' over the run while attempt 1 is alive: its chunk is in S3."""
+    directory = stranded_spool(tmp_path / "volume", "two-volumes", 25)
+    later = contract.Record("smoke", "two-volumes", 25, {"loss": 0.1}, 1e10, seq=25, attempt=1).to_line()
+    s3 = as_writer.client("s3")
+    s3.put_object(Bucket=as_writer.bucket, Key=contract.events_key("smoke", "two-volumes", 10), Body=later)
+    pushed = sync(harness, aged(directory))
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr[-2000:]
+    key = contract.final_status_key("smoke", "two-volumes")
+    assert not keys_under(s3, as_writer.bucket, key), "no end written for a live later attempt"
 
 
 def tear_a_mirror_cursor(directory: Path) -> None:

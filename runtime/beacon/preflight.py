@@ -326,6 +326,8 @@ def run_preflight(
     except PreflightError as error:
         failure = error
         record = replace(record, failed=str(error)[:1000])
+        # The record of a failed start is worth one try, not a second budget: a dead endpoint is named as fast
+        retrying = Retrying(budget_s=0.0, refused_budget_s=0.0)
     key = contract.preflight_key(
         config.experiment, config.run, f"{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}.json"
     )

@@ -50,6 +50,8 @@ def chunk_numbers_in_s3(s3: Any, bucket: str, experiment: str, run: str) -> list
 
 def reconcile(s3: Any, *, bucket: str, experiment: str, run: str, spool: Spool) -> Reconciliation:
     in_s3 = chunk_numbers_in_s3(s3, bucket, experiment, run)
+    if in_s3:
+        spool.after_s3(in_s3[-1])  # a chunk numbered without the spool's state follows what S3 holds
     held = set(in_s3)
     delivered = 0
     for chunk in spool.pending():
@@ -58,7 +60,9 @@ def reconcile(s3: Any, *, bucket: str, experiment: str, run: str, spool: Spool) 
         key = contract.events_key(experiment, run, chunk.sequence)
         theirs = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         if hashlib.sha256(theirs).digest() != hashlib.sha256(chunk.body()).digest():
-            if chunk.sequence in spool.repaired:  # S3 took it whole before the damage: its copy is the one kept
+            local = {r.seq for r in contract.records_of(chunk.body())}
+            if chunk.sequence in spool.repaired and local <= {r.seq for r in contract.records_of(theirs)}:
+                # S3 took it whole before the damage: every record kept here is in its copy, the one kept
                 log.warning("chunk %d: s3://%s/%s holds it whole; the damaged copy is let go", chunk.sequence,
                             bucket, key)  # fmt: skip
                 spool.acknowledge(chunk)

@@ -177,6 +177,9 @@ class Spool:
         self.lines_set_aside = 0
         self.repaired: set[int] = set()
         self.values_lost: dict[str, int] = {}  # by metric: pending values a kill took (`recover_journal`)
+        self.local_attempt = -1  # the highest attempt of the records this volume holds (S3's aside)
+        self._state_lost = False  # state.json did not read: a recovered open chunk's number is a guess
+        self._numbered_blind: set[int] = set()  # ... those chunks, renumbered after what S3 holds (`after_s3`)
         state = self._read_state()
         # Chunk numbers are never reused, so the state's count is a floor. The sequence and the last
         # step come from records actually present (here, then in S3 by `reconcile`): a restore that
@@ -232,6 +235,7 @@ class Spool:
             return {name: int(saved.get(name, 0)) for name in state}
         except (ValueError, TypeError, AttributeError) as error:
             self._damaged(f"{path}: unreadable ({type(error).__name__}), left out: the chunks say what they hold")
+            self._state_lost = True
             return state
 
     def _damaged(self, what: str) -> None:
@@ -242,17 +246,23 @@ class Spool:
         """The records of a chunk file; a line that is not one (zeroed or torn by a lost machine) is set aside,
         named, and the file rewritten without it (the second value: it was), so what is uploaded reads whole."""
         lines = [line for line in path.read_bytes().splitlines() if line.strip()]
-        records, kept, bad = [], [], []
+        records, kept, bad, bad_lines = [], [], [], []
         for number, line in enumerate(lines, start=1):
             try:
                 records.append(Record.from_line(line))
                 kept.append(line)
-            except (ValueError, TypeError, KeyError) as error:
+            except (ValueError, TypeError, KeyError, AttributeError) as error:
+                bad_lines.append(line)
                 bad.append(f"{path.relative_to(self.directory)} line {number}: not a record ({error})"[:300])
         if bad:
             self.lines_set_aside += len(bad)
             for what in bad:
                 self._damaged(f"{what}; set aside")
+            # The bytes kept aside, for whoever wants to look; the chunk, without them
+            aside = self.directory / "damaged" / f"{path.name}.lines"
+            aside.parent.mkdir(exist_ok=True)
+            with open(aside, "ab") as kept_aside:
+                kept_aside.write(b"".join(line + b"\n" for line in bad_lines))
             write_atomically(path, b"".join(line + b"\n" for line in kept))
         return records, bool(bad)
 
@@ -263,6 +273,10 @@ class Spool:
         """Count a sealed chunk found on disk, and move the position past what it holds."""
         path = self.sealed_path(sequence)
         records, repaired = self._readable(path)
+        self.next_chunk = max(self.next_chunk, sequence + 1)
+        if not records:  # every line set aside: nothing of it to deliver, its number never reused
+            path.unlink()
+            return
         if repaired:
             self.repaired.add(sequence)
         self._sealed[sequence] = Chunk(sequence, path, len(records))
@@ -272,8 +286,10 @@ class Spool:
         self._advance_past(records)
 
     def _advance_past(self, records: list[Record]) -> None:
+        """Records this volume holds (its chunks, or recovered from its journal)."""
         self.remember(records)
         for record in records:
+            self.local_attempt = max(self.local_attempt, record.attempt)
             self.next_seq = max(self.next_seq, record.seq + 1)
             self.last_step = max(self.last_step, record.step)
             self.last_attempt = max(self.last_attempt, record.attempt)
@@ -320,6 +336,8 @@ class Spool:
         sequence = max(sequence, max(self._sealed, default=-1) + 1)
         if repaired:
             self.repaired.add(sequence)
+        if self._state_lost:  # S3 may hold chunks numbered past every local one: renumbered once it is read
+            self._numbered_blind.add(sequence)
         self._seal_path(path, len(records), sequence)
 
     def recover_journal(self) -> int:
@@ -353,6 +371,9 @@ class Spool:
                     chunk.write(lines)
                     chunk.flush()
                     os.fsync(chunk.fileno())
+                # The journal lets go of them at once: a kill from here on finds them in the open chunk alone, and
+                # seals them as that (never journaled and spooled both, which only the newest chunk would tell)
+                self.journal.restart(attempt)
                 self._advance_past([Record.from_line(line) for line in lines.splitlines()])
                 self.recovered_records += len(records)
                 self._open.close()
@@ -362,6 +383,27 @@ class Spool:
         self.journal.restart(attempt)
         self._journal_recovered = True
         return len(records)
+
+    def after_s3(self, last_in_s3: int) -> None:
+        """Renumber the chunks recovery numbered without a state file (torn), if S3 holds that number already: they
+        follow what S3 holds. Before anything compares pending chunks with S3 (`reconcile`)."""
+        for sequence in sorted(self._numbered_blind):
+            if sequence > last_in_s3:
+                continue
+            chunk = self._sealed.pop(sequence)
+            number = max(last_in_s3, max(self._sealed, default=-1), self.next_chunk - 1) + 1
+            target = self.sealed_path(number)
+            with on_spool_disk(self.directory):
+                os.rename(chunk.path, target)
+                fsync_directory(self.sealed_dir)
+            self._sealed[number] = Chunk(number, target, chunk.records)
+            if sequence in self.repaired:
+                self.repaired.discard(sequence)
+                self.repaired.add(number)
+            self.next_chunk = max(self.next_chunk, number + 1)
+            log.warning("chunk %d, numbered without the spool's state, is chunk %d: S3 holds %d already",
+                        sequence, number, sequence)  # fmt: skip
+        self._numbered_blind.clear()
 
     def continue_after(self, *, chunk: int, seq: int, step: int, attempt: int) -> None:
         """Continue after what S3 already holds (a new volume under an existing run)."""

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import aws, contract
 from beacon.contract import FinalState
+from beacon.contract.preflight import preflight_document
 from beacon.create_only import Written, put_create_only
 from beacon.index import IndexWriter
 from beacon.mirrors import Mirror, RunInfo
@@ -124,13 +126,19 @@ KILLED = "no clean exit (killed, or its node lost): its end written by beacon.sy
 
 
 def _end_of_a_killed_attempt(s3: Any, bucket: str, experiment: str, run: str, spool: Spool) -> bool:
-    """Write the final state of the spool's attempt when it wrote none (killed outright, its node lost): failed, at
-    its newest step, so readers name that step rather than an older document's. Never over an end this attempt or a
-    later one wrote (`contract.final_state_superseded`). Whether it wrote one."""
-    attempt = max(spool.last_attempt, 0)
-    newest = spool.newest(attempt)
-    if newest is None:
+    """Write the final state of this volume's attempt when it wrote none (killed outright, its node lost): failed, at
+    its newest step, so readers name that step rather than an older document's. Never for an attempt S3 shows a
+    later one of (its records, or a preflight that started after this attempt's newest record), never over an end
+    this attempt or a later one wrote (`contract.final_state_superseded`). Whether it wrote one."""
+    attempt = spool.local_attempt  # this volume's records: S3's last chunk may be a later attempt's, still running
+    newest = spool.newest(attempt) if attempt >= 0 else None
+    if newest is None or spool.last_attempt > attempt:
         return False
+    ended_at, last_step = newest
+    end = {"state": FinalState.FAILED.value, "attempt": attempt, "last_step": last_step, "ended_at": ended_at,
+           "error": KILLED, "unacknowledged_records": 0, "values_lost": spool.values_lost}  # fmt: skip
+    if contract.final_state_superseded(end, attempts_started_at=_starts(s3, bucket, experiment, run)):
+        return False  # a later start of the run, on another volume, has not written a record yet
     key = contract.final_status_key(experiment, run)
     try:
         final = contract.final_state_document(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
@@ -141,12 +149,27 @@ def _end_of_a_killed_attempt(s3: Any, bucket: str, experiment: str, run: str, sp
     except ValueError:  # not a final state a reader takes: as good as none
         final = None
     if final is not None and not contract.final_state_superseded(final, attempts=(attempt,)):
-        return False  # this attempt ended cleanly, or a later one has started since
-    ended_at, last_step = newest
-    end = {"state": FinalState.FAILED.value, "attempt": attempt, "last_step": last_step, "ended_at": ended_at,
-           "error": KILLED, "unacknowledged_records": 0, "values_lost": spool.values_lost}  # fmt: skip
-    s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(end).encode())
+        return False  # this attempt ended cleanly, or a later one has
+    body = json.dumps(end).encode()
+    if final is None:  # none there: created only if still none (an attempt ending meanwhile wins)
+        return put_create_only(s3, bucket=bucket, key=key, body=body, compare=False).written is Written.CREATED
+    s3.put_object(Bucket=bucket, Key=key, Body=body)  # over an earlier attempt's end, as each attempt's end does
     return True
+
+
+def _starts(s3: Any, bucket: str, experiment: str, run: str) -> list[float]:
+    """When each start of the run that passed its preflight began, as its preflight record says."""
+    prefix = contract.run_prefix(experiment, run) + f"{contract.PREFLIGHT}/"
+    started = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            try:
+                record = preflight_document(s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read())
+                if not record.get("failed"):
+                    started.append(datetime.fromisoformat(str(record["started_at"])).timestamp())
+            except (ValueError, KeyError):  # not a preflight record a reader takes: no start it proves
+                continue
+    return started
 
 
 def _mirror(

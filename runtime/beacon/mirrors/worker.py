@@ -167,8 +167,9 @@ class Cursor:
                 self.seq = int(saved.get("seq", -1))
                 self.final_state = saved.get("final_state")
             except (ValueError, TypeError, AttributeError) as error:  # torn by a lost machine
-                # The tracker is asked what it holds at start: the worker resumes after that, nothing sent twice
-                log.warning("mirror cursor %s unreadable (%s): resuming after what the tracker holds", path,
+                # The tracker is asked what it holds at start and the worker resumes after that; one that cannot
+                # say (W&B offline) is sent the run again from its start
+                log.warning("mirror cursor %s unreadable (%s): resuming after what the tracker says it holds", path,
                             type(error).__name__)  # fmt: skip
                 self.seq, self.final_state = -1, None
 
