@@ -308,7 +308,8 @@ def test_a_killed_run_synced_afterwards_is_named_at_its_newest_step_and_its_end_
     key = contract.final_status_key("team", "killed")
     assert key in keys_under(as_writer.aws.client("s3"), as_writer.bucket, key), "nothing writes a killed run's end"
     final = as_writer.aws.client("s3").get_object(Bucket=as_writer.bucket, Key=key)
-    assert b'"last_step": 299' in final["Body"].read()
+    end = json.loads(final["Body"].read())
+    assert (end["state"], end["last_step"]) == ("failed", 299) and "no clean exit" in end["error"], end
     diagnosis = doctor(as_writer, "team", "killed")
     assert "step 299" in diagnosis.headline() and "step 2" not in diagnosis.headline().replace("step 299", ""), (
         diagnosis.headline()

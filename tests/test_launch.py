@@ -8,6 +8,7 @@ script that `beacon.init` refuses exits with Beacon's code and one line, read la
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -111,6 +112,25 @@ def test_the_launcher_exits_2_with_one_line_before_torchrun_when_the_configurati
         f"beacon.launch: {contract.SAGEMAKER_RENDEZVOUS}: {tmp_path / 'absent.json'} not found; "
         "the argument is for SageMaker training jobs"
     ]
+
+
+def test_a_volume_mounted_read_only_is_named_so_before_torchrun_not_as_an_ownership_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27, finding 7: the launcher checks the volumes first, and said "fix the volume's ownership" for a
+    read-only mount; it now gives preflight's one advice."""
+
+    def read_only(self: Path, data: bytes) -> int:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", read_only)
+    with pytest.raises(VolumeError) as raised:
+        check_volumes({"BEACON_SPOOL_DIR": str(tmp_path / "spool")}, on_sagemaker=False)
+    message = str(raised.value)
+    assert message == (
+        f"BEACON_SPOOL_DIR: {tmp_path / 'spool'} is on a volume mounted read-only (Read-only file system): "
+        "mount it read-write (the pod's volumeMount without readOnly, a ReadWriteMany claim)"
+    )
 
 
 def test_the_directories_the_ranks_write_are_made_and_one_that_cannot_be_is_named_before_torchrun(

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -78,7 +79,13 @@ def check_volumes(environ: MutableMapping[str, str], *, on_sagemaker: bool) -> N
             raise VolumeError(_unwritable(setting, directory, error, on_sagemaker=on_sagemaker)) from None
 
 
+# The one advice for a volume mounted read-only, here (before torchrun) and in preflight (each rank's spool)
+READ_ONLY_FIX = "mount it read-write (the pod's volumeMount without readOnly, a ReadWriteMany claim)"
+
+
 def _unwritable(setting: str, directory: Path, error: OSError, *, on_sagemaker: bool) -> str:
+    if error.errno == errno.EROFS:  # not an ownership question: nothing can write there
+        return f"{setting}: {directory} is on a volume mounted read-only ({error.strerror}): {READ_ONLY_FIX}"
     held = next((p for p in (directory, *directory.parents) if p.exists()), directory)
     try:
         info = held.stat()

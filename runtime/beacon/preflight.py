@@ -35,6 +35,7 @@ from botocore.exceptions import (
 from beacon import contract
 from beacon.contract.preflight import PreflightRecord
 from beacon.create_only import put_create_only
+from beacon.launch import READ_ONLY_FIX
 from beacon.settings import RunSettings
 
 log = logging.getLogger("beacon.preflight")
@@ -140,8 +141,7 @@ def check_spool(
             ) from None
         if error.errno == errno.EROFS:
             raise PreflightError(
-                f"spool dir {spool_dir}: the volume is mounted read-only ({error.strerror}); mount it read-write "
-                "(the pod's volumeMount without readOnly, a ReadWriteMany claim)"
+                f"spool dir {spool_dir}: the volume is mounted read-only ({error.strerror}); {READ_ONLY_FIX}"
             ) from None
         raise PreflightError(
             f"spool dir {spool_dir}: cannot create and fsync a file as uid {os.getuid()} ({error.strerror}); "
