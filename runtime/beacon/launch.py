@@ -84,7 +84,9 @@ READ_ONLY_FIX = "mount it read-write (the pod's volumeMount without readOnly, a 
 
 
 def _unwritable(setting: str, directory: Path, error: OSError, *, on_sagemaker: bool) -> str:
-    if error.errno == errno.EROFS:  # not an ownership question: nothing can write there
+    # Not an ownership question on a pod: nothing can write there. (SageMaker's /opt/ml is its own, not a mount the
+    # job chooses: the advice below, for the image's user, is the one it can follow.)
+    if error.errno == errno.EROFS and not on_sagemaker:
         return f"{setting}: {directory} is on a volume mounted read-only ({error.strerror}): {READ_ONLY_FIX}"
     held = next((p for p in (directory, *directory.parents) if p.exists()), directory)
     try:
