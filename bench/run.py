@@ -33,7 +33,7 @@ from beacon_ops.templates import load_templates
 from bench.cost import bench_idle_cost
 from bench.doctor import bench_doctor
 from bench.mlflow_server import MlflowServer
-from bench.trackers import bench_mirror_lag, bench_sustained, bench_trackers
+from bench.trackers import bench_firehose, bench_mirror_lag, bench_sustained, bench_trackers
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / ".beacon" / "bench"
@@ -401,6 +401,7 @@ GOALS = {
     "beacon_records_lost_after_sigkill": ("<=", 0),
     "sustained_records_per_s": (">=", 20_000),
     "sustained_rss_growth_mb": ("<=", 64),
+    "firehose_rss_growth_mb": ("<=", 128),
     "mirror_lag_median_s": ("<=", 2.0),
     "rank_signal_ms_per_step": ("<=", 0.01),
     "doctor_long_run_s": ("<=", 10),
@@ -435,6 +436,8 @@ def bench_library(bench: Bench, records: int, outage_s: float) -> dict[str, Any]
             mlflow.stop()
     print(f"bench: sustained records/s to S3, {records} records, a {outage_s:.0f} s S3 outage half-way", flush=True)
     report.update(bench_sustained(env, s3_endpoint=bench.aws.url, bucket=BUCKET, records=records, outage_s=outage_s))
+    print("bench: the firehose, 2,000,000 records never held back (the memory bound at work)", flush=True)
+    report.update(bench_firehose(env, s3_endpoint=bench.aws.url, bucket=BUCKET))
     return report
 
 

@@ -234,9 +234,28 @@ def bench_trackers(
     }
 
 
+# --- the firehose: a loop faster than the spool, never held back -----------------------------------------
+def bench_firehose(env: dict[str, str], *, s3_endpoint: str, bucket: str, records: int = 2_000_000) -> dict[str, Any]:
+    """`run.log` as fast as one thread can for `records` records, never waiting for the spool: what the process
+    holds past its start is the memory bound at work (the spool writer's, then the journal's backlog on disk)."""
+    report = bench_sustained(env, s3_endpoint=s3_endpoint, bucket=bucket, records=records, outage_s=0, queued=records)
+    return {
+        "firehose_records": report["sustained_records"],
+        "firehose_rss_growth_mb": report["sustained_rss_growth_mb"],
+        "firehose_log_records_per_s": report["sustained_log_records_per_s"],
+        "firehose_delivered": report["sustained_delivered"],
+    }
+
+
 # --- sustained records/s, memory, an S3 outage ------------------------------------------------------
 def bench_sustained(
-    env: dict[str, str], *, s3_endpoint: str, bucket: str, records: int = 1_000_000, outage_s: float = 60.0
+    env: dict[str, str],
+    *,
+    s3_endpoint: str,
+    bucket: str,
+    records: int = 1_000_000,
+    outage_s: float = 60.0,
+    queued: int = 5_000,
 ) -> dict[str, Any]:
     """`run.log` as fast as one thread can, 10 metrics a record, until `records`; then until S3
     acknowledged them all. Half-way, S3 is unreachable for `outage_s` (the fault proxy resets every S3
@@ -256,6 +275,7 @@ def bench_sustained(
                 f"--run-id=sustained-{int(time.time() * 1000)}",
                 f"--records={records}",
                 f"--outage-at={records // 2 if outage_s > 0 else 0}",
+                f"--queued={queued}",
                 "--sample-s=1",
             )
             assert process.stdin is not None and process.stdout is not None and process.stderr is not None

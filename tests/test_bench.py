@@ -9,7 +9,7 @@ import pytest
 
 from beacon_ops.local.moto import ADMIN, REGION
 from bench.mlflow_server import MlflowServer
-from bench.trackers import TRACKERS, bench_mirror_lag, bench_sustained, bench_trackers
+from bench.trackers import TRACKERS, bench_firehose, bench_mirror_lag, bench_sustained, bench_trackers
 from tests.support.moto_server import MotoServer
 
 BUCKET = "beacon-bench-test"
@@ -63,6 +63,14 @@ def test_sustained_through_an_s3_outage_delivers_every_record(moto_server: MotoS
     assert report["sustained_records_per_s"] >= 0 and report["sustained_with_outage_records_per_s"] > 0
     assert report["sustained_rss_start_mb"] > 0
     assert [sample["acked"] for sample in report["sustained_samples"]][-1] == report["sustained_records"]
+
+
+def test_the_firehose_past_the_memory_bound_delivers_every_record(moto_server: MotoServer, env: dict[str, str]) -> None:
+    """40,000 records of 10 values, never held back (more than the 250,000 values the spool writer keeps in
+    memory, should the spool fall behind): every record reaches S3, and the figures `make bench` reports are there."""
+    report = bench_firehose(env, s3_endpoint=moto_server.url, bucket=BUCKET, records=40_000)
+    assert report["firehose_delivered"] is True and report["firehose_records"] == 40_000
+    assert report["firehose_rss_growth_mb"] > 0 and report["firehose_log_records_per_s"] > 0
 
 
 def test_the_mlflow_mirror_lag(env: dict[str, str], mlflow_server: MlflowServer) -> None:

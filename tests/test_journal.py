@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from beacon.contract import Record, history, records_of
-from beacon.journal import DATA_START, ENTRY, Journal
+from beacon.journal import BACKLOG, DATA_START, ENTRY, Journal
 from beacon.spool import Spool, SpoolFullError
 
 from tests.support.synth import ROOT
@@ -197,3 +197,61 @@ def test_a_kill_while_recovery_seals_the_journals_steps_spools_each_step_once(
     again.recover_journal()
     steps = sorted(r.step for chunk in again.pending() for r in records_of(chunk.body()))
     assert steps == list(range(8)), "each step once"
+
+
+# --- the backlog: past the spool writer's memory bound ------------------------------------------------------------
+def test_the_backlog_shares_the_rings_numbers_and_recovery_reads_both_in_the_order_logged(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, capacity=4096)
+    assert [journal.append(step, 1.0, {"loss": 0.5}) for step in (0, 1)] == [1, 2]
+    with journal.backlog_lock:
+        assert [journal.overflow(step, 1.0, {"loss": 0.5}, []) for step in (2, 3)] == [3, 4]
+    assert journal.append(4, 1.0, {"loss": 0.5}) == 5, "the ring goes on after the backlog's numbers"
+    assert [step for step, *_ in journal.unspooled()] == [0, 1, 2, 3, 4]
+    journal.durable_through(3)
+    assert [step for step, *_ in journal.unspooled()] == [3, 4], "the spool's fsync marks both"
+    journal.restart(attempt=1)
+    assert journal.unspooled() == [] and (tmp_path / BACKLOG).stat().st_size == 0
+
+
+def test_the_spool_thread_reads_the_backlog_a_read_at_a_time_and_it_starts_empty_once_all_is_durable(
+    tmp_path: Path,
+) -> None:
+    journal = Journal(tmp_path, capacity=4096)
+    with journal.backlog_lock:
+        for step in range(10):
+            journal.overflow(step, 1.0, {"loss": 0.5, "lr": 0.1}, ["grad_norm"] if step == 4 else [])
+        first, done = journal.backlog_entries(limit=1)  # less than one entry: that entry, whole
+        assert [(n, step) for n, step, *_ in first] == [(1, 0)] and not done
+        rest, done = journal.backlog_entries(limit=1 << 20)
+    assert [step for _, step, *_ in rest] == list(range(1, 10)) and done
+    assert rest[3][3:] == ({"loss": 0.5, "lr": 0.1}, ["grad_norm"]), "a value the loop could not read, named"
+    size = (tmp_path / BACKLOG).stat().st_size
+    with journal.backlog_lock:
+        journal.overflow(10, 1.0, {"loss": 0.5}, [])
+    assert (tmp_path / BACKLOG).stat().st_size > size, "read but not yet durable: kept, appended to"
+    with journal.backlog_lock:
+        journal.backlog_entries(limit=1 << 20)
+        journal.durable_through(11)
+        journal.overflow(11, 1.0, {"loss": 0.5}, [])
+        assert [step for _, step, *_ in journal.backlog_entries(limit=1 << 20)[0]] == [11]
+    assert (tmp_path / BACKLOG).stat().st_size < size / 5, "read and fsync'd in the spool: it started again"
+
+
+def test_a_backlog_write_the_volume_refuses_is_cut_back_and_the_steps_before_it_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal(tmp_path, capacity=4096)
+    real_write = os.write
+    with journal.backlog_lock:
+        journal.overflow(0, 1.0, {"loss": 0.5}, [])
+
+        def full(descriptor: int, data: bytes) -> int:
+            real_write(descriptor, data[:7])  # part of the entry, then the volume is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "write", full)
+        with pytest.raises(OSError, match="No space"):
+            journal.overflow(1, 1.0, {"loss": 0.5}, [])
+        monkeypatch.setattr(os, "write", real_write)
+        journal.overflow(2, 1.0, {"loss": 0.5}, [])
+    assert [step for step, *_ in journal.unspooled()] == [0, 2], "the refused step was never acknowledged"

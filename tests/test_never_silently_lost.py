@@ -3,11 +3,11 @@
 Each test runs real processes against the embedded AWS (a clock step inside the process, files torn and
 zeroed, two processes on one directory, a full volume) and says what a run must do. Until the redesign makes
 it true, each is a strict xfail naming its finding: CI stays green, and a fix that lands unannounced fails the
-xfail, which then becomes a plain test. Findings 1, 3, 7, 10 and 12 are fixed; their tests live beside the code
-they prove (test_library, test_faults, test_config, test_ranks). Findings 2, 4, 5, 6 and 11 are fixed early, as
+xfail, which then became a plain test. Findings 1, 3, 7, 10 and 12 are fixed; their tests live beside the code
+they prove (test_library, test_faults, test_config, test_ranks). Findings 2, 4, 5, 6, 8, 9 and 11 are fixed as
 slices of the redesign (one owner per spool directory; recovery by what a record is, not by the wall clock; a
-damaged spool read as far as it reads, the rest named; a step larger than the journal; beacon.sync's outcomes),
-and pass here."""
+damaged spool read as far as it reads, the rest named; a step larger than the journal; a memory bound with the
+journal's backlog past it; a tensor value a kill took, named; beacon.sync's outcomes), and pass here."""
 
 from __future__ import annotations
 
@@ -27,12 +27,6 @@ from tests.support.job_harness import JobHarness, delivered_records, finish, key
 from tests.support.synth import ROOT
 from tests.test_faults import small_filesystem  # noqa: F401 (a fixture)
 from tests.test_sync import aged, stranded_spool, sync
-
-REDESIGN = "issue 29 (the one log) fixes issue 26's finding"
-
-
-def redesign(finding: int, what: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"{REDESIGN} {finding}: {what}")
 
 
 @pytest.fixture
@@ -311,7 +305,6 @@ print("growth_mb", held - before, "delivered", report.delivered, flush=True)
 """
 
 
-@redesign(8, "a stated bound on the records waiting for the spool (firehose_rss_growth_mb <= 128)")
 def test_a_loop_logging_while_the_spool_cannot_keep_up_stays_within_the_stated_memory_bound(
     harness: JobHarness,
 ) -> None:
@@ -324,8 +317,36 @@ def test_a_loop_logging_while_the_spool_cannot_keep_up_stays_within_the_stated_m
     done = run_loop(harness, "firehose", FIREHOSE_LOOP)
     assert done.returncode == 0, done.stderr[-2000:]
     growth = float(done.stdout.split("growth_mb ")[1].split()[0])
+    print(f"resident growth while the volume stalled: {growth:.1f} MB")
     assert growth <= 128, f"{growth:.0f} MB"
     assert "delivered True" in done.stdout
+    assert "steps go to the journal's backlog" in done.stderr, done.stderr[-2000:]  # the bound, said when reached
+
+
+KILLED_WHILE_OVERFLOWING = (
+    FIREHOSE_LOOP.split("metrics = ")[0]
+    + """
+metrics = {f"metric_{i}": 0.5 for i in range(100)}
+for step in range(20_000):
+    run.log(metrics, step)
+os.kill(os.getpid(), signal.SIGKILL)  # the volume still stalled: nothing of these steps was fsync'd
+"""
+)
+
+
+def test_a_sigkill_while_steps_wait_in_the_backlog_loses_none_of_them(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """20,000 steps of 100 metrics, most past the memory bound in the journal's backlog, then a SIGKILL before the
+    stalled volume took any: `beacon.sync` delivers every step, once, in the order logged."""
+    killed = run_loop(harness, "backlog-kill", KILLED_WHILE_OVERFLOWING.replace("import os,", "import os, signal,"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert "steps go to the journal's backlog" in killed.stderr, killed.stderr[-2000:]
+    pushed = sync(harness, aged(tmp_path / "spool" / "lib" / "backlog-kill"))
+    assert pushed.returncode == 0, pushed.stderr[-2000:]
+    records = delivered_records(as_writer.client("s3"), as_writer.bucket, "lib", "backlog-kill")
+    assert [r.step for r in sorted(records, key=lambda r: r.seq)] == list(range(20_000))
+    assert all(len(r.metrics) == 100 for r in records)
 
 
 # --- finding 9: a tensor value at a SIGKILL ------------------------------------------------------------------------

@@ -1,9 +1,15 @@
-"""The spool thread's cycle (`beacon.spool_writer`), driven by hand: what a flush's seal request covers."""
+"""The spool thread's cycle (`beacon.spool_writer`), driven by hand: what a flush's seal request covers, and the
+memory bound past which steps wait in the journal's backlog."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+import pytest
+import torch
+from beacon import spool_writer
+from beacon.contract import records_of
 
 from tests.test_hot_path import telemetry
 
@@ -34,3 +40,43 @@ def test_a_seal_asked_for_while_a_cycle_runs_seals_the_steps_logged_meanwhile_in
     writer.persist(final=False)
     assert len(spool.pending()) == 2, "no request left: nothing more is sealed"
     spool.close()
+
+
+def test_past_the_memory_bound_steps_go_to_the_backlog_and_are_spooled_in_the_order_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten values may wait in memory: the sixth step of two goes to the journal's backlog, and so does every step
+    after it until the spool thread has read the backlog back (a tensor's value read by `log` meanwhile); then
+    steps are queued in memory again. Spooled, every step is there once, in the order logged."""
+    monkeypatch.setattr(spool_writer, "QUEUE_BOUND_VALUES", 10)
+    sink = telemetry(tmp_path)
+    writer, spool = sink.spool_writer, sink.spool
+    for step in range(30):
+        writer.log(step, {"loss": torch.tensor(0.25) if step == 20 else 1.0, "lr": 0.1})
+    assert len(writer.queue) // 2 == 6 and writer.overflowing, "ten values waited: the sixth step is past them"
+    assert writer.queued() == 30 and writer.unspooled() == 30
+    writer.persist(final=True)
+    assert not writer.overflowing and writer.queued() == 0
+    writer.log(30, {"loss": 1.0, "lr": 0.1})
+    assert len(writer.queue) == 2, "caught up: queued in memory again"
+    writer.persist(final=True)
+    records = [record for chunk in spool.pending() for record in records_of(chunk.body())]
+    assert [r.step for r in records] == list(range(31)) and [r.seq for r in records] == list(range(31))
+    assert records[20].metrics == {"loss": 0.25, "lr": 0.1}
+    assert spool.journal.unspooled() == [], "the spool's fsync marked the backlog's steps too"
+    spool.close()
+
+
+def test_closing_spools_a_backlog_larger_than_one_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spool_writer, "QUEUE_BOUND_VALUES", 0)
+    monkeypatch.setattr(spool_writer, "BACKLOG_READ_BYTES", 100)  # about two steps a cycle
+    sink = telemetry(tmp_path)
+    writer = sink.spool_writer
+    for step in range(40):
+        writer.log(step, {"loss": 1.0})
+    assert writer.overflowing
+    sink.lifecycle.close(budget=30)
+    writer.thread.start()
+    writer.thread.join(30)
+    assert sink.report.records == 40 and writer.unspooled() == 0
+    sink.spool.close()

@@ -8,19 +8,29 @@ Every step is journaled, with its plain numbers; a tensor's value exists only on
 (reading it here would wait for the device), so the entry names it as pending: a kill before the spool's fsync
 loses that value alone, and recovery says which.
 Not a defence against a lost machine: the page cache goes with it (the spool's fsync is that defence).
+
+Past the memory bound (`spool_writer.QUEUE_BOUND_VALUES`: the spool cannot keep up, or its volume stalls), a step
+goes to the backlog instead: a file beside the ring, written (not mapped) so it costs the process no memory, its
+entries numbered in the ring's sequence. The spool thread reads it back in order; the spool's fsync marks both.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import marshal
 import mmap
 import os
 import struct
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("beacon.journal")
+
 JOURNAL = "journal"
+BACKLOG = "backlog"
 CAPACITY = 8 * 1024 * 1024  # ~40,000 steps of 10 metrics: far more than a spool thread's 0.25 s cycle
 MIN_CAPACITY = 16 * 1024
 MAGIC = b"BJRNL001"
@@ -28,6 +38,8 @@ HEADER = struct.Struct("<8sIqq")  # magic, epoch, durable_through, attempt
 DATA_START = 64
 ENTRY = struct.Struct("<IIIQ")  # payload length, payload crc32, epoch, entry number
 PLAIN = (float, int, bool)  # what is journaled: values `float()` reads back as they were logged
+# An entry read back: its number, step, wall time, plain values and the names of the values that were pending.
+Entry = tuple[int, int, float, dict[str, float], list[str]]
 
 
 class Journal:
@@ -55,6 +67,12 @@ class Journal:
         # Steps not journaled: the ring was full of steps the spool had not yet fsync'd, or one step is larger.
         self.skipped = 0
         self.unreadable = 0  # entries recovery could not read back as numbers
+        # The backlog: appended by the training thread, read by the spool thread, one lock between them.
+        self.backlog_lock = threading.Lock()
+        self._backlog = os.open(directory / BACKLOG, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._backlog_written = os.fstat(self._backlog).st_size  # bytes; a killed process's entries stay to recovery
+        self._backlog_read = self._backlog_written  # the spool thread's offset (recovery reads from the start)
+        self._backlog_last = 0  # the number of the last entry it holds
 
     # --- the training thread -----------------------------------------------------------------------
     def append(self, step: int, wall_time: float, metrics: dict[str, Any]) -> int:
@@ -81,7 +99,69 @@ class Journal:
         self._number, self._position = number, position + size
         return number
 
+    def overflow(self, step: int, wall_time: float, plain: dict[str, float], pending: list[str]) -> int:
+        """Append a step to the backlog (the caller holds `backlog_lock`); its entry number. A failed write is cut
+        back (the entries before it stay readable) and raised."""
+        if self._backlog_read == self._backlog_written and self._durable >= self._backlog_last:
+            if self._backlog_written:  # every entry read and fsync'd in the spool: it starts empty again
+                os.ftruncate(self._backlog, 0)
+            self._backlog_written = self._backlog_read = 0
+        number = self._number + 1
+        payload = marshal.dumps((step, wall_time, plain, pending))
+        entry = ENTRY.pack(len(payload), zlib.crc32(payload), self._epoch, number) + payload
+        try:
+            written = os.write(self._backlog, entry)
+            if written != len(entry):
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError:
+            os.ftruncate(self._backlog, self._backlog_written)
+            raise
+        self._backlog_written += len(entry)
+        self._number = self._backlog_last = number
+        return number
+
     # --- the spool thread --------------------------------------------------------------------------
+    def backlog_entries(self, limit: int) -> tuple[list[Entry], bool]:
+        """The backlog's next entries, about `limit` bytes of them (the caller holds `backlog_lock`), and whether
+        that is all it holds."""
+        available = self._backlog_written - self._backlog_read
+        data = os.pread(self._backlog, min(available, max(limit, ENTRY.size)), self._backlog_read) if available else b""
+        if len(data) >= ENTRY.size and (whole := ENTRY.size + ENTRY.unpack_from(data)[0]) > len(data):
+            data = os.pread(self._backlog, min(available, whole), self._backlog_read)  # one entry over the limit
+        entries, used = self._entries(data)
+        if available and not used:  # cannot happen short of a damaged disk: never a spool thread stuck on it
+            log.error("the backlog at %d of %d bytes does not read; %d bytes of it set aside",
+                      self._backlog_read, self._backlog_written, available)  # fmt: skip
+            self.unreadable += 1
+            used = available
+        self._backlog_read += used
+        return entries, self._backlog_read == self._backlog_written
+
+    def _entries(self, data: bytes) -> tuple[list[Entry], int]:
+        """The entries of this epoch at the start of `data`, and the bytes they take: up to the first one cut (by a
+        read's limit, or torn by a kill: never returned to the caller of `log`) or of an earlier epoch."""
+        entries: list[Entry] = []
+        position = 0
+        while position + ENTRY.size <= len(data):
+            length, crc, epoch, number = ENTRY.unpack_from(data, position)
+            end = position + ENTRY.size + length
+            payload = data[position + ENTRY.size : end]
+            if length == 0 or end > len(data) or epoch != self._epoch or number == 0 or zlib.crc32(payload) != crc:
+                break
+            if (entry := self._read_entry(number, payload)) is not None:
+                entries.append(entry)
+            position = end
+        return entries, position
+
+    def _read_entry(self, number: int, payload: bytes) -> Entry | None:
+        try:
+            step, wall_time, metrics, *pending = marshal.loads(payload)  # a release before: no pending
+            numbers = {str(k): float(v) for k, v in metrics.items()}
+            return number, int(step), float(wall_time), numbers, [str(n) for n in (pending or [[]])[0]]
+        except (ValueError, TypeError, OverflowError, EOFError):
+            self.unreadable += 1  # never blocks a start: the spool thread would have refused it too
+            return None
+
     def durable_through(self, number: int) -> None:
         """Every entry through `number` is in the spool, fsync'd."""
         if number > self._durable:
@@ -90,29 +170,27 @@ class Journal:
 
     # --- start-up: the spool, before anything is appended ----------------------------------------------
     def unspooled(self) -> list[tuple[int, float, dict[str, float], list[str]]]:
-        """The steps a killed process journaled past its spool's last fsync, in the order logged: each with its plain
-        values and the names of the values that were pending (tensors the spool thread had not read)."""
-        found: list[tuple[int, float, dict[str, float], list[str]]] = []
-        position, expected = DATA_START, None
+        """The steps a killed process journaled past its spool's last fsync, in the order logged (the ring's and the
+        backlog's, by entry number): each with its plain values and the names of the values that were pending
+        (tensors the spool thread had not read)."""
+        found: list[Entry] = []
+        position, previous = DATA_START, 0
         while position + ENTRY.size <= self.capacity:
             length, crc, epoch, number = ENTRY.unpack_from(self._map, position)
             end = position + ENTRY.size + length
             if length == 0 or end > self.capacity or epoch != self._epoch or number == 0:
                 break
-            if expected is not None and number != expected:
-                break  # the chain ends: what follows is older, already fsync'd
+            if number <= previous:
+                break  # the chain ends: what follows is older, already fsync'd (the backlog took the numbers between)
             payload = bytes(self._map[position + ENTRY.size : end])
             if zlib.crc32(payload) != crc:
-                break  # torn by the kill: never returned to the caller of `log`
-            if number > self._durable:
-                try:
-                    step, wall_time, metrics, *pending = marshal.loads(payload)  # a release before: no pending
-                    numbers = {str(k): float(v) for k, v in metrics.items()}
-                    found.append((int(step), float(wall_time), numbers, [str(n) for n in (pending or [[]])[0]]))
-                except (ValueError, TypeError, OverflowError, EOFError):
-                    self.unreadable += 1  # never blocks a start: the spool thread would have refused it too
-            position, expected = end, number + 1
-        return found
+                break  # torn by a kill: never returned to the caller of `log`
+            if number > self._durable and (entry := self._read_entry(number, payload)) is not None:
+                found.append(entry)
+            position, previous = end, number
+        backlog, _ = self._entries(os.pread(self._backlog, self._backlog_written, 0))
+        found.extend(entry for entry in backlog if entry[0] > self._durable)
+        return [entry[1:] for entry in sorted(found)]
 
     def restart(self, attempt: int) -> None:
         """A new epoch for `attempt`: entries of the old one are never read again."""
@@ -120,6 +198,10 @@ class Journal:
         self._durable, self._number, self._position, self.attempt = 0, 0, DATA_START, attempt
         ENTRY.pack_into(self._map, DATA_START, 0, 0, 0, 0)
         HEADER.pack_into(self._map, 0, MAGIC, self._epoch, 0, attempt)
+        with self.backlog_lock:
+            os.ftruncate(self._backlog, 0)
+            self._backlog_written = self._backlog_read = self._backlog_last = 0
 
     def close(self) -> None:
         self._map.close()
+        os.close(self._backlog)

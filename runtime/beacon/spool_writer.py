@@ -14,9 +14,10 @@ from typing import Any, cast
 from beacon import contract
 from beacon.contract import Record
 from beacon.delivery import DeliveryReport, Lifecycle
+from beacon.journal import PLAIN
 from beacon.metric_window import MetricWindow, metric_value
 from beacon.settings import RunSettings
-from beacon.spool import Spool, SpoolDiskError, SpoolFullError, on_spool_disk
+from beacon.spool import FULL, Spool, SpoolDiskError, SpoolFullError, on_spool_disk
 from beacon.spool_owner import SpoolTakenOverError
 from beacon.tensorboard_view import TensorBoardView
 
@@ -30,6 +31,11 @@ Logged = tuple[int, float, int]
 # Records made at a time on the spool thread, gone before the collector's first threshold (700 objects).
 APPEND_SLICE = 256
 POLL_S = 0.25
+# The memory bound: metric values logged and waiting in memory for the spool thread (about 30 MB of them). Past it
+# (a loop faster than the spool, a volume that stalls), `run.log` appends its step to the journal's backlog on the spool
+# volume instead, until the spool thread has read the backlog back: the loop never waits for the spool.
+QUEUE_BOUND_VALUES = 250_000
+BACKLOG_READ_BYTES = 4 * 1024 * 1024  # read back a cycle at a time: the backlog's memory is its page cache
 # Waits between attempts after a disk error under the spool (EIO, ...), about 30 s in all: a hiccup
 # passes, a dead volume stops the job, naming it. Records wait in memory meanwhile; none is dropped.
 SPOOL_DISK_RETRY_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
@@ -51,6 +57,12 @@ class SpoolWriter:
         self.attempt = 0
         # Two items a step, its numbers then its metrics (see `Logged`), appended by one call.
         self.queue: collections.deque[Logged | dict[str, Any]] = collections.deque()
+        # Values queued and taken: each count written by one thread, their difference bounded (QUEUE_BOUND_VALUES).
+        self.values_queued = 0
+        self.values_taken = 0
+        self.overflowing = False  # steps go to the journal's backlog: set by `log`, cleared by the spool thread alone
+        self.overflowed = 0  # steps `log` put in the backlog (a count of the training thread's)
+        self.backlog_taken = 0  # ... and the spool thread took from it
         self.in_hand = 0  # steps taken from the queue and not yet spooled
         self._journaled = 0  # the last journal entry drained into the spool
         self.done = threading.Event()  # nothing new will become durable in this process
@@ -75,12 +87,52 @@ class SpoolWriter:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """A queue append and nothing else: values (tensors too) are read on the spool thread."""
         copy, wall_time = dict(metrics), time.time()
-        # Journaled first (a memory copy into the spool volume's page cache): a SIGKILL now loses nothing.
-        journaled = self.spool.journal.append(step, wall_time, copy)
-        # One call: no signal's exception can land between the two, leaving a step without its metrics.
-        self.queue.extend(((step, wall_time, journaled), copy))
+        if self.overflowing or self.values_queued - self.values_taken > QUEUE_BOUND_VALUES:
+            self._overflow(step, wall_time, copy)
+        else:
+            # Journaled first (a memory copy into the spool volume's page cache): a SIGKILL now loses nothing.
+            journaled = self.spool.journal.append(step, wall_time, copy)
+            # One call: no signal's exception can land between the two, leaving a step without its metrics.
+            self.queue.extend(((step, wall_time, journaled), copy))
+            self.values_queued += len(copy)
         self.last_logged = step
         self.logged += 1
+
+    def _overflow(self, step: int, wall_time: float, metrics: dict[str, Any]) -> None:
+        """Past the memory bound: the step goes to the journal's backlog, which the spool thread reads back after
+        the queue. A tensor's value is read here (the loop waits for its device, as long as the spool is this far
+        behind); one that cannot be read is named as pending, and counted set aside once the spool takes it."""
+        journal = self.spool.journal
+        with journal.backlog_lock:
+            if not self.overflowing:
+                if self.values_queued - self.values_taken <= QUEUE_BOUND_VALUES:  # the spool caught up meanwhile
+                    journaled = journal.append(step, wall_time, metrics)
+                    self.queue.extend(((step, wall_time, journaled), metrics))
+                    self.values_queued += len(metrics)
+                    return
+                log.warning(
+                    "the spool is %d values behind the loop (its volume slow or stalled): steps go to the journal's "
+                    "backlog on %s until it catches up; nothing is dropped", QUEUE_BOUND_VALUES, journal.path.parent,
+                )  # fmt: skip
+            plain: dict[str, float] = {}
+            pending: list[str] = []
+            for name, value in metrics.items():
+                if type(value) in PLAIN:
+                    plain[name] = value
+                    continue
+                try:
+                    plain[name] = metric_value(value)
+                except Exception:  # a device error: this value alone, as the spool thread would
+                    pending.append(name)
+            try:
+                journal.overflow(step, wall_time, plain, pending)
+            except OSError as error:  # the spool thread would stop on this volume too: the loop hears it now
+                kind = SpoolFullError if error.errno in FULL else SpoolDiskError
+                raise kind(error.errno, f"spool {journal.path.parent}: the backlog could not be written "
+                           f"({error.strerror}); step {step} was not recorded, the steps before it are on the "
+                           "volume for `python -m beacon.sync`") from error  # fmt: skip
+            self.overflowing = True
+            self.overflowed += 1
 
     def wake(self) -> None:
         self._wake.set()
@@ -91,8 +143,8 @@ class SpoolWriter:
         self._wake.set()
 
     def queued(self) -> int:
-        """Steps logged and not yet taken by the spool thread."""
-        return len(self.queue) // 2
+        """Steps logged and not yet taken by the spool thread (in memory, or in the journal's backlog)."""
+        return len(self.queue) // 2 + self.overflowed - self.backlog_taken
 
     def unspooled(self) -> int:
         """Steps logged and not yet in the spool: queued, or in the spool thread's hands."""
@@ -161,6 +213,8 @@ class SpoolWriter:
                     if stopping:
                         return
                 if stopping:
+                    if self.overflowing and lifecycle.remaining() > 0:
+                        continue  # the backlog, read back a cycle at a time (whatever is left stays for recovery)
                     return
                 if self.queued() < self.config.chunk_records:  # a backlog goes on at once
                     self._wake.wait(POLL_S)
@@ -176,9 +230,13 @@ class SpoolWriter:
         steps: list[Logged] = []
         metrics_of: list[dict[str, float]] = []
         queue = self.queue
+        # Read before the queue: `log` queues nothing while it is set, so the queue holds only older steps then,
+        # and a step queued after the loop below waits for the next cycle, as the backlog's newer steps do.
+        overflowing = self.overflowing
         while queue:  # whole steps only: `log` appends both items of one in a single call
             self.in_hand += 1  # until spooled, counted as not delivered (first: a reader never sees it nowhere)
             entry, metrics = cast(Logged, queue.popleft()), cast(dict[str, Any], queue.popleft())  # `log`'s own copy
+            self.values_taken += len(metrics)
             self._journaled = entry[2] or self._journaled
             for value in metrics.values():
                 if type(value) is not float:
@@ -186,12 +244,32 @@ class SpoolWriter:
                     break
             steps.append(entry)
             metrics_of.append(metrics)
+        if overflowing:
+            self._drain_backlog(steps, metrics_of)
         if steps:
             self.window.steps(steps[-1][0], metrics_of)
             for (step, _, _), metrics in zip(steps, metrics_of, strict=True):  # for pod logs and SageMaker's parsers
                 if step % contract.PROGRESS_LOG_INTERVAL == 0 and (loss := metrics.get(contract.LOSS_KEY)) is not None:
                     log.info(contract.progress_line(step, loss))
         return steps, metrics_of
+
+    def _drain_backlog(self, steps: list[Logged], metrics_of: list[dict[str, float]]) -> None:
+        """The backlog's next steps, a read at a time; once it is read to its end, `log` queues again."""
+        journal = self.spool.journal
+        with journal.backlog_lock:
+            entries, caught_up = journal.backlog_entries(BACKLOG_READ_BYTES)
+            if caught_up:
+                self.overflowing = False
+                log.info("the spool has read the journal's backlog back; steps are queued in memory again")
+        for number, step, wall_time, metrics, pending in entries:
+            self.in_hand += 1
+            self.backlog_taken += 1
+            self._journaled = number
+            steps.append((step, wall_time, number))
+            metrics_of.append(metrics)
+            for name in pending:  # read on the loop past the bound, and that read failed
+                aside = self.report.values_set_aside
+                aside[name] = aside.get(name, 0) + 1
 
     def _numbers(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
         """A step's values as floats, one value at a time: one that cannot be read is set aside and counted,
