@@ -255,3 +255,17 @@ def test_a_backlog_write_the_volume_refuses_is_cut_back_and_the_steps_before_it_
         monkeypatch.setattr(os, "write", real_write)
         journal.overflow(2, 1.0, {"loss": 0.5}, [])
     assert [step for step, *_ in journal.unspooled()] == [0, 2], "the refused step was never acknowledged"
+
+
+def test_steps_recovered_from_the_journal_are_durable_to_the_mirrors_that_read_the_spool(tmp_path: Path) -> None:
+    """A sync reads no new step: what recovery fsync'd must count as durable, or a mirror stops short of it."""
+    directory = tmp_path / "exp" / "run-1"
+    spool = Spool(directory)
+    spool.begin_attempt()
+    for step in range(5):
+        spool.journal.append(step, 100.0 + step, {"loss": 1.0})
+    spool.close()  # killed: nothing reached the spool but the journal
+    spool = Spool(directory)
+    assert spool.recover_journal() == 5
+    assert spool.durable_seq == 4
+    spool.close()

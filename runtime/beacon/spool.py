@@ -375,6 +375,7 @@ class Spool:
                 # seals them as that (never journaled and spooled both, which only the newest chunk would tell)
                 self.journal.restart(attempt)
                 self._advance_past([Record.from_line(line) for line in lines.splitlines()])
+                self.durable_seq = max(self.durable_seq, self.next_seq - 1)  # fsync'd above: a mirror may read them
                 self.recovered_records += len(records)
                 self._open.close()
                 self._seal_path(path, len(records), max(self.next_chunk, max(self._sealed, default=-1) + 1))
