@@ -267,6 +267,7 @@ def sustained(args: argparse.Namespace) -> None:
         outage_t=outage_t,
         samples=samples,
         delivered=report.delivered,
+        runtime=str(Path(sys.modules["beacon"].__file__ or "").parent),  # which `beacon` ran (bench/release.py)
     )
 
 

@@ -317,6 +317,7 @@ def bench_sustained(
         "sustained_rss_start_mb": base,
         "sustained_outage_s": outage_s,
         "sustained_delivered": result["delivered"],
+        "sustained_runtime": result["runtime"],
         "sustained_samples": samples,
     }
 

@@ -9,6 +9,7 @@ import pytest
 
 from beacon_ops.local.moto import ADMIN, REGION
 from bench.mlflow_server import MlflowServer
+from bench.release import bench_against_release, install_release
 from bench.trackers import TRACKERS, bench_firehose, bench_mirror_lag, bench_sustained, bench_trackers
 from tests.support.moto_server import MotoServer
 
@@ -104,3 +105,11 @@ def test_the_doctor_figure_counts_every_record_of_a_long_run_from_its_index(moto
     assert (figures["doctor_long_run_chunks"], figures["doctor_long_run_index_documents"]) == (100, 1)
     assert figures["doctor_long_run_diagnosis"] == "finished"
     assert figures["doctor_long_run_s"] > 0 and figures["doctor_full_read_s"] > 0
+
+
+def test_this_runtime_against_the_release_before_the_redesign(moto_server: MotoServer, env: dict[str, str]) -> None:
+    """The release (tag `pre-one-log`) is installed apart from git and really runs on its side; both deliver."""
+    report = bench_against_release(env, s3_endpoint=moto_server.url, bucket=BUCKET, rounds=1, records=3000)
+    assert report["release"]["commit"].startswith("1f1c54d")
+    assert report["sustained_records_per_s_ratio"] > 0 and report["log_ms_per_step_ratio"] > 0
+    assert (install_release() / "beacon" / "journal.py").exists()
