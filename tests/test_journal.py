@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from beacon import journal as journal_module
 from beacon.contract import Record, history, records_of
 from beacon.journal import BACKLOG, DATA_START, ENTRY, Journal
 from beacon.spool import Spool, SpoolFullError
@@ -92,7 +93,7 @@ def test_a_torn_entry_ends_the_journal_and_an_old_epoch_is_never_read(tmp_path: 
     journal.append(10, 1.0, {"loss": 0.5})
     assert [step for step, *_ in journal.unspooled()] == [10]
     journal.durable_through(1)
-    assert journal.unspooled() == []
+    assert list(journal.unspooled()) == []
 
 
 def test_a_tensor_value_is_left_to_the_spool_thread_and_a_ring_of_unfsynced_steps_is_never_overwritten(
@@ -101,7 +102,7 @@ def test_a_tensor_value_is_left_to_the_spool_thread_and_a_ring_of_unfsynced_step
     journal = Journal(tmp_path, capacity=DATA_START + 200)
     # Reading a tensor would wait for the device: its step is journaled with its plain values, the tensor named
     assert journal.append(0, 1.0, {"loss": torch.tensor(0.5), "lr": 0.1}) == 1
-    assert journal.unspooled() == [(0, 1.0, {"lr": 0.1}, ["loss"])]
+    assert list(journal.unspooled()) == [(0, 1.0, {"lr": 0.1}, ["loss"])]
     assert journal.append(0, 1.0, {"loss": 0.5}) == 2
     while journal.append(1, 1.0, {"loss": 0.5}):
         pass
@@ -131,22 +132,25 @@ def test_recovered_steps_are_numbered_after_and_never_repeat_what_s3_holds(tmp_p
     assert restarted.recover_journal() == 0, "once"
 
 
-def test_only_plain_numbers_are_journaled_as_values_and_an_unreadable_entry_never_blocks_a_start(
+def test_only_plain_numbers_are_journaled_as_values_and_an_unreadable_value_costs_its_step_nothing_else(
     tmp_path: Path,
 ) -> None:
     journal = Journal(tmp_path)
     assert journal.append(0, 1.0, {"loss": None}) == 1, "not a plain number: named as pending, not read"
-    assert journal.append(1, 1.0, {"loss": 10**400}) == 2, "an int is a plain number, even one float() refuses"
+    assert journal.append(1, 1.0, {"loss": 10**400, "lr": 0.1}) == 2, "an int is plain, even one float() refuses"
     assert journal.append(2, 1.0, {"loss": 0.5, "ok": True}) == 3
-    assert journal.unspooled() == [(0, 1.0, {}, ["loss"]), (2, 1.0, {"loss": 0.5, "ok": 1.0}, [])]
-    assert journal.unreadable == 1
+    assert list(journal.unspooled()) == [
+        (0, 1.0, {}, ["loss"]),
+        (1, 1.0, {"lr": 0.1}, ["loss"]),  # the value named as lost, the step and its other values kept
+        (2, 1.0, {"loss": 0.5, "ok": 1.0}, []),
+    ]
 
 
 def test_a_journal_an_older_release_wrote_reads_with_nothing_pending(tmp_path: Path) -> None:
     """Its entries are (step, wall time, metrics), before pending names existed: read as they were."""
     journal = Journal(tmp_path)
     journal.append(0, 1.0, {"loss": 0.5})
-    assert journal.unspooled() == [(0, 1.0, {"loss": 0.5}, [])]
+    assert list(journal.unspooled()) == [(0, 1.0, {"loss": 0.5}, [])]
 
 
 def test_a_journal_that_does_not_fit_the_spool_volume_is_a_full_spool_at_start(
@@ -210,31 +214,47 @@ def test_the_backlog_shares_the_rings_numbers_and_recovery_reads_both_in_the_ord
     journal.durable_through(3)
     assert [step for step, *_ in journal.unspooled()] == [3, 4], "the spool's fsync marks both"
     journal.restart(attempt=1)
-    assert journal.unspooled() == [] and (tmp_path / BACKLOG).stat().st_size == 0
+    assert list(journal.unspooled()) == [] and (tmp_path / BACKLOG).stat().st_size == 0
 
 
-def test_the_spool_thread_reads_the_backlog_a_read_at_a_time_and_it_starts_empty_once_all_is_durable(
+def test_the_spool_thread_reads_the_backlog_a_read_at_a_time_and_it_is_emptied_once_all_is_durable(
     tmp_path: Path,
 ) -> None:
     journal = Journal(tmp_path, capacity=4096)
     with journal.backlog_lock:
         for step in range(10):
             journal.overflow(step, 1.0, {"loss": 0.5, "lr": 0.1}, ["grad_norm"] if step == 4 else [])
-        first, done = journal.backlog_entries(limit=1)  # less than one entry: that entry, whole
-        assert [(n, step) for n, step, *_ in first] == [(1, 0)] and not done
-        rest, done = journal.backlog_entries(limit=1 << 20)
-    assert [step for _, step, *_ in rest] == list(range(1, 10)) and done
+    first, used = journal.read_backlog(limit=1)  # less than one entry: that entry, whole
+    assert [(n, step) for n, step, *_ in first] == [(1, 0)]
+    with journal.backlog_lock:
+        assert not journal.consumed(used)
+    rest, used = journal.read_backlog(limit=1 << 20)
+    with journal.backlog_lock:
+        assert journal.consumed(used), "read to the end"
+    assert [step for _, step, *_ in rest] == list(range(1, 10))
     assert rest[3][3:] == ({"loss": 0.5, "lr": 0.1}, ["grad_norm"]), "a value the loop could not read, named"
-    size = (tmp_path / BACKLOG).stat().st_size
+    journal.reclaim_backlog()
+    assert (tmp_path / BACKLOG).stat().st_size > 0, "read but not yet durable: kept for recovery"
+    journal.durable_through(10)
+    journal.reclaim_backlog()
+    assert (tmp_path / BACKLOG).stat().st_size == 0, "read and fsync'd in the spool: its disk is free again"
     with journal.backlog_lock:
         journal.overflow(10, 1.0, {"loss": 0.5}, [])
-    assert (tmp_path / BACKLOG).stat().st_size > size, "read but not yet durable: kept, appended to"
+    assert [step for _, step, *_ in journal.read_backlog(limit=1 << 20)[0]] == [10]
+
+
+def test_recovery_reads_a_backlog_larger_than_its_slice_whole_and_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_module, "BACKLOG_SLICE", 100)  # a few entries a read, entries cut at its edges
+    journal = Journal(tmp_path, capacity=4096)
     with journal.backlog_lock:
-        journal.backlog_entries(limit=1 << 20)
-        journal.durable_through(11)
-        journal.overflow(11, 1.0, {"loss": 0.5}, [])
-        assert [step for _, step, *_ in journal.backlog_entries(limit=1 << 20)[0]] == [11]
-    assert (tmp_path / BACKLOG).stat().st_size < size / 5, "read and fsync'd in the spool: it started again"
+        for step in range(50):
+            journal.overflow(step, 1.0, {"loss": 0.5, "tokens": 10**400 if step == 7 else step}, [])
+    journal.append(50, 1.0, {"loss": 0.5})
+    recovered = list(journal.unspooled())
+    assert [step for step, *_ in recovered] == list(range(51))
+    assert recovered[7][2:] == ({"loss": 0.5}, ["tokens"]), "a value past a float's range: that value, named"
 
 
 def test_a_backlog_write_the_volume_refuses_is_cut_back_and_the_steps_before_it_stay(

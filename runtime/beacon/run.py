@@ -169,9 +169,10 @@ class Run:
     # --- the training thread's calls --------------------------------------------------------------
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record `metrics` for `step` (an int): numbers or one-element tensors, NaN kept as NaN. Costs a queue
-        append; a tensor's value is read on Beacon's spool thread, never here. Anything else (a string,
-        None, a tensor of several elements; a step that is not an int) is refused here with a TypeError
-        naming the metric or the step, and the call records nothing."""
+        append; a tensor's value is read on Beacon's spool thread, not here (unless the spool is 250,000 values
+        behind: then here, docs/runtime/loop.md). Anything else (a string, None, a tensor of several elements; a
+        step that is not an int) is refused here with a TypeError naming the metric or the step, and the call
+        records nothing."""
         if type(step) is not int:
             step = logged_step(step, "run.log")
         if self._in_setup:

@@ -1,6 +1,7 @@
-"""The spool thread: disk only. It takes the steps `run.log` queued, reads their values (a tensor waits for its
-device here, never on the loop), appends them to the spool as records, fsyncs, draws the TensorBoard view and
-seals a chunk when it is due; the uploader takes sealed chunks from there."""
+"""The spool thread: disk only. It takes the steps `run.log` queued (past the memory bound, put in the journal's
+backlog), reads their values (a tensor waits for its device here, never on the loop under the bound), appends them to
+the spool as records, fsyncs, draws the TensorBoard view and seals a chunk when it is due; the uploader takes sealed
+chunks from there."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, cast
 from beacon import contract
 from beacon.contract import Record
 from beacon.delivery import DeliveryReport, Lifecycle
-from beacon.journal import PLAIN
+from beacon.journal import PLAIN, Journal
 from beacon.metric_window import MetricWindow, metric_value
 from beacon.settings import RunSettings
 from beacon.spool import FULL, Spool, SpoolDiskError, SpoolFullError, on_spool_disk
@@ -35,6 +36,8 @@ POLL_S = 0.25
 # (a loop faster than the spool, a volume that stalls), `run.log` appends its step to the journal's backlog on the spool
 # volume instead, until the spool thread has read the backlog back: the loop never waits for the spool.
 QUEUE_BOUND_VALUES = 250_000
+TENSOR_WEIGHT = 7  # a one-element tensor held in memory costs about eight floats' worth (~0.8 KB, CPU)
+OVERFLOW_SAID_EVERY_S = 60.0
 BACKLOG_READ_BYTES = 4 * 1024 * 1024  # read back a cycle at a time: the backlog's memory is its page cache
 # Waits between attempts after a disk error under the spool (EIO, ...), about 30 s in all: a hiccup
 # passes, a dead volume stops the job, naming it. Records wait in memory meanwhile; none is dropped.
@@ -63,6 +66,7 @@ class SpoolWriter:
         self.overflowing = False  # steps go to the journal's backlog: set by `log`, cleared by the spool thread alone
         self.overflowed = 0  # steps `log` put in the backlog (a count of the training thread's)
         self.backlog_taken = 0  # ... and the spool thread took from it
+        self._said_overflowing = -OVERFLOW_SAID_EVERY_S
         self.in_hand = 0  # steps taken from the queue and not yet spooled
         self._journaled = 0  # the last journal entry drained into the spool
         self.done = threading.Event()  # nothing new will become durable in this process
@@ -85,54 +89,66 @@ class SpoolWriter:
 
     # --- the training thread's side: cheap -------------------------------------------------
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """A queue append and nothing else: values (tensors too) are read on the spool thread."""
+        """A journal entry and a queue append: values (tensors too) are read on the spool thread. Past the memory
+        bound (`QUEUE_BOUND_VALUES`), a write to the journal's backlog instead (`_overflow`)."""
         copy, wall_time = dict(metrics), time.time()
         if self.overflowing or self.values_queued - self.values_taken > QUEUE_BOUND_VALUES:
             self._overflow(step, wall_time, copy)
         else:
+            journal = self.spool.journal
             # Journaled first (a memory copy into the spool volume's page cache): a SIGKILL now loses nothing.
-            journaled = self.spool.journal.append(step, wall_time, copy)
+            journaled = journal.append(step, wall_time, copy)
             # One call: no signal's exception can land between the two, leaving a step without its metrics.
             self.queue.extend(((step, wall_time, journaled), copy))
-            self.values_queued += len(copy)
+            self.values_queued += len(copy) + TENSOR_WEIGHT * journal.pending
         self.last_logged = step
         self.logged += 1
 
     def _overflow(self, step: int, wall_time: float, metrics: dict[str, Any]) -> None:
         """Past the memory bound: the step goes to the journal's backlog, which the spool thread reads back after
-        the queue. A tensor's value is read here (the loop waits for its device, as long as the spool is this far
-        behind); one that cannot be read is named as pending, and counted set aside once the spool takes it."""
+        the queue. Its values are read here first, outside the lock (a tensor waits for its device: the loop is
+        this far ahead of the spool); one that cannot be read is named as pending, counted set aside."""
+        numbers: dict[str, float] = {}
+        unread: list[str] = []
+        for name, value in metrics.items():
+            try:
+                numbers[name] = metric_value(value)
+            except Exception:  # a device error, an int past a float's range: this value alone, as the spool thread
+                unread.append(name)
         journal = self.spool.journal
         with journal.backlog_lock:
             if not self.overflowing:
                 if self.values_queued - self.values_taken <= QUEUE_BOUND_VALUES:  # the spool caught up meanwhile
                     journaled = journal.append(step, wall_time, metrics)
                     self.queue.extend(((step, wall_time, journaled), metrics))
-                    self.values_queued += len(metrics)
+                    self.values_queued += len(metrics) + TENSOR_WEIGHT * journal.pending
                     return
-                log.warning(
-                    "the spool is %d values behind the loop (its volume slow or stalled): steps go to the journal's "
-                    "backlog on %s until it catches up; nothing is dropped", QUEUE_BOUND_VALUES, journal.path.parent,
-                )  # fmt: skip
-            plain: dict[str, float] = {}
-            pending: list[str] = []
-            for name, value in metrics.items():
-                if type(value) in PLAIN:
-                    plain[name] = value
-                    continue
-                try:
-                    plain[name] = metric_value(value)
-                except Exception:  # a device error: this value alone, as the spool thread would
-                    pending.append(name)
+                self._say_overflowing(journal)
             try:
-                journal.overflow(step, wall_time, plain, pending)
-            except OSError as error:  # the spool thread would stop on this volume too: the loop hears it now
+                journal.overflow(step, wall_time, numbers, unread)
+            except OSError as error:  # the spool thread would stop on this volume too: the run stops now, naming it
                 kind = SpoolFullError if error.errno in FULL else SpoolDiskError
-                raise kind(error.errno, f"spool {journal.path.parent}: the backlog could not be written "
-                           f"({error.strerror}); step {step} was not recorded, the steps before it are on the "
-                           "volume for `python -m beacon.sync`") from error  # fmt: skip
+                self.lifecycle.fatal = kind(
+                    error.errno, f"spool {journal.path.parent}: the journal's backlog could not be written "
+                    f"({error.strerror}); step {step} was not recorded. `python -m beacon.sync` delivers what the "
+                    "volume holds",
+                )  # fmt: skip
+                raise self.lifecycle.fatal from error
             self.overflowing = True
             self.overflowed += 1
+        if unread:
+            log.error("metric(s) %s at step %d could not be read; set aside, the step's other values kept",
+                      ", ".join(map(repr, unread)), step)  # fmt: skip
+
+    def _say_overflowing(self, journal: Journal) -> None:
+        """Once a minute at most: a loop that hovers at the bound goes in and out of the backlog often."""
+        now = time.monotonic()
+        if now - self._said_overflowing >= OVERFLOW_SAID_EVERY_S:
+            self._said_overflowing = now
+            log.warning(
+                "the spool is %d values behind the loop (its volume slow or stalled): steps go to the journal's "
+                "backlog on %s until it catches up; nothing is dropped", QUEUE_BOUND_VALUES, journal.path.parent,
+            )  # fmt: skip
 
     def wake(self) -> None:
         self._wake.set()
@@ -236,12 +252,14 @@ class SpoolWriter:
         while queue:  # whole steps only: `log` appends both items of one in a single call
             self.in_hand += 1  # until spooled, counted as not delivered (first: a reader never sees it nowhere)
             entry, metrics = cast(Logged, queue.popleft()), cast(dict[str, Any], queue.popleft())  # `log`'s own copy
-            self.values_taken += len(metrics)
+            weight = len(metrics)
             self._journaled = entry[2] or self._journaled
             for value in metrics.values():
                 if type(value) is not float:
+                    weight += TENSOR_WEIGHT * sum(type(v) not in PLAIN for v in metrics.values())  # as `log` counted
                     metrics = self._numbers(entry[0], metrics)
                     break
+            self.values_taken += weight
             steps.append(entry)
             metrics_of.append(metrics)
         if overflowing:
@@ -254,20 +272,26 @@ class SpoolWriter:
         return steps, metrics_of
 
     def _drain_backlog(self, steps: list[Logged], metrics_of: list[dict[str, float]]) -> None:
-        """The backlog's next steps, a read at a time; once it is read to its end, `log` queues again."""
+        """The backlog's next steps, a read at a time; once it is read to its end, `log` queues again. A read that
+        fails is tried again next cycle, the queue's steps spooled meanwhile."""
         journal = self.spool.journal
+        try:
+            entries, used = journal.read_backlog(BACKLOG_READ_BYTES)
+        except OSError as error:
+            log.warning("the journal's backlog could not be read (%s); trying again next cycle", error.strerror)
+            return
         with journal.backlog_lock:
-            entries, caught_up = journal.backlog_entries(BACKLOG_READ_BYTES)
-            if caught_up:
+            if journal.consumed(used):
                 self.overflowing = False
-                log.info("the spool has read the journal's backlog back; steps are queued in memory again")
+                self.backlog_taken = self.overflowed  # exact: `log` writes the backlog under this lock alone
+            else:
+                self.backlog_taken += len(entries)
         for number, step, wall_time, metrics, pending in entries:
             self.in_hand += 1
-            self.backlog_taken += 1
             self._journaled = number
             steps.append((step, wall_time, number))
             metrics_of.append(metrics)
-            for name in pending:  # read on the loop past the bound, and that read failed
+            for name in pending:  # read past the bound by `log`, and that read failed
                 aside = self.report.values_set_aside
                 aside[name] = aside.get(name, 0) + 1
 
@@ -305,7 +329,8 @@ class SpoolWriter:
             raise
 
     def _persist(self, *, final: bool) -> None:
-        steps, metrics_of = self._drain()
+        # A failed cycle's records wait for their fsync first: retries never take more steps into memory.
+        steps, metrics_of = ([], []) if self._awaiting_sync[0] else self._drain()
         if steps:
             if self._chunk_opened_at is None:
                 self._chunk_opened_at = time.monotonic()
@@ -318,6 +343,9 @@ class SpoolWriter:
             self._awaiting_sync[1].extend(metrics_of)
         self.spool.sync()  # also writes again what a failed attempt left unsynced
         self.spool.journal.durable_through(self._journaled)
+        if not self.overflowing:
+            with on_spool_disk(self.spool.directory):
+                self.spool.journal.reclaim_backlog()  # read back and fsync'd: its disk is free again
         if self._awaiting_sync[0]:
             (synced, synced_metrics), self._awaiting_sync = self._awaiting_sync, ([], [])
             self.report.records += len(synced)
