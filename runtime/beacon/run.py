@@ -67,6 +67,7 @@ FINISH_MARGIN_S = 30.0
 # The least the tracker mirrors get once the uploads are over, to send the last records and the state.
 MIRROR_LAST_WORD_S = 1.0
 PHASE_NAME_LIMIT = 64
+NUMBER_KINDS = frozenset((float, int))  # what `run.log` takes without a closer look
 
 
 @dataclass
@@ -183,13 +184,13 @@ class Run:
                 if not contract.is_metric_name(name):
                     raise ValueError(f"run.log: metric name {name!r} must match {contract.METRIC_NAME_PATTERN.pattern}")
             self._known_metrics.update(metrics)
-        for name, value in metrics.items():
-            kind = type(value)
-            if kind is float or kind is int or (kind is torch.Tensor and value.numel() == 1 and not value.is_complex()):
-                continue  # the common kinds, checked inline: this is the training thread's cost
-            if problem := contract.unloggable(value):
-                raise TypeError(f"run.log: metric {name!r} at step {step} is {problem}, not a number or a "
-                                "one-element tensor; nothing of this call was recorded")  # fmt: skip
+        if not set(map(type, metrics.values())) <= NUMBER_KINDS:  # floats and ints checked in C: the loop's cost
+            for name, value in metrics.items():
+                if type(value) is torch.Tensor and value.numel() == 1 and not value.is_complex():
+                    continue  # a one-element tensor: read on the spool thread
+                if problem := contract.unloggable(value):
+                    raise TypeError(f"run.log: metric {name!r} at step {step} is {problem}, not a number or a "
+                                    "one-element tensor; nothing of this call was recorded")  # fmt: skip
         self.mark_step(step)
         self.last_step = step
         self.telemetry.log(step, metrics)
