@@ -251,7 +251,7 @@ class MonitoringConfig(_Section):
     alarm_email: StrList = ()
     alarm_topic_arns: StrList = ()
     log_retention_days: int = 30
-    heartbeat_interval_seconds: Annotated[int, Field(ge=1, le=30)] = 15
+    heartbeat_interval_seconds: Annotated[int, Field(ge=1, le=30)] = contract.HEARTBEAT_INTERVAL_S
 
     @field_validator("alarm_email", mode="before")
     @classmethod

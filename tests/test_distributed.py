@@ -62,7 +62,6 @@ def test_the_stop_flag_collective_works_on_a_gpu_shaped_group(gpu_shaped_group: 
         telemetry=NullTelemetry(),
         checkpointer=None,
         resume_limit=None,
-        resumed_after_step=-1,
         liveness=Liveness(tmp_path / "heartbeat", local_rank=0, interval=1.0),
         stop=threading.Event(),
     )

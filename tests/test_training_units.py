@@ -307,7 +307,6 @@ def run_on(telemetry: NullTelemetry, settings: RunSettings, tmp_path: Path) -> R
         telemetry=telemetry,
         checkpointer=None,
         resume_limit=None,
-        resumed_after_step=-1,
         liveness=Liveness(tmp_path / "hb", local_rank=0, interval=1.0),
         stop=threading.Event(),
     )

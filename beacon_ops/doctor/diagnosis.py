@@ -45,7 +45,6 @@ SILENT_BEATS = 3  # heartbeats missed before the doctor calls a run silent
 # ... and never sooner than this: a beat sent takes seconds to be read back from CloudWatch, so a run beating every
 # second would read as silent between each beat and its reading.
 SILENT_FLOOR_S = 30.0
-DEFAULT_HEARTBEAT_S = 15.0
 
 
 @dataclass
@@ -139,7 +138,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         # A run of any length: the index's summaries, and the chunks after them (smoke passes a full reading)
         evidence = read_run(inputs.s3, inputs.bucket, inputs.experiment, inputs.run, tail_only=True)
     dims = contract.run_dimensions(inputs.team, inputs.experiment, inputs.run)
-    interval = float((evidence.preflight or {}).get("heartbeat_interval", DEFAULT_HEARTBEAT_S))
+    interval = float((evidence.preflight or {}).get("heartbeat_interval", contract.HEARTBEAT_INTERVAL_S))
     # The run's own stall threshold, when its preflight says it (a run of another version: the doctor's)
     stall_after = inputs.stall_after_s or float(
         (evidence.preflight or {}).get("stall_dump_after", contract.STALL_THRESHOLD_S)

@@ -119,7 +119,6 @@ class Run:
         telemetry: TelemetrySink,
         checkpointer: AsyncCheckpointer | None,
         resume_limit: int | None,
-        resumed_after_step: int,
         liveness: Liveness,
         stop: threading.Event,
         mirrors: Mirrors | None = None,
@@ -129,9 +128,9 @@ class Run:
         self.progress = progress
         self.telemetry = telemetry
         self.checkpointer = checkpointer
-        # The last step whose record is durable (spool or S3) on rank 0: no rank resumes past it.
+        # The last step whose record is durable (spool or S3) on rank 0: no rank resumes past it. None: telemetry
+        # off, nothing known. The one resume point: `resumed_after_step` is this, said as a step.
         self.resume_limit = resume_limit
-        self.resumed_after_step = resumed_after_step
         self.liveness = liveness
         self.stop = stop
         self.mirrors = mirrors  # rank 0's tracker mirrors, when settings.mirrors names any
@@ -168,6 +167,11 @@ class Run:
         return self.world.is_writer
 
     # --- the training thread's calls --------------------------------------------------------------
+    @property
+    def resumed_after_step(self) -> int:
+        """The last step this run held records of when it started (-1: none, or telemetry off), on every rank."""
+        return -1 if self.resume_limit is None else self.resume_limit
+
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record `metrics` for `step` (an int): numbers or one-element tensors, NaN kept as NaN. Costs a queue
         append; a tensor's value is read on Beacon's spool thread, not here (unless the spool is 250,000 values
@@ -547,7 +551,6 @@ def _build(
         telemetry=telemetry,
         checkpointer=checkpointer,
         resume_limit=int(limit) if limit else None,
-        resumed_after_step=resumed_after_step,
         liveness=liveness,
         stop=stop,
         mirrors=mirrors,

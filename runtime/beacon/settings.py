@@ -41,7 +41,7 @@ class RunSettings:
     checkpoint_dir: Path = Path("/artifacts/checkpoints")
     flush_interval: float = 10.0  # seconds between spool chunk seals and uploads
     chunk_records: int = 100
-    heartbeat_interval: float = 15.0  # seconds between heartbeats and metric batches
+    heartbeat_interval: float = float(contract.HEARTBEAT_INTERVAL_S)  # seconds between heartbeats and batches
     heartbeat_file: Path = Path("/tmp/beacon-heartbeat")  # each local rank touches <file>.<rank>
     shutdown_budget: float = 60.0  # seconds to drain after the loop ends (SIGTERM included)
     # A rank whose progress (phases excluded) is this old dumps its stacks beside its progress signal.

@@ -16,6 +16,9 @@ from beacon.contract.layout import validate_id
 SILENT_BUDGET_S = 120
 STALLED_BUDGET_S = 180
 HEARTBEAT_PERIOD_S = 30  # high-resolution metrics allow 10, 20 or 30 s periods
+# The one default of the heartbeat's interval: the runtime's settings, the team's configuration and the doctor's
+# reading of a run whose preflight did not say (a release before it did).
+HEARTBEAT_INTERVAL_S = 15
 SILENT_EVALUATION_PERIODS = 3  # last beat, then 3 empty periods: ALARM by last beat + 120 s
 STALL_THRESHOLD_S = 90  # ProgressAge above this is not progress (checkpoint time excluded)
 # A named phase pauses the stall clock this long at most: a rank hung inside its checkpoint or evaluation
