@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from beacon import contract
 from beacon.contract.rank_evidence import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
-from beacon.distributed import backend_for
+from beacon.process.distributed import backend_for
 from smoke_job.config import parse_args
 from smoke_job.job import Job
 

@@ -357,8 +357,8 @@ def bench_rank_signal(rounds: int = 7, steps: int = 20_000, ranks: int = 4) -> d
     the step it stores for the signal (`Run.mark_step`); the signal threads of 4 ranks (one process
     here, rewriting every 20 ms instead of 5 s, so contention shows) run beside it. Timed inside the
     call, median of rounds, with and without the signals, interleaved."""
-    from beacon.progress import ProgressClock
-    from beacon.ranks import RankSignal
+    from beacon.evidence.progress import ProgressClock
+    from beacon.evidence.ranks import RankSignal
 
     def loop(with_signals: bool) -> float:
         progress = ProgressClock()

@@ -21,10 +21,10 @@ import pytest
 from beacon import contract
 from beacon.contract.preflight import PreflightRecord
 from beacon.contract.rank_evidence import flight_recorder_name, stacks_name
-from beacon.progress import ProgressClock
-from beacon.ranks import Placement, RankSignal, upload_rank_evidence
-from beacon.run_alarms import RunAlarms
-from beacon.spool import Spool
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.ranks import Placement, RankSignal, upload_rank_evidence
+from beacon.log.spool import Spool
+from beacon.sinks.run_alarms import RunAlarms
 from beacon.telemetry import Telemetry
 from moto.sts.models import sts_backends
 from smoke_job.config import parse_args
@@ -62,8 +62,8 @@ HUNG_RANK = """
 import os
 import sys
 from pathlib import Path
-from beacon.progress import ProgressClock
-from beacon.ranks import Placement, RankSignal
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.ranks import Placement, RankSignal
 
 def forward(signal):
     signal.dump_stacks("no progress for 95 s after step 50")

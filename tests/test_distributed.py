@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from beacon.distributed import World, backend_for
-from beacon.liveness import Liveness
-from beacon.progress import ProgressClock
+from beacon.evidence.progress import ProgressClock
+from beacon.process.distributed import World, backend_for
+from beacon.process.liveness import Liveness
 from beacon.run import Run
 from beacon.settings import RunSettings
 from beacon.telemetry import NullTelemetry

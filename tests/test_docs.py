@@ -211,7 +211,7 @@ class SlowS3:
 
 def alarm_of(as_writer: WriterSession, run: str) -> None:
     """The run's own alarms, as its job creates them, one of them in ALARM (set by the admin: moto evaluates none)."""
-    from beacon.run_alarms import RunAlarms
+    from beacon.sinks.run_alarms import RunAlarms
 
     as_writer.aws.reset_auth_only()
     try:

@@ -1,5 +1,5 @@
 """The flight recorder (issue 17): each rank's dump as torch 2.13 records gloo collectives, written by the
-runtime (`beacon.flight_recorder`), and read by PyTorch's own analyser in the doctor
+runtime (`beacon.evidence.flight_recorder`), and read by PyTorch's own analyser in the doctor
 (`beacon_ops.doctor.flight_recorder`). The dumps come from a real 2-rank gloo run, not from pickles
 written here."""
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from beacon.contract.rank_evidence import flight_recorder_name
-from beacon.flight_recorder import dump_flight_recorder
+from beacon.evidence.flight_recorder import dump_flight_recorder
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -126,7 +126,7 @@ def test_a_dump_that_would_run_code_is_refused_before_torch_unpickles_it(
 def test_no_torch_distributed_no_dump_and_no_import(tmp_path: Path) -> None:
     """A process that never made a process group writes nothing and imports nothing of torch."""
     code = (
-        "import sys; from pathlib import Path; from beacon.flight_recorder import dump_flight_recorder; "
+        "import sys; from pathlib import Path; from beacon.evidence.flight_recorder import dump_flight_recorder; "
         "assert not dump_flight_recorder(Path(sys.argv[1]) / 'flight-recorder-rank-0'); "
         "assert 'torch' not in sys.modules; print('ok')"
     )
@@ -148,8 +148,8 @@ import pickle, sys, threading, time
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from beacon import ranks
-from beacon.progress import ProgressClock
+from beacon.evidence import ranks
+from beacon.evidence.progress import ProgressClock
 
 writers = []
 dump = ranks.dump_flight_recorder

@@ -19,8 +19,8 @@ import pytest
 from beacon import contract
 from beacon.contract.preflight import PreflightRecord
 from beacon.contract.rank_evidence import RankProgress, rank_document_name
-from beacon.progress import ProgressClock
-from beacon.ranks import RankSignal, upload_rank_evidence
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.ranks import RankSignal, upload_rank_evidence
 
 from beacon_ops.doctor import notify
 from beacon_ops.doctor.diagnosis import WARN, Diagnosis, DoctorInputs, diagnose

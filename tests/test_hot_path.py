@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 from beacon.contract import ChunkSummary, records_of
-from beacon.progress import ProgressClock
+from beacon.evidence.progress import ProgressClock
+from beacon.log.spool import Spool
 from beacon.settings import RunSettings
-from beacon.spool import Spool
-from beacon.spool_writer import APPEND_SLICE
+from beacon.sinks.spool_writer import APPEND_SLICE
 from beacon.telemetry import Telemetry
 
 from tests.test_tensorboard_view import scalars

@@ -17,9 +17,20 @@ ROOMS = {
     "beacon_constructs": ROOT / "beacon_constructs",
     "workloads": ROOT / "workloads",
     "config": ROOT / "config",
+    # The runtime's ground floor: the composers (run, telemetry, checkpoint) and the entry points (`python -m
+    # beacon.launch`, `python -m beacon.sync`) above its wings; its foundations are rooms of their own, below them.
     "beacon": ROOT / "runtime" / "beacon",
     # The runtime's contract wing: what every room shares and readers need (no threads, no boto, no torch).
     "beacon.contract": ROOT / "runtime" / "beacon" / "contract",
+    **{
+        f"beacon.{name}": ROOT / "runtime" / "beacon" / f"{name}.py"
+        for name in ("settings", "files", "create_only", "aws", "kill_points")
+    },
+    "beacon.log": ROOT / "runtime" / "beacon" / "log",
+    "beacon.process": ROOT / "runtime" / "beacon" / "process",
+    "beacon.evidence": ROOT / "runtime" / "beacon" / "evidence",
+    "beacon.sinks": ROOT / "runtime" / "beacon" / "sinks",
+    "beacon.integrations": ROOT / "runtime" / "beacon" / "integrations",
     "smoke_job": ROOT / "runtime" / "smoke_job",
     # The operator, by capability: each subpackage is a room; "beacon_ops" is its ground floor (the files
     # at its top: AWS access, credentials, reading synthesized templates, make destroy's teardown).
@@ -35,6 +46,17 @@ ROOMS = {
 # What every operator room may import besides its own arrows: its ground floor and the runtime's contract, never
 # the runtime's writers (threads, boto uploads, fork hooks); `beacon sync` and `beacon local` run the runtime itself.
 OPERATOR_GROUND = {"beacon_ops", "beacon.contract"}
+# The runtime's foundations: files every wing may use (the run's settings, the atomic file write, the create-only
+# S3 write, the AWS clients, the test suite's kill points), each importing the contract at most.
+FOUNDATIONS = {
+    "beacon.contract",
+    "beacon.settings",
+    "beacon.files",
+    "beacon.create_only",
+    "beacon.aws",
+    "beacon.kill_points",
+}
+WINGS = {"beacon.log", "beacon.process", "beacon.evidence", "beacon.sinks"}
 ALLOWED = {
     "app": {"config", "stacks"},
     "stacks": {"config", "beacon_constructs", "workloads", "beacon.contract"},
@@ -43,10 +65,21 @@ ALLOWED = {
     # The team model and the names derived from it (config.names); a team name must also fit the
     # runtime's alarm names, so the model asks the contract.
     "config": {"beacon.contract"},
-    "beacon": {"beacon.contract"},  # the runtime library: nothing of Beacon's outside itself
+    "beacon": {*FOUNDATIONS, *WINGS},  # the runtime library: nothing of Beacon's outside itself
     "beacon.contract": set(),  # the contract wing: nothing of the runtime outside itself
+    "beacon.settings": {"beacon.contract"},
+    "beacon.files": set(),
+    "beacon.create_only": set(),
+    "beacon.aws": set(),
+    "beacon.kill_points": set(),
+    "beacon.log": FOUNDATIONS,  # the one log: below every other wing
+    "beacon.process": FOUNDATIONS,
+    "beacon.evidence": {*FOUNDATIONS, "beacon.log", "beacon.process"},
+    # The heartbeat sends what the ranks' documents say (the cross-rank view): sinks read evidence, never back.
+    "beacon.sinks": {*FOUNDATIONS, "beacon.log", "beacon.evidence", "beacon.process"},
+    "beacon.integrations": {"beacon", *FOUNDATIONS, *WINGS},
     "smoke_job": {"beacon", "beacon.contract"},  # a client of the runtime, like a team's own training
-    "examples": {"beacon", "beacon.contract"},
+    "examples": {"beacon", "beacon.contract", "beacon.integrations"},
     "beacon_ops": {"config", "beacon"},  # the ground floor: none of the operator's rooms above it
     "beacon_ops.cli": {
         *OPERATOR_GROUND,
@@ -61,6 +94,8 @@ ALLOWED = {
     "bench": {
         *("beacon_ops", "beacon_ops.local", "beacon_ops.evidence", "beacon_ops.doctor"),
         *("beacon", "beacon.contract", "smoke_job", "config", "stacks", "beacon_constructs"),
+        *FOUNDATIONS,
+        *WINGS,  # the bench measures the runtime's parts (the rank signal, the GPU's backend)
     },
 }
 
@@ -78,7 +113,7 @@ def files_of(path: Path) -> list[Path]:
         return [path]
     if path == ROOT / "beacon_ops":
         return sorted(path.glob("*.py"))
-    inner = [room for room in ROOMS.values() if room != path and room.is_relative_to(path) and room.is_dir()]
+    inner = [room for room in ROOMS.values() if room != path and room.is_relative_to(path)]
     return sorted(f for f in path.rglob("*.py") if not any(f.is_relative_to(room) for room in inner))
 
 
@@ -138,6 +173,12 @@ def test_no_output_key_is_spelled_outside_the_output_keys_module() -> None:
     assert not spelled
 
 
+def test_every_file_of_the_runtime_is_in_a_room_the_arrows_name() -> None:
+    """A new file on the runtime's ground floor is a composer or an entry point; anything else goes in a wing."""
+    ground = {f.stem for f in files_of(ROOMS["beacon"])}
+    assert ground == {"__init__", "run", "telemetry", "checkpoint", "sync", "launch"}, ground
+
+
 def test_the_arrows_have_no_circle() -> None:
     def reaches(start: str, goal: str, seen: frozenset[str] = frozenset()) -> bool:
         return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in ALLOWED[start])
@@ -155,9 +196,9 @@ def test_the_arrows_test_sees_a_wrong_arrow(tmp_path: Path) -> None:
 def test_the_arrows_test_sees_the_runtime_where_only_its_contract_may_be_imported(tmp_path: Path) -> None:
     room = tmp_path / "doctor"
     room.mkdir()
-    (room / "reader.py").write_text("from beacon import contract\nfrom beacon.ranks import RankSignal\n")
-    assert set(imported_rooms(room)) == {"beacon.contract", "beacon"}
-    assert "beacon" not in ALLOWED["beacon_ops.doctor"] and "beacon" not in ALLOWED["beacon_ops.evidence"]
+    (room / "reader.py").write_text("from beacon import contract\nfrom beacon.evidence.ranks import RankSignal\n")
+    assert set(imported_rooms(room)) == {"beacon.contract", "beacon.evidence"}
+    assert not {"beacon", *WINGS} & (ALLOWED["beacon_ops.doctor"] | ALLOWED["beacon_ops.evidence"])
 
 
 # What the contract wing may import: the standard library less what starts threads or processes or opens

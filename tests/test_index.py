@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from beacon import contract
-from beacon.index import IndexWriter, chunks_of, read_index
+from beacon.sinks.index import IndexWriter, chunks_of, read_index
 
 from tests.conftest import WriterSession
 from tests.support.job_harness import JobHarness, keys_under

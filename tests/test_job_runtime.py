@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import boto3
 import pytest
 from beacon import contract
-from beacon.preflight import PREFLIGHT_BUDGET_S, Retrying, run_preflight
+from beacon.process.preflight import PREFLIGHT_BUDGET_S, Retrying, run_preflight
 from botocore.config import Config
 from smoke_job.config import parse_args
 

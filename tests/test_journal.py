@@ -12,19 +12,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from beacon import journal as journal_module
 from beacon.contract import Record, history, records_of
-from beacon.journal import BACKLOG, DATA_START, ENTRY, Journal
-from beacon.spool import Spool, SpoolFullError
+from beacon.log import journal as journal_module
+from beacon.log.journal import BACKLOG, DATA_START, ENTRY, Journal
+from beacon.log.spool import Spool, SpoolFullError
 
 from tests.support.synth import ROOT
 
 LOGGED_THEN_KILLED = """
 import sys, time
 from pathlib import Path
-from beacon.progress import ProgressClock
+from beacon.evidence.progress import ProgressClock
 from beacon.settings import RunSettings
-from beacon.spool import Spool
+from beacon.log.spool import Spool
 from beacon.telemetry import Telemetry
 
 spool = Spool(Path(sys.argv[1]))

@@ -3,7 +3,7 @@ the resource configuration SageMaker writes on it (`/opt/ml/input/config/resourc
 
 The whole path, two stand-in instances running a team's job through `beacon run --target sagemaker --nodes 2`, is
 in tests/test_run_command.py; here, what each instance makes of its file. And on any launcher: a team's own
-script that `beacon.init` refuses exits with Beacon's code and one line, read last (`beacon.error_file`).
+script that `beacon.init` refuses exits with Beacon's code and one line, read last (`beacon.process.error_file`).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def test_under_plain_torchrun_the_summary_shows_beacons_line_not_a_hint(
 def test_a_teams_record_decorator_keeps_beacons_code(tmp_path: Path) -> None:
     """torchelastic's `@record` writes the error file itself ("<type>: <message>" and the traceback): the
     launcher still reads Beacon's error and code from it; a team's own error is the team's."""
-    from beacon.error_file import failure_of
+    from beacon.process.error_file import failure_of
 
     line = "PreflightError: spool dir /artifacts/spool: the volume is mounted read-only (Read-only file system)"
     recorded = {"message": {"message": line, "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "1"}}}

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from beacon import contract
 from beacon.contract.rank_evidence import RankProgress, rank_document_name, stacks_name
-from beacon.live_evidence import LiveEvidence
-from beacon.progress import ProgressClock
-from beacon.ranks import LiveSnapshots, upload_rank_evidence
-from beacon.spool import Spool
+from beacon.evidence.live_evidence import LiveEvidence
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.ranks import LiveSnapshots, upload_rank_evidence
+from beacon.log.spool import Spool
 from beacon.telemetry import Telemetry
 from smoke_job.config import parse_args
 
@@ -52,7 +52,7 @@ def stack_dump(rank: int, frames: str) -> str:
 
 
 def write_ranks(directory: Path, documents: list[RankProgress], *, dumped: bool = True) -> None:
-    """The ranks directory as the ranks' own writers leave it on the volume (`beacon.ranks`)."""
+    """The ranks directory as the ranks' own writers leave it on the volume (`beacon.evidence.ranks`)."""
     directory.mkdir(parents=True, exist_ok=True)
     for d in documents:
         (directory / rank_document_name(d.rank)).write_text(json.dumps(asdict(d)))

@@ -194,7 +194,7 @@ def test_a_rank_whose_c_call_holds_the_gil_dumps_its_stacks_before_the_liveness_
     liveness file. faulthandler's watchdog (a C thread) dumps `stall_dump_after` plus one pass after the signal
     thread last ran; the probe fails `HEARTBEAT_TOLERANCE_S` after the file was last touched (which is no earlier):
     the dump must come first, or the kill takes the evidence with it."""
-    from beacon.ranks import rank_signal_interval
+    from beacon.evidence.ranks import rank_signal_interval
 
     for heartbeat in (1.0, 15.0, 60.0):
         watchdog = contract.STALL_THRESHOLD_S + rank_signal_interval(heartbeat)

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from beacon import kill_points
 from beacon.contract import FinalState, Record
-from beacon.mirrors import RunInfo
-from beacon.mirrors.mlflow import RUN_TAG, SEQ_TAG
-from beacon.mirrors.wandb import SEQ_KEY, STATE_KEY
-from beacon.mirrors.worker import MIRRORS_DIR, MirrorWorker, SpoolReader
+from beacon.log.spool import Spool
 from beacon.settings import RunSettings, SettingsError
-from beacon.spool import Spool
+from beacon.sinks.mirrors import RunInfo
+from beacon.sinks.mirrors.mlflow import RUN_TAG, SEQ_TAG
+from beacon.sinks.mirrors.wandb import SEQ_KEY, STATE_KEY
+from beacon.sinks.mirrors.worker import MIRRORS_DIR, MirrorWorker, SpoolReader
 
 from bench.mlflow_server import MlflowServer
 from bench.wandb_log import read_offline_run

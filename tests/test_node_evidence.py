@@ -1,5 +1,5 @@
 """A hung or dead rank 0 does not take the evidence with it (issue 17): each other node's leader uploads
-what rank 0 cannot (`beacon.node_leader`), and the doctor's reader merges the uploads per rank.
+what rank 0 cannot (`beacon.evidence.node_leader`), and the doctor's reader merges the uploads per rank.
 
 Clocks are scaled in the torchrun tests: stall_dump_after 3 s and a 1 s heartbeat stand for 90 s and
 15 s (1:30 and 1:15); a node leader snapshots after 4 s where it would after 95 s. The in-process tests
@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from beacon import contract
 from beacon.contract.rank_evidence import RankProgress, rank_document_name, stacks_name
-from beacon.node_leader import NodeLeader, leads_evidence, node_share
-from beacon.progress import ProgressClock
-from beacon.rank_board import board_key
-from beacon.ranks import read_ranks, upload_rank_evidence
+from beacon.evidence.node_leader import NodeLeader, leads_evidence, node_share
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.rank_board import board_key
+from beacon.evidence.ranks import read_ranks, upload_rank_evidence
 from smoke_job.config import parse_args
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, re-exported without `as`
 
@@ -421,7 +421,7 @@ def test_node_local_directories_node_1s_leader_uploads_ranks_2_and_3_and_the_doc
             local = {d.rank for d in read_ranks(tmp_path / f"node-{number}" / "smoke" / run / "ranks")}
             assert local == {2 * number, 2 * number + 1}, "each node's directory holds its own ranks alone"
         # Each node's documents are on the board (torchrun's store, hosted by node 0's launcher), for the other:
-        # rank 0 counts ranks 2-3's phases and ages with its own (`beacon.rank_board`).
+        # rank 0 counts ranks 2-3's phases and ages with its own (`beacon.evidence.rank_board`).
         board = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
         on_board = {node: {d["rank"] for d in json.loads(board.get(board_key(node)))["documents"]} for node in (0, 1)}
         assert on_board == {0: {0, 1}, 1: {2, 3}}, on_board

@@ -274,7 +274,7 @@ def test_item7_the_ranks_evidence_live_snapshots_too_is_create_only_for_the_writ
         contract.rank_evidence_key("exp1", "run1", 0, "stacks-rank-00003.txt"),
         contract.live_rank_evidence_key("exp1", "run1", 0, 0, "stacks-rank-00003.txt"),
         contract.live_rank_evidence_key("exp1", "run1", 3, 12, contract.LIVE_SNAPSHOT_COMPLETE),
-        # a node leader's, when rank 0 stopped or the ranks directory is node-local (`beacon.node_leader`)
+        # a node leader's, when rank 0 stopped or the ranks directory is node-local (`beacon.evidence.node_leader`)
         contract.node_rank_evidence_key("exp1", "run1", 0, 1, "stacks-rank-00003.txt"),
         contract.node_rank_evidence_key("exp1", "run1", 0, 1, contract.LIVE_SNAPSHOT_COMPLETE, snapshot=0),
     ):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from beacon.preflight import PREFLIGHT_BUDGET_S, REFUSED_BUDGET_S, PreflightError, Retrying, check_spool
+from beacon.process.preflight import PREFLIGHT_BUDGET_S, REFUSED_BUDGET_S, PreflightError, Retrying, check_spool
 from beacon.settings import RunSettings
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, ReadTimeoutError
 from smoke_job.config import parse_args

@@ -1,5 +1,5 @@
 """Every node's rank documents for every node where each node has its own ranks directory (multi-node
-SageMaker): the board on torchrun's own store (`beacon.rank_board`), against a real TCPStore."""
+SageMaker): the board on torchrun's own store (`beacon.evidence.rank_board`), against a real TCPStore."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from beacon.contract.rank_evidence import RankProgress, rank_document_name
-from beacon.progress import ProgressClock
-from beacon.rank_board import RankBoard, board_key, torchrun_store
-from beacon.ranks import PhaseFollower
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.rank_board import RankBoard, board_key, torchrun_store
+from beacon.evidence.ranks import PhaseFollower
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, re-exported without `as`
 
 

@@ -1,4 +1,4 @@
-"""Which rank stopped: every rank's progress signal and stack dumps (`beacon.ranks`), and rank 0's
+"""Which rank stopped: every rank's progress signal and stack dumps (`beacon.evidence.ranks`), and rank 0's
 cross-rank view. Clocks are scaled: the stall dump after 2-3 s here stands for 90 s (ratio 1:30 to 1:45)."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from beacon import contract
 from beacon.contract.rank_evidence import RankProgress, stacks_name
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.ranks import CrossRankView, PhaseFollower, Placement, RankSignal, read_ranks
 from beacon.kill_points import RANK_EVIDENCE_DUE
-from beacon.progress import ProgressClock
-from beacon.ranks import CrossRankView, PhaseFollower, Placement, RankSignal, read_ranks
 
 from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.rank_verdict import main_thread_of, which_rank
@@ -116,8 +116,8 @@ def test_a_c_call_holding_the_gil_is_dumped_by_faulthandlers_watchdog(tmp_path: 
             f"""
             import re, time
             from pathlib import Path
-            from beacon.progress import ProgressClock
-            from beacon.ranks import RankSignal
+            from beacon.evidence.progress import ProgressClock
+            from beacon.evidence.ranks import RankSignal
             progress = ProgressClock()
             progress.step_finished()
             signal = RankSignal(Path({str(tmp_path)!r}), rank=5, local_rank=1, world_size=8, progress=progress,
@@ -138,8 +138,8 @@ def test_a_c_call_holding_the_gil_is_dumped_by_faulthandlers_watchdog(tmp_path: 
 BLOCKED_IN_C = """
 import ctypes, os, signal, threading, time
 from pathlib import Path
-from beacon.progress import ProgressClock
-from beacon.ranks import RankSignal
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.ranks import RankSignal
 from beacon.run import StopSignals
 progress = ProgressClock()
 progress.step_finished()
@@ -541,7 +541,7 @@ def test_a_rank_hung_in_its_checkpoint_past_the_phase_limit_is_named_hung_there(
 
 
 def test_a_node_leader_counts_another_ranks_checkpoint_as_work_up_to_its_phase_limit() -> None:
-    from beacon.node_leader import NodeLeader
+    from beacon.evidence.node_leader import NodeLeader
     from beacon.settings import RunSettings
 
     settings = RunSettings(experiment="e", run="r", bucket="b", alarms=False, stall_dump_after=90.0)
@@ -556,8 +556,9 @@ def test_a_node_leader_counts_another_ranks_checkpoint_as_work_up_to_its_phase_l
 
 
 def test_the_one_stall_rule_rank_0_and_the_node_leaders_share() -> None:
-    """`beacon.ranks.a_rank_stalled` (issue 29: one stall rule): rank 0's live snapshots and every node leader's."""
-    from beacon.ranks import a_rank_stalled, stall_threshold
+    """`beacon.evidence.ranks.a_rank_stalled` (issue 29: one stall rule): rank 0's live snapshots and every node
+    leader's."""
+    from beacon.evidence.ranks import a_rank_stalled, stall_threshold
 
     threshold = stall_threshold(90.0, 15.0)
     assert threshold == 95.0, "the stacks are dumped at stall_dump_after, within one 5 s pass"

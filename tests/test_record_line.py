@@ -14,9 +14,9 @@ import orjson
 import pytest
 import torch
 from beacon.contract import Record, records
-from beacon.progress import ProgressClock
+from beacon.evidence.progress import ProgressClock
+from beacon.log.spool import Spool
 from beacon.settings import RunSettings
-from beacon.spool import Spool
 from beacon.telemetry import Telemetry
 
 # The text of these differs between the two writers (`1e-05` or `0.00001`), never the value.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from beacon import contract
-from beacon.run_alarms import RunAlarms
+from beacon.sinks.run_alarms import RunAlarms
 
 from tests.conftest import WriterSession
 

@@ -17,12 +17,12 @@ from typing import Any
 import boto3
 import pytest
 from beacon import contract, kill_points
-from beacon import spool_writer as spool_writer_module
 from beacon.contract import Phase
-from beacon.liveness import Liveness
-from beacon.progress import ProgressClock
-from beacon.reconcile import RunConflictError, reconcile
-from beacon.spool import OPEN, Spool, SpoolDiskError, SpoolFullError
+from beacon.evidence.progress import ProgressClock
+from beacon.log.reconcile import RunConflictError, reconcile
+from beacon.log.spool import OPEN, Spool, SpoolDiskError, SpoolFullError
+from beacon.process.liveness import Liveness
+from beacon.sinks import spool_writer as spool_writer_module
 from beacon.telemetry import Telemetry
 from botocore.config import Config
 from botocore.exceptions import ClientError

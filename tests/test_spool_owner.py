@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from beacon.spool import Spool
-from beacon.spool_owner import (
+from beacon.log.spool import Spool
+from beacon.log.spool_owner import (
     OWNER,
     OWNER_LEASE_S,
     OWNER_RENEW_S,
@@ -38,7 +38,7 @@ class Clock:
 HOLDER = """
 import sys, time
 from pathlib import Path
-from beacon.spool_owner import SpoolOwner
+from beacon.log.spool_owner import SpoolOwner
 owner = SpoolOwner.claim(Path(sys.argv[1]), run="r")
 print("claimed", flush=True)
 time.sleep(120)

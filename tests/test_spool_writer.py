@@ -1,4 +1,4 @@
-"""The spool thread's cycle (`beacon.spool_writer`), driven by hand: what a flush's seal request covers, and the
+"""The spool thread's cycle (`beacon.sinks.spool_writer`), driven by hand: what a flush's seal request covers, and the
 memory bound past which steps wait in the journal's backlog."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-from beacon import spool_writer
 from beacon.contract import records_of
-from beacon.spool import SpoolDiskError, SpoolFullError
+from beacon.log.spool import SpoolDiskError, SpoolFullError
+from beacon.sinks import spool_writer
 
 from tests.test_hot_path import telemetry
 

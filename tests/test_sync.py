@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from beacon import contract
-from beacon.spool import Spool
+from beacon.log.spool import Spool
 from beacon.sync import Outcome
 
 from tests.conftest import WriterSession
@@ -165,7 +165,8 @@ def test_a_spool_an_older_release_wrote_just_now_is_left_alone(harness: JobHarne
 def test_a_spool_a_live_job_owns_is_refused_naming_the_job(harness: JobHarness, tmp_path: Path) -> None:
     directory = aged(stranded_spool(tmp_path / "volume", "live-2", 5))
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from beacon.spool_owner import SpoolOwner;"
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from beacon.log.spool_owner import SpoolOwner;"
          "SpoolOwner.claim(Path(sys.argv[1]), run='live-2'); print('claimed', flush=True); time.sleep(120)",
          str(directory)],
         cwd=ROOT, env=harness.env(), stdout=subprocess.PIPE, text=True,

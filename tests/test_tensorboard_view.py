@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from beacon.contract import Record
-from beacon.tensorboard_view import SEALED, TensorBoardView, crc32c, event_of, framed, thin_evenly
+from beacon.sinks.tensorboard_view import SEALED, TensorBoardView, crc32c, event_of, framed, thin_evenly
 from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as tensorboard_crc32c

@@ -32,7 +32,11 @@ def classes_starting_threads() -> dict[str, set[str]]:
 
 def test_each_class_that_starts_threads_starts_them_for_one_role() -> None:
     found = classes_starting_threads()
-    assert {"spool_writer.py:SpoolWriter", "chunk_uploader.py:ChunkUploader", "heartbeat.py:Heartbeat"} <= set(found)
+    assert {
+        "sinks/spool_writer.py:SpoolWriter",
+        "sinks/chunk_uploader.py:ChunkUploader",
+        "sinks/heartbeat.py:Heartbeat",
+    } <= set(found)
     several = {where: sorted(targets) for where, targets in found.items() if len(targets) > 1}
     assert several == {}, "a class with more than one thread role: give each its own class"
 

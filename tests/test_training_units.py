@@ -14,12 +14,12 @@ import torch
 from beacon import contract
 from beacon.checkpoint import AsyncCheckpointer, latest_checkpoint, load_resume_point
 from beacon.contract import Phase
-from beacon.distributed import World, backend_for
-from beacon.liveness import Liveness
-from beacon.progress import ProgressClock
+from beacon.evidence.progress import ProgressClock
+from beacon.log.spool import OPEN, Spool, SpoolDiskError, SpoolFullError
+from beacon.process.distributed import World, backend_for
+from beacon.process.liveness import Liveness
 from beacon.run import Run
 from beacon.settings import RunSettings
-from beacon.spool import OPEN, Spool, SpoolDiskError, SpoolFullError
 from beacon.telemetry import DeliveryReport, NullTelemetry
 from smoke_job.config import parse_args
 from smoke_job.job import EXIT_CRASHED, EXIT_SPOOL_DISK_FAILING, EXIT_SPOOL_FULL, Job

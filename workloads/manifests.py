@@ -277,7 +277,7 @@ def _environment(
         "BEACON_HEARTBEAT_FILE": heartbeat_file,
         "BEACON_SHUTDOWN_BUDGET": str(spec.shutdown_budget),
         # PyTorch's flight recorder: each rank's last collectives, dumped beside its progress signal
-        # when a collective times out (`beacon.ranks`).
+        # when a collective times out (`beacon.evidence.ranks`).
         "TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
         "TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
@@ -350,7 +350,7 @@ def training_job(spec: TrainingJobSpec) -> list[dict[str, Any]]:
                 "command": LAUNCH_COMMAND,
                 "args": _torchrun_args(spec),
                 "env": [{"name": k, "value": v} for k, v in _environment(spec).items()]
-                + [  # where each rank runs, for its progress signal (`beacon.ranks`)
+                + [  # where each rank runs, for its progress signal (`beacon.evidence.ranks`)
                     {"name": "BEACON_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                     {"name": "BEACON_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                 ],

@@ -1,5 +1,5 @@
 """The first collective the ranks did not all join, read from their flight-recorder dumps
-(`beacon.flight_recorder`, or nccl's own on a timeout) by PyTorch's own analyser,
+(`beacon.evidence.flight_recorder`, or nccl's own on a timeout) by PyTorch's own analyser,
 `torch.distributed.flight_recorder` (what `torchfrtrace` runs), not by a parser of Beacon's.
 
 The one place the operator imports torch, and only when there are dumps to read: the alarm's function

@@ -44,7 +44,8 @@ SUBJECT_LIMIT = 100
 MESSAGE_LIMIT = 256 * 1024
 STACK_FRAMES = 12  # of the stopped rank's main thread, innermost first
 # A frozen rank 0 uploads nothing, and its silent alarm can fire 75 s after the freeze; a node leader stands in
-# once rank 0's document is `stall_dump_after` (90 s as deployed) old, within one more pass (beacon.node_leader).
+# once rank 0's document is `stall_dump_after` (90 s as deployed) old, within one more pass
+# (beacon.evidence.node_leader).
 # So a multi-rank run whose verdict names no rank yet is read again, every poll, this long at most: the verdict
 # then names the rank within three minutes of the freeze. A single-rank run (no RankStepSpread) is not waited on.
 RANK_EVIDENCE_WAIT_S = 150.0

@@ -37,7 +37,7 @@ COLLECTIVES = (
 FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 SECTION = re.compile(r"^--- rank (?P<rank>\d+) .*?: (?P<reason>.*)$")
 DUMPED_AT = re.compile(r"^--- rank \d+ pid \d+ at (?P<at>[0-9.]+),", re.MULTILINE)
-# `beacon.ranks`' stall dump: "--- rank 3 pid 1 at 1.0, step 50: no progress for 95 s after step 50"
+# `beacon.evidence.ranks`' stall dump: "--- rank 3 pid 1 at 1.0, step 50: no progress for 95 s after step 50"
 STALL_HEADER = re.compile(rf"step (?P<step>-?\d+): {STALL_DUMP} ")
 
 

@@ -39,8 +39,8 @@ class RunEvidence:
     checkpoints: list[str] = field(default_factory=list)
     tensorboard_files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    # The newest attempt's ranks' evidence (`beacon.ranks`; uploaded by rank 0 and, where it could not, by
-    # the node leaders, `beacon.node_leader`), merged (`merge_rank_files`): file name -> bytes.
+    # The newest attempt's ranks' evidence (`beacon.evidence.ranks`; uploaded by rank 0 and, where it could not, by
+    # the node leaders, `beacon.evidence.node_leader`), merged (`merge_rank_files`): file name -> bytes.
     rank_files: dict[str, bytes] = field(default_factory=dict)
     # Where they came from, comma-separated: `attempt-<k>` (the attempt's end), `attempt-<k>/live-<n>` (a
     # stall's snapshot), `attempt-<k>/node-<g>[/live-<n>]` (a node leader's).
@@ -413,7 +413,7 @@ def rank_keys(prefix: str, keys: list[str]) -> tuple[list[str], str]:
 def rank_sources(prefix: str, keys: list[str]) -> list[tuple[list[str], str]]:
     """Each uploader's choice (as `rank_keys`) in the newest attempt: rank 0's, then each node leader's,
     those that uploaded anything. A node leader uploads when rank 0 could not: it stopped, or the ranks
-    directory is node-local (`beacon.node_leader`)."""
+    directory is node-local (`beacon.evidence.node_leader`)."""
     ranks = f"{prefix}{contract.RANKS}/"
     paths = [key.removeprefix(ranks).split("/") for key in keys if key.startswith(ranks)]
     if not paths:

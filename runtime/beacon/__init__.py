@@ -18,24 +18,24 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from beacon.contract import FinalState, Record
-    from beacon.lifeline import dataloader_worker_dies_with_its_rank as worker_init_fn
-    from beacon.preflight import PreflightError
+    from beacon.log.spool import SpoolDiskError, SpoolFullError
+    from beacon.process.lifeline import dataloader_worker_dies_with_its_rank as worker_init_fn
+    from beacon.process.preflight import PreflightError
     from beacon.run import FinishReport, Run, init
     from beacon.settings import RunSettings, SettingsError
-    from beacon.spool import SpoolDiskError, SpoolFullError
 
 _WHERE = {
     "FinalState": ("beacon.contract", "FinalState"),
     "Record": ("beacon.contract", "Record"),
-    "worker_init_fn": ("beacon.lifeline", "dataloader_worker_dies_with_its_rank"),
-    "PreflightError": ("beacon.preflight", "PreflightError"),
+    "worker_init_fn": ("beacon.process.lifeline", "dataloader_worker_dies_with_its_rank"),
+    "PreflightError": ("beacon.process.preflight", "PreflightError"),
     "FinishReport": ("beacon.run", "FinishReport"),
     "Run": ("beacon.run", "Run"),
     "init": ("beacon.run", "init"),
     "RunSettings": ("beacon.settings", "RunSettings"),
     "SettingsError": ("beacon.settings", "SettingsError"),
-    "SpoolDiskError": ("beacon.spool", "SpoolDiskError"),
-    "SpoolFullError": ("beacon.spool", "SpoolFullError"),
+    "SpoolDiskError": ("beacon.log.spool", "SpoolDiskError"),
+    "SpoolFullError": ("beacon.log.spool", "SpoolFullError"),
 }
 
 __all__ = [

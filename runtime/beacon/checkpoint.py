@@ -23,7 +23,7 @@ import torch
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract, kill_points
-from beacon.spool import fsync_directory, write_atomically
+from beacon.files import fsync_directory, write_atomically
 
 log = logging.getLogger("beacon.checkpoint")
 LATEST = "latest.json"

@@ -3,7 +3,7 @@
 - torchrun exits 1 whenever a worker fails, so the Job's podFailurePolicy could not tell bad input
   (2) or a failed preflight (3), which no retry fixes, from a crash worth retrying. This runs torchrun
   in this process and exits with the first failing worker's code (128 + N if signal N killed it); when that
-  worker's error file holds Beacon's error (`beacon.error_file`: a team's own `beacon.init` that raised), with
+  worker's error file holds Beacon's error (`beacon.process.error_file`: a team's own `beacon.init` that raised), with
   its code, after printing its one line last, below torchrun's dump.
 - Kubernetes and SageMaker send SIGTERM to the container's first process only. torchrun's own
   handler would stop the workers and exit with an error however cleanly they drained; here SIGTERM
@@ -12,7 +12,7 @@
 - On SageMaker every instance runs the same arguments, so the job's say where the rendezvous goes
   (`contract.SAGEMAKER_RENDEZVOUS`) and each instance fills in its own from the resource configuration
   SageMaker writes: the node count and this node's rank from `hosts` and `current_host`, node 0 as the
-  first host, and its name and instance type for the ranks' evidence (`beacon.ranks.Placement`).
+  first host, and its name and instance type for the ranks' evidence (`beacon.evidence.ranks.Placement`).
 - The spool and checkpoint directories must be this user's to write before any rank starts: SageMaker creates
   /opt/ml/* itself, and an image that runs as uid 1000 can find /opt/ml/checkpoints root's. That is one line and
   exit 3 (a failed preflight, which no retry fixes), not a preflight failure inside every rank's traceback. There
@@ -37,7 +37,9 @@ from types import FrameType
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main as torchrun
 
-from beacon import contract, error_file
+from beacon import contract
+from beacon.files import READ_ONLY_FIX
+from beacon.process import error_file
 
 # torchrun handles the rest; SIGTERM is ours to forward.
 SIGNALS_FOR_TORCHRUN = "SIGINT,SIGHUP,SIGQUIT"
@@ -80,7 +82,6 @@ def check_volumes(environ: MutableMapping[str, str], *, on_sagemaker: bool) -> N
 
 
 # The one advice for a volume mounted read-only, here (before torchrun) and in preflight (each rank's spool)
-READ_ONLY_FIX = "mount it read-write (the pod's volumeMount without readOnly, a ReadWriteMany claim)"
 
 
 def _unwritable(setting: str, directory: Path, error: OSError, *, on_sagemaker: bool) -> str:

@@ -12,7 +12,7 @@ integrations (`beacon.integrations`) also use `run.mark_step` and `run.log_hyper
 
 Only rank 0 writes (records, TensorBoard, CloudWatch, the final state); every rank touches its own
 liveness file and loads the resume checkpoint. Each other node's local rank 0 uploads its node's rank
-evidence when rank 0 cannot (`beacon.node_leader`).
+evidence when rank 0 cannot (`beacon.evidence.node_leader`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon import aws, contract, error_file
+from beacon import aws, contract
 from beacon.checkpoint import (
     AsyncCheckpointer,
     Uploader,
@@ -44,20 +44,21 @@ from beacon.checkpoint import (
 )
 from beacon.contract import FinalState, Phase
 from beacon.contract.rank_evidence import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
-from beacon.distributed import World, world_from_environment
-from beacon.lifeline import die_with_parent
-from beacon.liveness import Liveness
-from beacon.mirrors import MIRROR_SHARE, RunInfo, build
-from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, Mirrors, MirrorWorker, s3_chunks
-from beacon.node_leader import NodeLeader, leads_evidence
-from beacon.preflight import PreflightError, run_preflight
-from beacon.progress import ProgressClock
-from beacon.ranks import RankSignal, rank_signal_interval
-from beacon.reconcile import RunConflictError, reconcile
-from beacon.run_alarms import RunAlarms
+from beacon.evidence.node_leader import NodeLeader, leads_evidence
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.ranks import RankSignal, rank_signal_interval
+from beacon.log.reconcile import RunConflictError, reconcile
+from beacon.log.spool import Spool
+from beacon.log.spool_owner import SpoolOwnedError, SpoolOwner
+from beacon.process import error_file
+from beacon.process.distributed import World, world_from_environment
+from beacon.process.lifeline import die_with_parent
+from beacon.process.liveness import Liveness
+from beacon.process.preflight import PreflightError, run_preflight
 from beacon.settings import RunSettings, SettingsError, generated_run_id
-from beacon.spool import Spool
-from beacon.spool_owner import SpoolOwnedError, SpoolOwner
+from beacon.sinks.mirrors import MIRROR_SHARE, RunInfo, build
+from beacon.sinks.mirrors.worker import MIRRORS_DIR, MirrorReport, Mirrors, MirrorWorker, s3_chunks
+from beacon.sinks.run_alarms import RunAlarms
 from beacon.telemetry import DeliveryReport, Flushed, NullTelemetry, Telemetry, TelemetrySink
 
 log = logging.getLogger("beacon.run")
@@ -331,7 +332,7 @@ class Run:
             self.world.finish_together(self.settings.shutdown_budget + FINISH_MARGIN_S)
             if self.rank_signal is not None:
                 self.telemetry.publish_rank_evidence(self.settings.run_ranks_dir, self.attempt)
-            if self.node_leader is not None:  # what rank 0 will not upload (`beacon.node_leader`)
+            if self.node_leader is not None:  # what rank 0 will not upload (`beacon.evidence.node_leader`)
                 self.node_leader.finish()
         finally:
             self.liveness.stop()
@@ -429,7 +430,7 @@ def init(
 
     Raises `SettingsError` (a setting is unusable) or `PreflightError` (a sink is unreachable, the
     spool cannot keep records, or another job holds this run id), each one line, also written into the
-    rank's torchrun error file (`beacon.error_file`) so torchrun's summary and `beacon.launch` show it."""
+    rank's torchrun error file (`beacon.process.error_file`) so torchrun's summary and `beacon.launch` show it."""
     try:
         run = _start(experiment, run_id, resume, settings, handle_signals, overrides)
     except PreflightError as error:
@@ -583,7 +584,7 @@ def _build(
 def keep_flight_recorder(settings: RunSettings) -> None:
     """PyTorch's flight recorder for nccl and gloo: the last collectives of each rank, dumped under the
     run's ranks directory when an nccl collective times out, and by each rank's `RankSignal` on a stall
-    or SIGTERM (`beacon.flight_recorder`). The Job sets the same variables; a value already set wins."""
+    or SIGTERM (`beacon.evidence.flight_recorder`). The Job sets the same variables; a value already set wins."""
     prefix = str(settings.run_ranks_dir / FLIGHT_RECORDER_PREFIX)
     for name, value in (
         ("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES)),

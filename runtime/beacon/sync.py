@@ -36,15 +36,15 @@ from beacon import aws, contract
 from beacon.contract import FinalState
 from beacon.contract.preflight import preflight_document
 from beacon.create_only import Written, put_create_only
-from beacon.index import IndexWriter
-from beacon.mirrors import Mirror, RunInfo
-from beacon.mirrors.worker import MIRRORS_DIR, MirrorReport, MirrorWorker, s3_chunks
-from beacon.preflight import PreflightError
-from beacon.ranks import upload_rank_evidence
-from beacon.reconcile import RunConflictError, reconcile
+from beacon.evidence.ranks import upload_rank_evidence
+from beacon.log.reconcile import RunConflictError, reconcile
+from beacon.log.spool import FULL, OPEN, STATE, Spool, lost_values
+from beacon.log.spool_owner import SpoolOwnedError, SpoolOwner, read_owner
+from beacon.process.preflight import PreflightError
 from beacon.settings import SettingsError
-from beacon.spool import FULL, OPEN, STATE, Spool, lost_values
-from beacon.spool_owner import SpoolOwnedError, SpoolOwner, read_owner
+from beacon.sinks.index import IndexWriter
+from beacon.sinks.mirrors import Mirror, RunInfo
+from beacon.sinks.mirrors.worker import MIRRORS_DIR, MirrorReport, MirrorWorker, s3_chunks
 
 # A spool an older release wrote (no owner record) this recently may still belong to a live job.
 QUIET_S = 60.0
@@ -345,8 +345,8 @@ def main(argv: list[str] | None = None) -> Outcome:
 def _mirrors_of(directory: Path, named: list[str] | None, bucket: str) -> list[Mirror]:
     """The trackers to mirror to, built from the BEACON_* settings the job read; one line naming the setting when
     one is missing or unusable."""
-    from beacon.mirrors import build
     from beacon.settings import RunSettings
+    from beacon.sinks.mirrors import build
 
     trackers = tuple(named or mirrored_trackers(directory))
     if not trackers:

@@ -1,9 +1,9 @@
 """Telemetry that cannot be lost: the composer of the writer's threads, one role each.
 
-- `beacon.spool_writer.SpoolWriter`, the spool thread (disk only): `run.log`'s queue into the spool, fsync'd;
-- `beacon.chunk_uploader.ChunkUploader`, the uploader thread (S3 only): sealed chunks, create-only, and the index;
-- `beacon.heartbeat.Heartbeat`, the heartbeat thread (CloudWatch only), with `beacon.live_evidence` while a rank
-  stalls.
+- `beacon.sinks.spool_writer.SpoolWriter`, the spool thread (disk only): `run.log`'s queue into the spool, fsync'd;
+- `beacon.sinks.chunk_uploader.ChunkUploader`, the uploader thread (S3 only): sealed chunks, create-only, and the index;
+- `beacon.sinks.heartbeat.Heartbeat`, the heartbeat thread (CloudWatch only), with `beacon.evidence.live_evidence`
+  while a rank stalls.
 
 The training thread only appends to a queue (`log`), so its cost per step is microseconds. Failures never stop
 training: they count as UploadFailures and grow SpoolBacklog. `NullTelemetry`, what ranks other than 0 get, is the
@@ -23,19 +23,19 @@ from typing import Any, Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract, kill_points
-from beacon.chunk_uploader import ChunkUploader
 from beacon.create_only import Written, put_create_only
-from beacon.delivery import DeliveryReport, Lifecycle
-from beacon.heartbeat import Heartbeat
-from beacon.live_evidence import LiveEvidence, RanksDirectory
-from beacon.metric_window import MetricWindow
-from beacon.progress import ProgressClock
-from beacon.rank_board import RankBoard
-from beacon.ranks import rank_signal_interval, read_ranks, this_attempts_documents_since, upload_rank_evidence
-from beacon.run_alarms import RunAlarms
+from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.rank_board import RankBoard
+from beacon.evidence.ranks import rank_signal_interval, read_ranks, this_attempts_documents_since, upload_rank_evidence
+from beacon.log.spool import Spool
 from beacon.settings import RunSettings
-from beacon.spool import Spool
-from beacon.spool_writer import SpoolWriter
+from beacon.sinks.chunk_uploader import ChunkUploader
+from beacon.sinks.delivery import DeliveryReport, Lifecycle
+from beacon.sinks.heartbeat import Heartbeat
+from beacon.sinks.metric_window import MetricWindow
+from beacon.sinks.run_alarms import RunAlarms
+from beacon.sinks.spool_writer import SpoolWriter
 
 log = logging.getLogger("beacon.telemetry")
 
@@ -239,7 +239,7 @@ class Telemetry:
     def publish_rank_evidence(self, directory: Path, attempt: int) -> None:
         """Every rank's last word, stack dumps and flight-recorder dumps, from the run's ranks directory
         to S3, create-only under the attempt. When rank 0 is the rank that stopped, or the directory is
-        node-local (SageMaker), the other nodes' leaders upload theirs (`beacon.node_leader`)."""
+        node-local (SageMaker), the other nodes' leaders upload theirs (`beacon.evidence.node_leader`)."""
         kill_points.hit(kill_points.RANK_EVIDENCE_DUE)
         ranks = frozenset(r.rank for r in read_ranks(directory, since=self.ranks_since))  # not a restore's
         upload_rank_evidence(

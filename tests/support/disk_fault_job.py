@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from beacon.spool import OPEN
+from beacon.log.spool import OPEN
 from smoke_job.train import main
 
 CALLS = ("write", "fsync")

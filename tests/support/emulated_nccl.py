@@ -12,7 +12,7 @@ from __future__ import annotations
 import runpy
 
 import torch
-from beacon import distributed
+from beacon.process import distributed
 
 
 def emulated_with_gloo(backend: str) -> str:

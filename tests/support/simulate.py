@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from beacon import contract
-from beacon.progress import ProgressClock
+from beacon.evidence.progress import ProgressClock
 
 from beacon_ops.evidence.alarms import SeriesKey, series_key
 

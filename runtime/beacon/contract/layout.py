@@ -18,7 +18,7 @@ RANKS = "ranks"  # every rank's progress signal and stack dumps, uploaded at the
 # all in S3 ends with this marker, written last, so a reader never takes a half-uploaded one for whole.
 LIVE_SNAPSHOT = "live"
 LIVE_SNAPSHOT_COMPLETE = ".complete"
-# A node leader's uploads (`beacon.node_leader`), beside rank 0's: what rank 0 cannot upload because it
+# A node leader's uploads (`beacon.evidence.node_leader`), beside rank 0's: what rank 0 cannot upload because it
 # stopped, or because the ranks directory is node-local (multi-node SageMaker). Same layout inside.
 NODE = "node"
 INDEX = "index"  # what each group of event chunks holds, so a reader finds the tail without listing them all

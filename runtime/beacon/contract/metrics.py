@@ -82,7 +82,7 @@ CLOUDWATCH_VALUE_LIMIT = 2.0**360
 # with each heartbeat while such a phase lasts, so it is not among the metrics every run has.
 PHASE_SECONDS = Metric("PhaseSeconds", Unit.SECONDS, high_resolution=True)
 
-# The cross-rank view, sent by rank 0 of a job with more than one rank (`beacon.ranks`): the
+# The cross-rank view, sent by rank 0 of a job with more than one rank (`beacon.evidence.ranks`): the
 # progress age of the slowest rank (a hung or dead rank stops rewriting its document and ages), and
 # how many steps lie between the furthest and the least advanced rank.
 SLOWEST_RANK_PROGRESS_AGE = Metric("SlowestRankProgressAge", Unit.SECONDS, high_resolution=True)

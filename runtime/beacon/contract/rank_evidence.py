@@ -2,8 +2,9 @@
 one validating parser, the names of a rank's files (document, stacks, the dump at a signal, the flight recorder),
 how a stack dump is headed, and which rank a file belongs to.
 
-The writers live in `beacon.ranks` and `beacon.flight_recorder`; readers (the doctor, the alarm's function, the node
-leaders and rank 0) parse through `RankProgress.from_document` here, so one bad document costs its rank alone.
+The writers live in `beacon.evidence.ranks` and `beacon.evidence.flight_recorder`; readers (the doctor, the alarm's
+function, the node leaders and rank 0) parse through `RankProgress.from_document` here, so one bad document costs
+its rank alone.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ On EKS every node mounts the run's one volume, and rank 0 reads every rank's doc
 each instance has its own `/opt/ml/checkpoints`: rank 0 would see its own node's ranks alone, so one rank
 of another node in a long checkpoint, by itself, would read as a hang (its node's others wait, and rank 0's
 clock would not know why). So where a directory holds its own node's documents alone, the rank that reads
-it (rank 0 on node 0, the node leader elsewhere, `beacon.node_leader`) runs a board: a thread of its own that
+it (rank 0 on node 0, the node leader elsewhere, `beacon.evidence.node_leader`) runs a board: a thread of its own that
 puts them in torchrun's own store (one key per node, in the TCPStore the launcher on node 0 hosts at
 MASTER_ADDR:MASTER_PORT; it outlives a worker that dies) and reads the other nodes' keys back. The reader then
 counts those ranks with its own (`merged`): rank 0's heartbeat for the phases it follows, the slowest rank and
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from beacon.contract.rank_evidence import RankProgress
-from beacon.ranks import read_ranks
+from beacon.evidence.ranks import read_ranks
 
 log = logging.getLogger("beacon.rank_board")
 

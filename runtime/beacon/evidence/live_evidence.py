@@ -13,9 +13,9 @@ from typing import Any
 
 from beacon import contract
 from beacon.contract.rank_evidence import RankProgress
-from beacon.progress import ProgressClock
-from beacon.rank_board import RankBoard
-from beacon.ranks import (
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.rank_board import RankBoard
+from beacon.evidence.ranks import (
     CrossRankView,
     LiveSnapshots,
     a_rank_stalled,

@@ -13,13 +13,13 @@ from typing import Any
 
 from beacon import contract, kill_points
 from beacon.create_only import Written, put_create_only
-from beacon.delivery import DeliveryReport, Lifecycle
-from beacon.index import IndexWriter
-from beacon.metric_window import MetricWindow
-from beacon.reconcile import RunConflictError
+from beacon.log.reconcile import RunConflictError
+from beacon.log.spool import Chunk, Spool
 from beacon.settings import RunSettings
-from beacon.spool import Chunk, Spool
-from beacon.tensorboard_view import SEALED, TensorBoardView
+from beacon.sinks.delivery import DeliveryReport, Lifecycle
+from beacon.sinks.index import IndexWriter
+from beacon.sinks.metric_window import MetricWindow
+from beacon.sinks.tensorboard_view import SEALED, TensorBoardView
 
 log = logging.getLogger("beacon.telemetry")
 
@@ -137,7 +137,7 @@ class ChunkUploader:
         self.window.upload_failed()
         return False
 
-    # --- TensorBoard: one whole file per flush, never a growing one (`beacon.tensorboard_view`) ---
+    # --- TensorBoard: one whole file per flush, never a growing one (`beacon.sinks.tensorboard_view`) ---
     def _upload_tensorboard(self, path: Path) -> bool:
         name = path.name.removesuffix(SEALED)
         key = contract.tensorboard_key(self.config.experiment, self.config.run, name)

@@ -14,7 +14,7 @@ Stacks are dumped with `faulthandler` into `stacks-rank-<r>.txt` beside it:
 - on SIGTERM, before the drain (`dump_stacks`), so an eviction keeps the evidence; and by faulthandler's own
   handler the moment it arrives (`dump_at_signal`, into `signal-stacks-rank-<r>.txt`), in C: a main thread
   blocked in C (a collective's wait, a call that retries on EINTR) runs no Python handler until it returns.
-Each dump also writes the rank's flight recorder (`flight-recorder-rank-<r>`, `beacon.flight_recorder`),
+Each dump also writes the rank's flight recorder (`flight-recorder-rank-<r>`, `beacon.evidence.flight_recorder`),
 from this thread: never the training thread, which only asks for it on SIGTERM.
 py-spy would add native frames but needs ptrace (SYS_PTRACE in the pod); the Python frames name the
 collective or the data loader a rank waits in, and the nccl flight recorder covers what nccl does.
@@ -48,8 +48,8 @@ from beacon.contract.rank_evidence import (
     took_signal,
 )
 from beacon.create_only import Written, put_create_only
-from beacon.flight_recorder import dump_flight_recorder
-from beacon.progress import ProgressClock
+from beacon.evidence.flight_recorder import dump_flight_recorder
+from beacon.evidence.progress import ProgressClock
 
 log = logging.getLogger("beacon.ranks")
 

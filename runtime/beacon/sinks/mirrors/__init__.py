@@ -1,6 +1,6 @@
 """Tracker mirrors: the run's records copied to MLflow or W&B from the durable spool, never from the loop.
 
-Each mirror is driven by a `MirrorWorker` thread of its own on rank 0 (`beacon.mirrors.worker`); a
+Each mirror is driven by a `MirrorWorker` thread of its own on rank 0 (`beacon.sinks.mirrors.worker`); a
 tracker outage only makes its worker wait, and what it has not sent stays behind a durable cursor
 for the next start of the run. The tracker packages are imported lazily, inside their mirror.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from beacon.contract import FinalState, Record
-from beacon.preflight import PreflightError
+from beacon.process.preflight import PreflightError
 from beacon.settings import RunSettings
 
 # The mirrors' share of the shutdown budget, from the start of `finish` (they drain beside the uploads).
@@ -82,11 +82,11 @@ def build(name: str, settings: RunSettings) -> Mirror:
     if importlib.util.find_spec(name) is None:
         raise PreflightError(f"mirrors: {name} is not installed (pip install 'beacon[{name}]')")
     if name == "mlflow":
-        from beacon.mirrors.mlflow import MlflowMirror
+        from beacon.sinks.mirrors.mlflow import MlflowMirror
 
         return MlflowMirror(settings.mlflow_tracking_uri, settings.mlflow_experiment or settings.experiment)
     if name == "wandb":
-        from beacon.mirrors.wandb import WandbMirror
+        from beacon.sinks.mirrors.wandb import WandbMirror
 
         share = MIRROR_SHARE * settings.shutdown_budget  # wandb's own finish, at exit too, waits no longer
         return WandbMirror(settings.wandb_project or settings.experiment, settings.wandb_mode, finish_timeout=share)

@@ -1,7 +1,7 @@
 """The heartbeat thread: CloudWatch only. Every `heartbeat_interval` one PutMetricData of the run's health (its
 heartbeat, progress age, backlog, the window's loss and upload figures, the cross-rank view of several ranks),
 whatever the loop is doing; the run's alarms once the first beats are in; and, while a rank stalls, a live
-snapshot of the ranks' evidence (`beacon.live_evidence`)."""
+snapshot of the ranks' evidence (`beacon.evidence.live_evidence`)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract
 from beacon.contract.rank_evidence import RankProgress
-from beacon.delivery import DeliveryReport, Lifecycle
-from beacon.live_evidence import LiveEvidence, RanksDirectory
-from beacon.metric_window import MetricWindow, WindowStats, cloudwatch_accepts, datum_is_valid, statistic_set
-from beacon.progress import ProgressClock
-from beacon.ranks import CrossRankView, PhaseFollower
-from beacon.run_alarms import RunAlarms
+from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.ranks import CrossRankView, PhaseFollower
 from beacon.settings import RunSettings
+from beacon.sinks.delivery import DeliveryReport, Lifecycle
+from beacon.sinks.metric_window import MetricWindow, WindowStats, cloudwatch_accepts, datum_is_valid, statistic_set
+from beacon.sinks.run_alarms import RunAlarms
 
 log = logging.getLogger("beacon.telemetry")
 

@@ -30,8 +30,9 @@ from botocore.exceptions import ClientError
 
 from beacon import contract, kill_points
 from beacon.contract import FinalState, Record
-from beacon.mirrors import Mirror, RunInfo
-from beacon.spool import OPEN, Spool, write_atomically
+from beacon.files import write_atomically
+from beacon.log.spool import OPEN, Spool
+from beacon.sinks.mirrors import Mirror, RunInfo
 
 log = logging.getLogger("beacon.mirrors")
 

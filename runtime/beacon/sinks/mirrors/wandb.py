@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from beacon.contract import FinalState, Record
-from beacon.mirrors import History, RunInfo
+from beacon.sinks.mirrors import History, RunInfo
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run as WandbRun

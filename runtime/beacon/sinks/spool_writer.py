@@ -14,13 +14,13 @@ from typing import Any, cast
 
 from beacon import contract
 from beacon.contract import Record
-from beacon.delivery import DeliveryReport, Lifecycle
-from beacon.journal import PLAIN, Journal
-from beacon.metric_window import MetricWindow, metric_value
+from beacon.log.journal import PLAIN, Journal
+from beacon.log.spool import FULL, Spool, SpoolDiskError, SpoolFullError, on_spool_disk
+from beacon.log.spool_owner import SpoolTakenOverError
 from beacon.settings import RunSettings
-from beacon.spool import FULL, Spool, SpoolDiskError, SpoolFullError, on_spool_disk
-from beacon.spool_owner import SpoolTakenOverError
-from beacon.tensorboard_view import TensorBoardView
+from beacon.sinks.delivery import DeliveryReport, Lifecycle
+from beacon.sinks.metric_window import MetricWindow, metric_value
+from beacon.sinks.tensorboard_view import TensorBoardView
 
 log = logging.getLogger("beacon.telemetry")
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from beacon.spool import write_atomically
+from beacon.files import write_atomically
 
 OWNER = "owner.json"
 LOCK = "owner.lock"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from beacon.contract import FinalState, Record
-from beacon.mirrors import History, RunInfo
+from beacon.sinks.mirrors import History, RunInfo
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric

@@ -19,7 +19,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from beacon import contract
-from beacon.spool import Spool
+from beacon.log.spool import Spool
 
 log = logging.getLogger("beacon.reconcile")
 

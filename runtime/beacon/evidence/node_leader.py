@@ -1,6 +1,6 @@
 """Each node's evidence when rank 0 cannot upload it: rank 0 stopped, or the ranks directory is node-local.
 
-Rank 0 uploads the ranks directory (`beacon.ranks`) at an attempt's end and, while a rank stalls, as live
+Rank 0 uploads the ranks directory (`beacon.evidence.ranks`) at an attempt's end and, while a rank stalls, as live
 snapshots from its heartbeat. Frozen (SIGSTOP, a C call holding the GIL), killed, or on a lost node, it
 uploads nothing; and on multi-node SageMaker, which has no shared volume, rank 0's directory holds its own
 node's files alone. So each other node's leader (LOCAL_RANK 0, torchrun's GROUP_RANK numbers the node), and on
@@ -14,8 +14,8 @@ At an attempt's end every leader uploads its own node's ranks' files (and, while
 first leader still writing everything), after waiting briefly for their last words: rank 0 uploads once the ranks
 finished together, but torchrun tears a node's surviving ranks down 30 s after one of them exits, so whichever
 process's end comes first or is cut short, each node's last words still reach S3.
-A leader's stall test, snapshot bound and upload are rank 0's (`beacon.live_evidence.LiveEvidence`): some rank's
-progress older than `stall_dump_after` plus one rank-signal pass, no rank in a named phase.
+A leader's stall test, snapshot bound and upload are rank 0's (`beacon.evidence.live_evidence.LiveEvidence`): some
+rank's progress older than `stall_dump_after` plus one rank-signal pass, no rank in a named phase.
 It calls S3 only (no CloudWatch, no preflight: rank 0's preflight checked the bucket).
 """
 
@@ -30,10 +30,10 @@ from typing import Any
 
 from beacon import contract
 from beacon.contract.rank_evidence import RankProgress
-from beacon.live_evidence import LiveEvidence
-from beacon.progress import ProgressClock
-from beacon.rank_board import RankBoard
-from beacon.ranks import evidence_state, rank_signal_interval, read_ranks, this_attempts_documents_since
+from beacon.evidence.live_evidence import LiveEvidence
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.rank_board import RankBoard
+from beacon.evidence.ranks import evidence_state, rank_signal_interval, read_ranks, this_attempts_documents_since
 from beacon.settings import RunSettings
 
 log = logging.getLogger("beacon.node_leader")

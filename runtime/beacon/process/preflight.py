@@ -35,7 +35,7 @@ from botocore.exceptions import (
 from beacon import contract
 from beacon.contract.preflight import PreflightRecord
 from beacon.create_only import put_create_only
-from beacon.launch import READ_ONLY_FIX
+from beacon.files import READ_ONLY_FIX
 from beacon.settings import RunSettings
 
 log = logging.getLogger("beacon.preflight")

@@ -26,39 +26,17 @@ from typing import TYPE_CHECKING
 
 from beacon import kill_points
 from beacon.contract import ChunkSummary, Record, records_of
-from beacon.journal import Journal
+from beacon.files import fsync_directory, write_atomically
+from beacon.log.journal import Journal
 
 if TYPE_CHECKING:
-    from beacon.spool_owner import SpoolOwner
+    from beacon.log.spool_owner import SpoolOwner
 
 log = logging.getLogger("beacon.spool")
 
 OPEN = "open.jsonl"
 SEALED = "sealed"
 STATE = "state.json"
-
-
-def fsync_directory(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write, fsync, rename: readers see the old content or the new, never half of it."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except OSError:
-        temporary.unlink(missing_ok=True)  # a full volume: the old content stays, no half-written file beside it
-        raise
-    fsync_directory(path.parent)
 
 
 @dataclass(frozen=True)
@@ -341,7 +319,7 @@ class Spool:
         self._seal_path(path, len(records), sequence)
 
     def recover_journal(self) -> int:
-        """Spool the steps a killed process journaled past its last fsync (`beacon.journal`), as a chunk
+        """Spool the steps a killed process journaled past its last fsync (`beacon.log.journal`), as a chunk
         of their own, once; the number recovered. Called after `reconcile` (numbered after what S3
         holds, and skipping what it holds), before anything new is appended."""
         if self._journal_recovered:
