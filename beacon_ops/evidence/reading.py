@@ -5,7 +5,6 @@ from __future__ import annotations
 import bisect
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -240,7 +239,6 @@ def _read(s3: Any, bucket: str, key: str) -> bytes:
 # A record line's counts, JSON integers: the reader counts and orders by them (`"seq": "7"` or 7.5 is no number of
 # the spool's, though `int()` would take it)
 RECORD_COUNTS = ("seq", "step", "attempt", "rank")
-CHUNK_NAME = re.compile(r"chunk-(\d+)\.jsonl$")
 
 
 def _records(body: bytes, where: str, evidence: RunEvidence, after: int | None = None) -> list[contract.Record]:
@@ -289,11 +287,6 @@ def _not_counts(line: object) -> str:
     return f"seq: {line['seq']} is negative" if line.get("seq", 0) < 0 else ""
 
 
-def _chunk_number(key: str) -> int | None:
-    match = CHUNK_NAME.search(key)
-    return int(match[1]) if match else None
-
-
 NUMBER = (int, float)
 
 
@@ -326,7 +319,7 @@ def read_run(s3: Any, bucket: str, experiment: str, run: str, *, tail_only: bool
         if kind == contract.EVENTS:
             evidence.chunk_keys.append(key)
             if key not in skipped:
-                chunk = _chunk_number(key)
+                chunk = contract.chunk_of_events_key(key)
                 after = last_seq.get(chunk - 1) if chunk is not None else None
                 records = _records(_read(s3, bucket, key), where, evidence, after)
                 evidence.records.extend(records)

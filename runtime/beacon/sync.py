@@ -42,6 +42,7 @@ from beacon.log.spool import FULL, OPEN, STATE, Spool, lost_values
 from beacon.log.spool_owner import SpoolOwnedError, SpoolOwner, read_owner
 from beacon.process.preflight import PreflightError
 from beacon.settings import SettingsError
+from beacon.sinks.chunk_uploader import deliver_chunk
 from beacon.sinks.index import IndexWriter
 from beacon.sinks.mirrors import Mirror, RunInfo
 from beacon.sinks.mirrors.worker import MIRRORS_DIR, MirrorReport, MirrorWorker, s3_chunks
@@ -233,23 +234,14 @@ def sync_spool(
         reconciled = reconcile(s3, bucket=bucket, experiment=experiment, run=run, spool=spool)
         report.already_in_s3 = reconciled.already_delivered
         for chunk in spool.pending():
-            key = contract.events_key(experiment, run, chunk.sequence)
-            body = chunk.body()
-            outcome = put_create_only(s3, bucket=bucket, key=key, body=body)
-            if outcome.written is Written.CONFLICT:
-                raise RunConflictError(
-                    f"run {run!r}: s3://{bucket}/{key} holds another chunk than {chunk.path}: "
-                    "another job wrote this run id (the spool keeps its records)"
-                )
-            if outcome.error is not None:  # the spool keeps the chunk: a later sync sends it
-                raise outcome.error
+            outcome = deliver_chunk(s3, bucket=bucket, spool=spool, index=index, chunk=chunk, body=chunk.body())
+            if outcome.retry:  # the spool keeps the chunk: a later sync sends it
+                raise outcome.error or RuntimeError(f"{outcome.key}: {outcome.written.value}")
             if outcome.written is Written.CREATED:
                 report.chunks_uploaded += 1
                 report.records_sent += chunk.records
             else:
                 report.already_in_s3 += 1
-            spool.acknowledge(chunk)
-            index.acknowledged(chunk.summary(body))
         report.end_written = _end_of_a_killed_attempt(s3, bucket, experiment, run, spool)
         report.rank_files = upload_rank_evidence(
             s3, bucket=bucket, experiment=experiment, run=run, attempt=max(spool.last_attempt, 0),

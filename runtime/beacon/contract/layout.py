@@ -77,6 +77,15 @@ def events_key(experiment: str, run: str, chunk: int) -> str:
     return f"{run_prefix(experiment, run)}{EVENTS}/chunk-{chunk:08d}.jsonl"
 
 
+EVENTS_CHUNK = re.compile(r"/chunk-(\d+)\.jsonl$")
+
+
+def chunk_of_events_key(key: str) -> int | None:
+    """The chunk number an events key names (`events_key`'s inverse), or None for any other key."""
+    match = EVENTS_CHUNK.search(key)
+    return int(match[1]) if match else None
+
+
 def index_key(experiment: str, run: str, group: int) -> str:
     """The index of chunks `group * INDEX_GROUP` to `(group + 1) * INDEX_GROUP - 1`, create-only, written
     once S3 holds all of them; the chunks after the last index are the run's tail."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +21,6 @@ from beacon import contract
 from beacon.log.spool import Spool
 
 log = logging.getLogger("beacon.reconcile")
-
-CHUNK_KEY = re.compile(r"chunk-(\d{8})\.jsonl$")
 
 
 class RunConflictError(Exception):
@@ -42,9 +39,8 @@ def chunk_numbers_in_s3(s3: Any, bucket: str, experiment: str, run: str) -> list
     numbers: list[int] = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
-            match = CHUNK_KEY.search(item["Key"])
-            if match:
-                numbers.append(int(match.group(1)))
+            if (number := contract.chunk_of_events_key(item["Key"])) is not None:
+                numbers.append(number)
     return sorted(numbers)
 
 
