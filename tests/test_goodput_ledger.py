@@ -1,0 +1,59 @@
+"""The goodput ledger's arithmetic (issue 30, its first slice): `beacon.contract.goodput`, on a hand-built timeline."""
+
+from __future__ import annotations
+
+import pytest
+from beacon.contract.goodput import Attempt, Category, PhaseInterval, ledger
+
+INSTANCES = 2
+
+
+def steps(first: int, last: int, at: float, live_through: int) -> list[tuple[float, bool]]:
+    """Records of steps first..last, one a second from `at`; live through `live_through`, superseded after."""
+    return [(at + (step - first), step <= live_through) for step in range(first, last + 1)]
+
+
+# Three attempts: a SIGKILL after step 120 with the last checkpoint at 100 (101-120 done again); then an evaluation,
+# a checkpoint at 140 and a hang from step 200 until the liveness probe's kill (141-200 done again); then the rest.
+TIMELINE = [
+    Attempt(0, INSTANCES, pod_created=0, process_start=60, end=225,
+            record_times=steps(0, 120, at=100, live_through=100), phases=[PhaseInterval("checkpoint", 150, 152)]),
+    Attempt(1, INSTANCES, pod_created=255, process_start=285, end=519,
+            record_times=steps(101, 200, at=300, live_through=140),
+            phases=[PhaseInterval("evaluation", 320, 330), PhaseInterval("checkpoint", 339, 341)], hang_from=399),
+    Attempt(2, INSTANCES, pod_created=549, process_start=569, end=702, record_times=steps(141, 240, at=600,
+            live_through=240)),
+]  # fmt: skip
+
+
+def test_every_instance_second_of_a_known_timeline_is_in_its_category_and_they_sum_to_the_run() -> None:
+    book = ledger(TIMELINE)
+    per_instance = {category: seconds / INSTANCES for category, seconds in book.seconds.items()}
+    assert per_instance == {
+        Category.START: 60 + 30 + 20,
+        Category.SETUP: 40 + 15 + 31,  # to each attempt's first record
+        Category.PRODUCTIVE: 98 + 29 + 99,  # live steps, less the phases inside them
+        Category.CHECKPOINT: 2 + 2,
+        Category.EVALUATION: 10,
+        Category.WASTED_PROGRESS: 20 + 58,  # steps 101-120, then 141-200 less the checkpoint inside them
+        Category.HANG: 120,
+        Category.RESTART_GAP: 30 + 30,
+        Category.UNACCOUNTED: 5 + 3,
+    }
+    assert book.total == 702 * INSTANCES, "the run's instance-seconds, exactly"
+    assert book.why == {"after the last step: the drain and the exit": 8 * INSTANCES}
+    assert book.goodput() == pytest.approx(226 / 702)
+
+
+def test_a_rank_hung_inside_a_checkpoint_is_a_hang_from_its_last_progress() -> None:
+    attempt = Attempt(0, 1, process_start=0, end=100, record_times=steps(0, 10, at=0, live_through=10),
+                      phases=[PhaseInterval("checkpoint", 10, 100)], hang_from=50)  # fmt: skip
+    book = ledger([attempt])
+    assert (book.seconds[Category.CHECKPOINT], book.seconds[Category.HANG]) == (40, 50)
+    assert book.total == 100
+
+
+def test_a_run_before_pod_times_is_accounted_from_its_process_start() -> None:
+    book = ledger([Attempt(0, 4, process_start=10, end=20, record_times=steps(0, 5, at=12, live_through=5))])
+    assert book.seconds[Category.START] == 0 and book.seconds[Category.SETUP] == 2 * 4
+    assert book.total == 10 * 4
