@@ -13,6 +13,9 @@ from typing import Any, NoReturn
 
 from beacon import RunSettings, contract
 
+# The runtime's own defaults: the smoke job's flags take them, never a copy (one place for each default).
+RUNTIME: dict[str, Any] = {f.name: f.default for f in fields(RunSettings)}
+
 __all__ = ["JobConfig", "build_parser", "parse_args"]
 
 ENV_PREFIX = "BEACON_"  # every setting of the run, and of this job, as an environment variable
@@ -139,13 +142,18 @@ def build_parser() -> argparse.ArgumentParser:
     add("--learning-rate", _positive_float, 0.02, "SGD learning rate")
     add("--seed", int, 1234, "seed of the synthetic dataset and the model")
     add("--bucket", str, None, "artifact bucket (required when telemetry is on)")
-    add("--spool-dir", Path, Path("/artifacts/spool"), "spool on the persistent volume")
-    add("--checkpoint-dir", Path, Path("/artifacts/checkpoints"), "checkpoints on the persistent volume")
+    add("--spool-dir", Path, RUNTIME["spool_dir"], "spool on the persistent volume")
+    add("--checkpoint-dir", Path, RUNTIME["checkpoint_dir"], "checkpoints on the persistent volume")
     add("--checkpoint-interval", _positive_int, 50, "steps between checkpoints")
-    add("--flush-interval", _positive_float, 10.0, "seconds between spool chunk seals and uploads")
-    add("--chunk-records", _positive_int, 100, "records per chunk at most")
-    add("--heartbeat-interval", _positive_float, 15.0, "seconds between heartbeats (and metric batches)")
-    add("--heartbeat-file", Path, Path("/tmp/beacon-heartbeat"), "liveness: each local rank touches <file>.<rank>")
+    add("--flush-interval", _positive_float, RUNTIME["flush_interval"], "seconds between spool chunk seals and uploads")
+    add("--chunk-records", _positive_int, RUNTIME["chunk_records"], "records per chunk at most")
+    add(
+        "--heartbeat-interval",
+        _positive_float,
+        RUNTIME["heartbeat_interval"],
+        "seconds between heartbeats (and metric batches)",
+    )
+    add("--heartbeat-file", Path, RUNTIME["heartbeat_file"], "liveness: each local rank touches <file>.<rank>")
     add("--namespace", str, None, "CloudWatch namespace (default: the team's, Beacon/<team>)")
     add(
         "--region",
@@ -153,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
         "AWS region (defaults to AWS_REGION)",
     )
-    add("--shutdown-budget", _positive_float, 60.0, "seconds to drain everything after SIGTERM")
+    add("--shutdown-budget", _positive_float, RUNTIME["shutdown_budget"], "seconds to drain everything after SIGTERM")
     add(
         "--stall-dump-after",
         _positive_float,
