@@ -458,7 +458,7 @@ WHY = {
     "training.gid": "0 is root's group: use 1000 or your image's group id",
     "monitoring.heartbeat_interval_seconds": (
         "the silent alarm counts beats in 30 s periods and fires after 120 s without one, so a slower "
-        "heartbeat leaves periods empty and raises false alarms; use 15 (the default)"
+        f"heartbeat leaves periods empty and raises false alarms; use {contract.HEARTBEAT_INTERVAL_S} (the default)"
     ),
     "compute.gpu_limit": "a limit of 0 makes a GPU pool that can never start a node; set the most GPUs to run at once",
 }

@@ -57,3 +57,23 @@ def test_a_run_before_pod_times_is_accounted_from_its_process_start() -> None:
     book = ledger([Attempt(0, 4, process_start=10, end=20, record_times=steps(0, 5, at=12, live_through=5))])
     assert book.seconds[Category.START] == 0 and book.seconds[Category.SETUP] == 2 * 4
     assert book.total == 10 * 4
+
+
+def test_attempts_whose_clocks_overlap_count_no_second_twice() -> None:
+    """A pod's clock against a process's: attempt 1 says it began 20 s before attempt 0 ended."""
+    book = ledger([
+        Attempt(0, 2, process_start=0, end=100, record_times=steps(0, 50, at=10, live_through=50)),
+        Attempt(1, 2, pod_created=80, process_start=110, end=150, record_times=steps(51, 70, at=120, live_through=70)),
+    ])  # fmt: skip
+    assert book.total == 150 * 2 and book.seconds[Category.RESTART_GAP] == 0
+    assert book.seconds[Category.START] == 10 * 2, "from attempt 0's end to the process start"
+
+
+def test_fractional_times_sum_to_the_run_to_the_floats_rounding() -> None:
+    attempt = Attempt(0, 8, pod_created=0.1, process_start=3.7, end=91.3,
+                      record_times=[(4.2 + 0.37 * n, n < 150) for n in range(200)],
+                      phases=[PhaseInterval("checkpoint", 20.05, 21.15), PhaseInterval("evaluation", 60.5, 75.25)],
+                      hang_from=80.9)  # fmt: skip
+    book = ledger([attempt])
+    assert book.total == pytest.approx((91.3 - 0.1) * 8, abs=1e-9)
+    assert all(seconds >= 0 for seconds in book.seconds.values())

@@ -74,7 +74,7 @@ ALLOWED = {
     "beacon.kill_points": set(),
     "beacon.log": FOUNDATIONS,  # the one log: below every other wing
     "beacon.process": FOUNDATIONS,
-    "beacon.evidence": {*FOUNDATIONS, "beacon.log", "beacon.process"},
+    "beacon.evidence": FOUNDATIONS,
     # The heartbeat sends what the ranks' documents say (the cross-rank view): sinks read evidence, never back.
     "beacon.sinks": {*FOUNDATIONS, "beacon.log", "beacon.evidence", "beacon.process"},
     "beacon.integrations": {"beacon", *FOUNDATIONS, *WINGS},
@@ -117,6 +117,17 @@ def files_of(path: Path) -> list[Path]:
     return sorted(f for f in path.rglob("*.py") if not any(f.is_relative_to(room) for room in inner))
 
 
+def absolute_module(file: Path, level: int, module: str | None) -> str:
+    """What `from <level dots><module> import` in `file` names, as an absolute module."""
+    if level == 0:
+        return module or ""
+    root = ROOT / "runtime" if file.is_relative_to(ROOT / "runtime") else ROOT
+    parts = list(file.relative_to(root).with_suffix("").parts) if file.is_relative_to(root) else [file.stem]
+    package = parts[:-1]  # a module's package; a package's __init__ is its own
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, *([module] if module else [])])
+
+
 def imported_rooms(path: Path) -> dict[str, set[str]]:
     """Each first-party room a room imports, with the files that do."""
     found: dict[str, set[str]] = {}
@@ -124,9 +135,11 @@ def imported_rooms(path: Path) -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(file.read_text(), str(file))):
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                # `from beacon import contract` is the contract wing, not the runtime as a whole.
-                modules = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+                # `from beacon import contract` is the contract wing, not the runtime as a whole; `from ..run import`
+                # inside a wing is the module it names.
+                base = absolute_module(file, node.level, node.module)
+                modules = [f"{base}.{alias.name}" for alias in node.names]
             else:
                 continue
             for module in modules:
@@ -175,8 +188,9 @@ def test_no_output_key_is_spelled_outside_the_output_keys_module() -> None:
 
 def test_every_file_of_the_runtime_is_in_a_room_the_arrows_name() -> None:
     """A new file on the runtime's ground floor is a composer or an entry point; anything else goes in a wing."""
-    ground = {f.stem for f in files_of(ROOMS["beacon"])}
-    assert ground == {"__init__", "run", "telemetry", "checkpoint", "sync", "launch"}, ground
+    ground = {str(f.relative_to(ROOMS["beacon"])) for f in files_of(ROOMS["beacon"])}
+    composers = {"__init__.py", "run.py", "telemetry.py", "checkpoint.py", "sync.py", "launch.py"}
+    assert ground == composers, ground
 
 
 def test_the_arrows_have_no_circle() -> None:
@@ -198,7 +212,16 @@ def test_the_arrows_test_sees_the_runtime_where_only_its_contract_may_be_importe
     room.mkdir()
     (room / "reader.py").write_text("from beacon import contract\nfrom beacon.evidence.ranks import RankSignal\n")
     assert set(imported_rooms(room)) == {"beacon.contract", "beacon.evidence"}
-    assert not {"beacon", *WINGS} & (ALLOWED["beacon_ops.doctor"] | ALLOWED["beacon_ops.evidence"])
+    runtime_rooms = {room for room in ROOMS if room == "beacon" or room.startswith("beacon.")}
+    for reader in ("beacon_ops.doctor", "beacon_ops.evidence"):
+        assert ALLOWED[reader] & runtime_rooms == {"beacon.contract"}, reader
+
+
+def test_the_arrows_test_reads_a_relative_import_as_the_module_it_names(tmp_path: Path) -> None:
+    wing = ROOT / "runtime" / "beacon" / "log"
+    assert absolute_module(wing / "spool.py", 2, "run") == "beacon.run"
+    assert absolute_module(wing / "__init__.py", 1, "spool") == "beacon.log.spool"
+    assert room_of(absolute_module(wing / "spool.py", 2, "run") + ".Run") == "beacon"
 
 
 # What the contract wing may import: the standard library less what starts threads or processes or opens

@@ -221,7 +221,7 @@ class TrainingJobSpec:
     nodes: int = 1
     processes_per_node: int = 1
     gpu: bool = False
-    heartbeat_interval: int = 15
+    heartbeat_interval: int = contract.HEARTBEAT_INTERVAL_S
     shutdown_budget: int = 60
     namespace: str = contract.TRAINING_NAMESPACE
     environment: tuple[tuple[str, str], ...] = ()  # beside the BEACON_* settings
@@ -443,7 +443,7 @@ class SmokeJobSpec:
     processes_per_node: int = 1
     gpu: bool = False
     experiment: str = "smoke"
-    heartbeat_interval: int = 15
+    heartbeat_interval: int = contract.HEARTBEAT_INTERVAL_S
     shutdown_budget: int = 60
     workers: int = 2
     namespace: str = contract.TRAINING_NAMESPACE

@@ -66,7 +66,8 @@ def write_long_run(
         preflight = PreflightRecord(
             run=run, experiment=experiment, host="train-0", pid=1, world_size=1, spool_dir="/artifacts/spool",
             spool_filesystem="nfs4", spool_persistent=True, started_at=f"attempt {attempt}", team="demo",
-            region="us-east-1", s3_endpoint="", namespace="training", heartbeat_interval=15.0,
+            region="us-east-1", s3_endpoint="", namespace="training",
+            heartbeat_interval=float(contract.HEARTBEAT_INTERVAL_S),
         )  # fmt: skip
         objects[contract.preflight_key(experiment, run, f"{attempt:04d}.json")] = json.dumps(asdict(preflight)).encode()
     if final:

@@ -20,7 +20,7 @@ from typing import Any
 from beacon import contract
 
 ENV_PREFIX = "BEACON_"
-# The trackers a run can be mirrored to (beacon/mirrors): replayed from the spool, never on the loop.
+# The trackers a run can be mirrored to (beacon/sinks/mirrors): replayed from the spool, never on the loop.
 TRACKERS = ("mlflow", "wandb")
 WANDB_MODES = ("online", "offline")
 

@@ -42,7 +42,7 @@ from beacon.log.spool import FULL, OPEN, STATE, Spool, lost_values
 from beacon.log.spool_owner import SpoolOwnedError, SpoolOwner, read_owner
 from beacon.process.preflight import PreflightError
 from beacon.settings import SettingsError
-from beacon.sinks.chunk_uploader import deliver_chunk
+from beacon.sinks.chunk_delivery import deliver_chunk
 from beacon.sinks.index import IndexWriter
 from beacon.sinks.mirrors import Mirror, RunInfo
 from beacon.sinks.mirrors.worker import MIRRORS_DIR, MirrorReport, MirrorWorker, s3_chunks
@@ -234,9 +234,9 @@ def sync_spool(
         reconciled = reconcile(s3, bucket=bucket, experiment=experiment, run=run, spool=spool)
         report.already_in_s3 = reconciled.already_delivered
         for chunk in spool.pending():
-            outcome = deliver_chunk(s3, bucket=bucket, spool=spool, index=index, chunk=chunk, body=chunk.body())
-            if outcome.retry:  # the spool keeps the chunk: a later sync sends it
-                raise outcome.error or RuntimeError(f"{outcome.key}: {outcome.written.value}")
+            outcome = deliver_chunk(s3, bucket=bucket, spool=spool, index=index, chunk=chunk, body=chunk.body()).outcome
+            if outcome.retry and outcome.error is not None:  # the spool keeps the chunk: a later sync sends it
+                raise outcome.error
             if outcome.written is Written.CREATED:
                 report.chunks_uploaded += 1
                 report.records_sent += chunk.records

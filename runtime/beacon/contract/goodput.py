@@ -58,11 +58,13 @@ class Attempt:
     end: float
     process_start: float
     # None: the orchestrator's view was not kept (a run that predates it): the attempt is accounted from its process
-    # start, and the time before it is in no category.
+    # start; the time before it is the restart gap after an earlier attempt, and in no category before the first.
     pod_created: float | None = None
     record_times: Sequence[tuple[float, bool]] = ()
     phases: Sequence[PhaseInterval] = ()
-    hang_from: float | None = None  # the last progress before a stall that lasted to the attempt's end
+    # The last progress before a stall that lasted to the attempt's end (the doctor's stall rule: a rank inside a
+    # checkpoint past its phase limit hung from the checkpoint's start, its last progress).
+    hang_from: float | None = None
 
 
 @dataclass
@@ -89,14 +91,19 @@ class Ledger:
 
 def ledger(attempts: Iterable[Attempt]) -> Ledger:
     """The run's ledger: each attempt's own time, then each gap before the next attempt (at the ending attempt's
-    instance count: the gap's nodes are those it held). The categories sum to the run's instance-seconds exactly."""
+    instance count: the gap's nodes are those it held). Attempts are taken in their order; one whose clock says it
+    began before the one before it ended (a pod's time against a process's) begins at that end, so no second is
+    counted twice. The categories sum to the run's instance-seconds (to the floats' rounding)."""
     book = Ledger()
-    ordered = sorted(attempts, key=lambda a: a.attempt)
-    for attempt, following in zip(ordered, [*ordered[1:], None], strict=True):
-        _account(book, attempt)
-        if following is not None:
-            gap = _begin(following) - attempt.end
-            book._add(Category.RESTART_GAP, max(gap, 0.0) * attempt.instances)
+    cursor: float | None = None  # where the run's accounted time has reached
+    previous: Attempt | None = None
+    for attempt in sorted(attempts, key=lambda a: a.attempt):
+        begin = _begin(attempt) if cursor is None else max(_begin(attempt), cursor)
+        end = max(attempt.end, begin)
+        if previous is not None and cursor is not None:
+            book._add(Category.RESTART_GAP, (begin - cursor) * previous.instances)
+        _account(book, attempt, begin, end)
+        cursor, previous = end, attempt
     return book
 
 
@@ -104,8 +111,7 @@ def _begin(attempt: Attempt) -> float:
     return attempt.pod_created if attempt.pod_created is not None else attempt.process_start
 
 
-def _account(book: Ledger, attempt: Attempt) -> None:
-    begin, end = _begin(attempt), attempt.end
+def _account(book: Ledger, attempt: Attempt, begin: float, end: float) -> None:
     if end <= begin:
         return
     spans: list[tuple[float, float, Category]] = []  # (start, end, category), any overlap; precedence decides

@@ -77,13 +77,16 @@ def events_key(experiment: str, run: str, chunk: int) -> str:
     return f"{run_prefix(experiment, run)}{EVENTS}/chunk-{chunk:08d}.jsonl"
 
 
-EVENTS_CHUNK = re.compile(r"/chunk-(\d+)\.jsonl$")
+EVENTS_CHUNK = re.compile(rf"/{EVENTS}/chunk-([0-9]+)\.jsonl$")
 
 
 def chunk_of_events_key(key: str) -> int | None:
-    """The chunk number an events key names (`events_key`'s inverse), or None for any other key."""
+    """The chunk number an events key names (`events_key`'s inverse, written as it writes it), or None for any
+    other key: a stray `chunk-5.jsonl` is not chunk 5."""
     match = EVENTS_CHUNK.search(key)
-    return int(match[1]) if match else None
+    if match is None or f"{int(match[1]):08d}" != match[1]:
+        return None
+    return int(match[1])
 
 
 def index_key(experiment: str, run: str, group: int) -> str:

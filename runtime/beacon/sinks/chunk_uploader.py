@@ -11,11 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from beacon import contract, kill_points
-from beacon.create_only import Outcome, Written, put_create_only
+from beacon import contract
+from beacon.create_only import Written, put_create_only
 from beacon.log.reconcile import RunConflictError
 from beacon.log.spool import Chunk, Spool
 from beacon.settings import RunSettings
+from beacon.sinks.chunk_delivery import deliver_chunk
 from beacon.sinks.delivery import DeliveryReport, Lifecycle
 from beacon.sinks.index import IndexWriter
 from beacon.sinks.metric_window import MetricWindow
@@ -25,29 +26,6 @@ log = logging.getLogger("beacon.telemetry")
 
 POLL_S = 0.25
 MAX_BACKOFF_S = 30.0
-
-
-def deliver_chunk(s3: Any, *, bucket: str, spool: Spool, index: IndexWriter, chunk: Chunk, body: bytes) -> Outcome:
-    """The one delivery of a sealed chunk, the uploader's and `beacon.sync`'s: create-only under its events key; once
-    S3 holds these bytes (created now, or already there) the spool lets the chunk go and the index counts it. Other
-    bytes under the key raise RunConflictError naming the run (no retry can fix it); an outcome to retry is returned
-    as it is, the chunk kept. The run is the index's: one writer of its keys."""
-    key = contract.events_key(index.experiment, index.run, chunk.sequence)
-    outcome = put_create_only(s3, bucket=bucket, key=key, body=body)
-    if outcome.written is Written.CONFLICT:
-        raise RunConflictError(
-            f"run {index.run!r}: s3://{bucket}/{key} holds another chunk than {chunk.path}: another job writes this "
-            "run id (the spool keeps its records)"
-        )
-    if outcome.retry:
-        return outcome
-    kill_points.hit(kill_points.UPLOADED_NOT_ACKNOWLEDGED)
-    spool.acknowledge(chunk)
-    try:
-        index.acknowledged(chunk.summary(body))
-    except Exception:  # the index helps readers of long runs; it never holds up delivery
-        log.exception("index of chunk %d not updated", chunk.sequence)
-    return outcome
 
 
 class ChunkUploader:
@@ -128,10 +106,9 @@ class ChunkUploader:
             body = chunk.body()
         except FileNotFoundError:  # acknowledged meanwhile (a drain's last pass): nothing to send
             return True
-        started = time.monotonic()
         key = contract.events_key(self.config.experiment, self.config.run, chunk.sequence)
         try:
-            outcome = deliver_chunk(
+            delivered = deliver_chunk(
                 self.s3, bucket=self.config.bucket, spool=self.spool, index=self.index, chunk=chunk, body=body
             )
         except RunConflictError as conflict:
@@ -139,11 +116,12 @@ class ChunkUploader:
             # and its restart is refused by the start-up reconciliation, naming the run).
             self.lifecycle.fatal = conflict
             return self._upload_failed(key, conflict)
+        outcome = delivered.outcome
         if outcome.retry:  # the PUT failed, or its 412 could not be compared (a lost answer, then throttled reads)
             return self._upload_failed(key, outcome.error or RuntimeError(outcome.written.value))
         if outcome.written is Written.SAME:
             self.report.already_present += 1  # a retry of an upload S3 had already taken
-        self.window.uploaded((time.monotonic() - started) * 1000)
+        self.window.uploaded(delivered.put_s * 1000)  # the PUT's own time, not the acknowledgement's or the index's
         self.report.chunks_uploaded += 1
         return True
 
