@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from beacon.contract.goodput import Attempt, Category, PhaseInterval, ledger
 
@@ -77,3 +79,27 @@ def test_fractional_times_sum_to_the_run_to_the_floats_rounding() -> None:
     book = ledger([attempt])
     assert book.total == pytest.approx((91.3 - 0.1) * 8, abs=1e-9)
     assert all(seconds >= 0 for seconds in book.seconds.values())
+
+
+def test_a_runs_ledger_from_its_evidence_counts_the_steps_a_restart_redid_as_wasted() -> None:
+    """`beacon_ops.evidence.goodput`: attempt 0 logs steps 0-9 and is killed; attempt 1 resumes at 5. Each attempt
+    begins at its preflight; attempt 0's steps 5-9 are superseded, their time wasted progress."""
+    from beacon.contract import Record
+
+    from beacon_ops.evidence.goodput import run_ledger
+    from beacon_ops.evidence.reading import RunEvidence
+
+    def at(seconds: float) -> str:
+        return datetime.fromtimestamp(seconds, UTC).isoformat()
+
+    records = [Record("e", "r", step, {"loss": 1.0}, 100.0 + step, attempt=0, seq=step) for step in range(10)]
+    records += [Record("e", "r", step, {"loss": 1.0}, 205.0 + step, attempt=1, seq=5 + step) for step in range(5, 15)]
+    evidence = RunEvidence("e", "r", records=records, preflights=[{"started_at": at(90)}, {"started_at": at(200)}],
+                           final={"state": "finished", "attempt": 1, "ended_at": 222.0})  # fmt: skip
+    book = run_ledger(evidence)
+    assert book.seconds[Category.WASTED_PROGRESS] == 5  # steps 5-9 of attempt 0
+    assert book.seconds[Category.PRODUCTIVE] == 4 + 9  # 1-4, then 6-14
+    assert book.seconds[Category.SETUP] == 10 + 10  # preflight to the first record
+    assert book.seconds[Category.RESTART_GAP] == 200 - 109
+    assert book.why == {"after the last step: the drain and the exit": 222 - 219}
+    assert book.total == 222 - 90

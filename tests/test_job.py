@@ -5,6 +5,7 @@ Every test runs `python -m smoke_job.train` (or torchrun) as a subprocess acting
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import signal
@@ -16,8 +17,11 @@ from pathlib import Path
 
 import pytest
 from beacon import contract, kill_points
+from beacon.contract.goodput import Category
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from beacon_ops.evidence.goodput import run_ledger
+from beacon_ops.evidence.reading import read_run
 from tests.conftest import WriterSession
 from tests.support.fault_proxy import FaultPlan, FaultProxy
 from tests.support.job_harness import (
@@ -164,7 +168,16 @@ def test_sigkill_then_restart_with_the_same_run_loses_and_duplicates_nothing(
     resumed = harness.run(*common)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert resumed.summary["start_step"] > 0, "restored model, optimizer and step from the checkpoint"
-    assert_exactly_once(delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "kill-1"), 300)
+    records = delivered_records(as_writer.client("s3"), as_writer.bucket, "smoke", "kill-1")
+    assert_exactly_once(records, 300)
+    # The goodput ledger (issue 30) of this real run: the steps attempt 0 did after its checkpoint, lost at the kill
+    # and done again, are its wasted progress, to the second of their records.
+    superseded = {(r.attempt, r.step) for r in contract.history(records).superseded}
+    first = sorted((r for r in records if r.attempt == 0), key=lambda r: r.seq)
+    redone = sum(b.wall_time - a.wall_time for a, b in itertools.pairwise(first) if (b.attempt, b.step) in superseded)
+    book = run_ledger(read_run(as_writer.client("s3"), as_writer.bucket, "smoke", "kill-1"))
+    assert redone > 0 and book.seconds[Category.WASTED_PROGRESS] == pytest.approx(redone, abs=1e-6)
+    assert book.seconds[Category.PRODUCTIVE] > 0 and book.seconds[Category.RESTART_GAP] > 0
 
 
 def test_the_heartbeat_file_is_touched_while_the_job_runs(harness: JobHarness) -> None:

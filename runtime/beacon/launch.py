@@ -81,7 +81,6 @@ def check_volumes(environ: MutableMapping[str, str], *, on_sagemaker: bool) -> N
             raise VolumeError(_unwritable(setting, directory, error, on_sagemaker=on_sagemaker)) from None
 
 
-
 def _unwritable(setting: str, directory: Path, error: OSError, *, on_sagemaker: bool) -> str:
     # Not an ownership question on a pod: nothing can write there. (SageMaker's /opt/ml is its own, not a mount the
     # job chooses: the advice below, for the image's user, is the one it can follow.)
