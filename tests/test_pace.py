@@ -1,0 +1,36 @@
+"""The run's own pace (issue 31, first slice): `beacon.contract.pace`, its baseline and the stall threshold."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from beacon.contract.alarms import STALL_THRESHOLD_S
+from beacon.contract.pace import BASELINE_MIN_STEPS, STALL_FLOOR_S, WARMUP_STEPS, baseline, stall_threshold_for
+
+
+def test_warm_up_is_left_out_and_no_baseline_is_stated_before_enough_steps() -> None:
+    compiling = [30.0] * WARMUP_STEPS  # the first steps compile
+    assert baseline([*compiling, *[1.0] * (BASELINE_MIN_STEPS - 1)]) is None
+    pace = baseline([*compiling, *[1.0] * BASELINE_MIN_STEPS])
+    assert pace is not None and (pace.median_s, pace.p99_s, pace.steps) == (1.0, 1.0, BASELINE_MIN_STEPS)
+
+
+@pytest.mark.parametrize(
+    ("step_s", "threshold"),
+    [(0.5, STALL_FLOOR_S), (1.0, STALL_FLOOR_S), (2.0, 40.0), (4.0, 80.0), (10.0, STALL_THRESHOLD_S), (60.0, 90.0)],
+)
+def test_the_stall_threshold_follows_the_pace_between_its_floor_and_todays_90_s(
+    step_s: float, threshold: float
+) -> None:
+    pace = baseline([step_s] * (WARMUP_STEPS + 200))
+    assert stall_threshold_for(pace) == threshold
+
+
+def test_without_a_baseline_the_fixed_threshold_holds_and_jitter_moves_it_by_the_p99() -> None:
+    assert stall_threshold_for(None) == STALL_THRESHOLD_S
+    noise = random.Random(7)
+    jittery = [2.0 * (1 + noise.uniform(-0.3, 0.3)) for _ in range(WARMUP_STEPS + 1000)]  # 2 s steps, +-30 %
+    pace = baseline([*jittery, float("nan"), -1.0])  # a clock stepped back: left out
+    assert pace is not None and 2.5 <= pace.p99_s <= 2.6 and pace.steps == 1000
+    assert stall_threshold_for(pace) == pytest.approx(20 * pace.p99_s)
