@@ -113,13 +113,19 @@ def test_a_tensor_value_is_left_to_the_spool_thread_and_a_ring_of_unfsynced_step
     assert [step for step, *_ in journal.unspooled()] == [2]
 
 
-def test_recovered_steps_are_numbered_after_and_never_repeat_what_s3_holds(tmp_path: Path) -> None:
-    directory = tmp_path / "exp" / "run-1"
+def eight_steps_journaled(directory: Path) -> tuple[Spool, int]:
+    """A fresh spool whose attempt journaled steps 0-7 (at 100 s + step) and spooled none of them yet."""
     spool = Spool(directory)
     spool.recover_journal()
     attempt = spool.begin_attempt()
     for step in range(8):
         spool.journal.append(step, 100.0 + step, {"loss": 1.0})
+    return spool, attempt
+
+
+def test_recovered_steps_are_numbered_after_and_never_repeat_what_s3_holds(tmp_path: Path) -> None:
+    directory = tmp_path / "exp" / "run-1"
+    _killed, attempt = eight_steps_journaled(directory)
     # Killed. Steps 0-4 had been spooled, sealed, delivered and dropped from the volume: only S3 has them.
     in_s3 = [Record("exp", "run-1", step, {"loss": 1.0}, 100.0 + step, seq=step, attempt=attempt) for step in range(5)]
     restarted = Spool(directory)
@@ -180,11 +186,7 @@ def test_a_kill_while_recovery_seals_the_journals_steps_spools_each_step_once(
     next start spools and seals 5-7 and is killed before it goes on: the start after must not spool 0-4 again (it
     knows only the newest chunk's records), so the journal lets go of its steps before the seal."""
     directory = tmp_path / "exp" / "run-1"
-    spool = Spool(directory)
-    spool.recover_journal()
-    attempt = spool.begin_attempt()
-    for step in range(8):
-        spool.journal.append(step, 100.0 + step, {"loss": 1.0})
+    spool, attempt = eight_steps_journaled(directory)
     spool.append([Record("exp", "run-1", step, {"loss": 1.0}, 100.0 + step, attempt=attempt) for step in range(5)])
     spool.sync()
     spool.seal()  # killed here: the journal's mark never moved past step 0-4's entries
