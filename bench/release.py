@@ -4,8 +4,9 @@ things measured in the same run is what survives a busier machine; each side's o
 
 from __future__ import annotations
 
-import io
+import gzip
 import os
+import shutil
 import statistics
 import subprocess
 import tarfile
@@ -16,27 +17,43 @@ from bench.trackers import bench_sustained
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE_TAG = "pre-one-log"
+# The release's `runtime/` as `git archive` wrote it (its commit in the tar's pax comment): CI's clone carries no
+# tags and may carry no history, so the bench never asks git for the release. `python -m bench.release` rewrites it.
+RELEASE_ARCHIVE = ROOT / "bench" / "fixtures" / f"{RELEASE_TAG}.tar.gz"
 
 
-def release_commit(tag: str = RELEASE_TAG) -> str:
-    done = subprocess.run(["git", "rev-parse", f"{tag}^{{commit}}"], cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"bench: git tag {tag!r} not found ({done.stderr.strip()}); fetch the repository's tags")
-    return done.stdout.strip()
+def release_commit(archive: Path = RELEASE_ARCHIVE) -> str:
+    """The commit the archive was made from, as `git get-tar-commit-id` reads it."""
+    try:
+        with tarfile.open(archive) as tar:
+            commit = tar.pax_headers.get("comment", "")
+    except (OSError, tarfile.TarError) as error:
+        raise RuntimeError(f"bench: the release archive {archive} is unreadable: {error}") from error
+    if len(commit) != 40:
+        raise RuntimeError(f"bench: the release archive {archive} names no commit (made by `git archive`?)")
+    return commit
 
 
-def install_release(tag: str = RELEASE_TAG) -> Path:
-    """The release's `runtime/` directory (its `beacon` package), extracted once under .beacon/ from git itself."""
-    commit = release_commit(tag)
+def install_release(archive: Path = RELEASE_ARCHIVE) -> Path:
+    """The release's `runtime/` directory (its `beacon` package), extracted once under .beacon/ from the archive."""
+    commit = release_commit(archive)
     target = ROOT / ".beacon" / "bench-release" / commit[:12]
     if not (target / "runtime" / "beacon" / "__init__.py").exists():
-        archive = subprocess.run(["git", "archive", "--format=tar", commit, "runtime"], cwd=ROOT, capture_output=True,
-                                 check=True).stdout  # fmt: skip
         partial = target.with_name(target.name + ".partial")
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        shutil.rmtree(partial, ignore_errors=True)
+        with tarfile.open(archive) as tar:
             tar.extractall(partial, filter="data")
         partial.rename(target)
     return target / "runtime"
+
+
+def pack_release(tag: str = RELEASE_TAG, archive: Path = RELEASE_ARCHIVE) -> str:
+    """Writes the archive from the tag (a maintainer's step, in a clone that has it); returns the commit."""
+    packed = subprocess.run(["git", "archive", "--format=tar", tag, "runtime"], cwd=ROOT, capture_output=True)
+    if packed.returncode != 0:
+        raise RuntimeError(f"bench: git tag {tag!r} not found: {packed.stderr.decode().strip()}")
+    archive.write_bytes(gzip.compress(packed.stdout, compresslevel=9, mtime=0))
+    return release_commit(archive)
 
 
 def with_runtime(env: dict[str, str], runtime: Path | None) -> dict[str, str]:
@@ -78,3 +95,7 @@ def bench_against_release(
         "log_ms_per_step_ratio": median_ms["redesign"] / median_ms["release"],
         "against_release_rounds": {"records": records, "rounds": rounds, "records_per_s": rate, "log_ms": log_ms},
     }
+
+
+if __name__ == "__main__":
+    print(f"bench: {RELEASE_ARCHIVE.relative_to(ROOT)} holds {RELEASE_TAG} = {pack_release()}")

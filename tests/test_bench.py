@@ -4,10 +4,12 @@ and what must hold at any speed. No timing is asserted here: the goals live in `
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from beacon_ops.local.moto import ADMIN, REGION
+from bench import release
 from bench.mlflow_server import MlflowServer
 from bench.release import bench_against_release, install_release
 from bench.trackers import TRACKERS, bench_firehose, bench_mirror_lag, bench_sustained, bench_trackers
@@ -108,8 +110,18 @@ def test_the_doctor_figure_counts_every_record_of_a_long_run_from_its_index(moto
 
 
 def test_this_runtime_against_the_release_before_the_redesign(moto_server: MotoServer, env: dict[str, str]) -> None:
-    """The release (tag `pre-one-log`) is installed apart from git and really runs on its side; both deliver."""
+    """The release (tag `pre-one-log`, archived in bench/fixtures) runs on its side, installed apart; both deliver."""
     report = bench_against_release(env, s3_endpoint=moto_server.url, bucket=BUCKET, rounds=1, records=3000)
     assert report["release"]["commit"].startswith("1f1c54d")
     assert report["sustained_records_per_s_ratio"] > 0 and report["log_ms_per_step_ratio"] > 0
     assert (install_release() / "beacon" / "journal.py").exists()
+
+
+def test_the_release_installs_where_git_has_no_tags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI clones main without tags: the release comes from the archive in bench/fixtures, never from git."""
+    monkeypatch.setattr(release, "ROOT", tmp_path)  # not a repository
+    monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))
+    runtime = install_release()
+    assert runtime.is_relative_to(tmp_path / ".beacon" / "bench-release")
+    assert (runtime / "beacon" / "journal.py").exists() and not (runtime / "beacon" / "log").exists()
+    assert release.release_commit() == "1f1c54d6c8657f63c14051f8bcb7099a9a7547fe"
