@@ -47,6 +47,7 @@ from beacon.contract.rank_evidence import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORD
 from beacon.evidence.node_leader import NodeLeader, leads_evidence
 from beacon.evidence.progress import ProgressClock
 from beacon.evidence.ranks import RankSignal, rank_signal_interval
+from beacon.evidence.step_pace import TimedCollectives, watch_ddp
 from beacon.log.reconcile import RunConflictError, reconcile
 from beacon.log.spool import Spool
 from beacon.log.spool_owner import SpoolOwnedError, SpoolOwner
@@ -153,6 +154,7 @@ class Run:
         self.finished: FinishReport | None = None
         self.rank_signal: RankSignal | None = None  # this rank's progress signal and stack dumps
         self.node_leader: NodeLeader | None = None  # a node's local rank 0, or node 0's local rank 1: evidence
+        self._timed_collectives: TimedCollectives | None = None
 
     # --- identity ---------------------------------------------------------------------------------
     @property
@@ -219,6 +221,20 @@ class Run:
             self._marked_step = step
             self.progress.dispatched_step = step
             self.progress.step_finished()
+
+    def watch(self, model: Any = None, *, hook: Callable[..., Any] | None = None, state: Any = None) -> None:
+        """Time each step's first collective on this rank, so the rank the others wait for is named (a straggler:
+        every rank's step interval is the slowest's, docs/runtime/ranks.md). `model`, a DistributedDataParallel:
+        its gradient all_reduce, through a communication hook around `hook` (the one the team would register
+        itself, with `state`; the default all_reduce when None). And the synchronous collectives the loop calls
+        through `torch.distributed` (`dist.all_reduce`), until `finish`. Once per run, before the first step;
+        stores two numbers a step."""
+        if model is not None:
+            if not hasattr(model, "register_comm_hook"):
+                raise TypeError(f"run.watch: model is {type(model).__name__}, not a DistributedDataParallel")
+            watch_ddp(model, self.progress.pace, hook=hook, state=state)
+        if self._timed_collectives is None:
+            self._timed_collectives = TimedCollectives(self.progress.pace).install()
 
     def log_hyperparams(self, params: Mapping[str, Any]) -> None:
         """Keep the run's hyperparameters beside its records: rank 0 writes them once, create-only
@@ -326,6 +342,8 @@ class Run:
                 f", values set aside (by metric) {delivery.values_set_aside}" if delivery.values_set_aside else "",
             )  # fmt: skip
         self.telemetry.publish_final(self._final_record(report))
+        if self._timed_collectives is not None:
+            self._timed_collectives.remove()
         if self.rank_signal is not None:  # before the last barrier: rank 0 then uploads every rank's last word
             self.rank_signal.stop(ended=f"{state.value}: {error_name}" if error_name else state.value)
         try:

@@ -1,6 +1,6 @@
-"""A run's own pace (issue 31, its first slice): the step-time baseline after warm-up and the stall threshold that
-follows it. Pure, in the contract, so rank 0, the node leaders, the doctor and the alarm's function can read one
-rule; every default of it is here.
+"""A run's own pace (issue 31): the step-time baseline after warm-up, the stall threshold that follows it, and the
+rank the others wait for. Pure, in the contract, so rank 0, the node leaders, the doctor and the alarm's function
+read one rule; every default of it is here.
 
 A rank is stalled once its progress is older than max(STALL_FLOOR_S, STALL_STEPS x the run's p99 step time), never
 later than today's `STALL_THRESHOLD_S`. Before the run has a baseline (setup, warm-up) the fixed threshold holds.
@@ -53,3 +53,77 @@ def stall_threshold_for(pace: Baseline | None) -> float:
     if pace is None:
         return float(STALL_THRESHOLD_S)
     return min(float(STALL_THRESHOLD_S), max(STALL_FLOOR_S, STALL_STEPS * pace.p99_s))
+
+
+# A rank's pace as its document states it (`RankProgress.pace_*`): a window of its last steps, at least
+# SLOW_RANK_FOR_S and SLOW_RANK_FOR_STEPS long once the run has been stepping that long.
+PACE_WINDOW_MAX_STEPS = 20_000  # the most step samples a rank keeps (two floats each)
+
+
+@dataclass(frozen=True)
+class RankPace:
+    """One rank's window of steps: how many, how long, its median step interval, and its median wait at each
+    step's first collective (NaN where it timed none: `run.watch` was not called)."""
+
+    rank: int
+    steps: int
+    window_s: float
+    step_s: float
+    wait_s: float
+
+    @property
+    def busy_s(self) -> float:
+        """The time this rank's own work took of a step: the interval less what it waited for its peers."""
+        return self.step_s - self.wait_s
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The rank the others wait for. In synchronous training every rank's step interval is the slowest rank's, so
+    it is named by what it does *not* wait for: it arrives last at each step's first collective and waits least.
+    `waited_share` is how much of a step the others (their median) wait for it beyond its own wait;
+    `step_ratio` is its busy time over the others' median (`SlowestRankStepRatio`)."""
+
+    rank: int
+    step_ratio: float
+    waited_share: float
+    window_s: float
+    steps: int
+
+    def is_slow(self, *, share: float = SLOW_RANK_SHARE) -> bool:
+        """Slow for the verdict: waited for by `share` of the step or more (the window's medians: most of it), over
+        a window that reaches back SLOW_RANK_FOR_S and SLOW_RANK_FOR_STEPS of its steps (whichever is longer)."""
+        long_enough = self.steps >= SLOW_RANK_FOR_STEPS and self.window_s >= SLOW_RANK_FOR_S * WINDOW_SLACK
+        return long_enough and self.waited_share >= share
+
+
+WINDOW_SLACK = 0.95  # a window written a pass before its span reached the mark still counts
+
+
+def straggler_of(paces: Sequence[RankPace]) -> Straggler | None:
+    """The rank the others wait for most, from two or more ranks that timed their collectives; None otherwise
+    (one rank, or waits not timed)."""
+    timed = [p for p in paces if p.steps and math.isfinite(p.wait_s) and math.isfinite(p.step_s) and p.step_s > 0]
+    if len(timed) < 2:
+        return None
+    slowest = max(timed, key=lambda p: (p.busy_s, -p.wait_s))
+    others = [p for p in timed if p.rank != slowest.rank]
+    others_busy = statistics.median(p.busy_s for p in others)
+    others_wait = statistics.median(p.wait_s for p in others)
+    step_s = statistics.median(p.step_s for p in timed)
+    return Straggler(
+        rank=slowest.rank,
+        step_ratio=slowest.busy_s / others_busy if others_busy > 0 else math.inf,
+        waited_share=max(0.0, others_wait - slowest.wait_s) / step_s,
+        window_s=min(p.window_s for p in timed),
+        steps=min(p.steps for p in timed),
+    )
+
+
+def run_slowed(pace: Baseline | None, recent: Sequence[float], *, window_s: float) -> float | None:
+    """The run's recent median step time over its baseline's median when the run as a whole has slowed (every
+    rank: data, storage, network): `RUN_SLOWED_RATIO` or more over a window of `RUN_SLOWED_FOR_S`; else None."""
+    if pace is None or not recent or window_s < RUN_SLOWED_FOR_S * WINDOW_SLACK or pace.median_s <= 0:
+        return None
+    ratio = statistics.median(recent) / pace.median_s
+    return ratio if ratio >= RUN_SLOWED_RATIO else None

@@ -9,11 +9,13 @@ its rank alone.
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from beacon.contract.documents import json_object
 from beacon.contract.metrics import Phase
+from beacon.contract.pace import RankPace
 
 STALL_DUMP = "no progress for"  # how a stall's stack dump is headed (a SIGTERM's says what it received)
 RECEIVED = "received SIG"  # how the Python handler's dump of a signal is headed ("received SIGTERM")
@@ -90,6 +92,18 @@ class RankProgress:
     node_rank: int = -1  # torchrun's GROUP_RANK: which node's leader uploads this rank's files (-1: unknown)
     phase_seconds: float = 0.0  # how long it has been in its own phase when written (0 while training)
     phase_limit: float = 0.0  # its RunSettings.phase_limit (0: an older document, its phases unbounded)
+    # Its pace over its last steps (`contract.pace.RankPace`; 0 steps: an older document, or none yet). JSON has
+    # no NaN: a wait it did not time (no `run.watch`) is -1.
+    pace_steps: int = 0
+    pace_window_s: float = 0.0
+    pace_step_s: float = 0.0
+    pace_wait_s: float = -1.0
+
+    @property
+    def pace(self) -> RankPace:
+        wait = self.pace_wait_s if self.pace_wait_s >= 0 else math.nan
+        step = self.pace_step_s if self.pace_steps else math.nan
+        return RankPace(rank=self.rank, steps=self.pace_steps, window_s=self.pace_window_s, step_s=step, wait_s=wait)
 
     def working_in_phase(self, now: float) -> bool:
         """In a named phase still within its limit at `now`: working (a 150 s checkpoint), not hung; past it,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from beacon.contract import PHASE_LIMIT_S, Phase
+from beacon.evidence.step_pace import StepPace
 
 
 class ProgressClock:
@@ -32,6 +33,7 @@ class ProgressClock:
         self._paused_since: float | None = None  # when the outermost open phase began
         self.steps = 0
         self.dispatched_step = -1  # the last step the loop dispatched: set by `Run.mark_step`, read by ranks
+        self.pace = StepPace(now)  # each step's interval and first collective's wait, for the straggler
 
     def step_finished(self) -> None:
         with self._lock:
@@ -40,6 +42,7 @@ class ProgressClock:
             self._excluded = 0.0
             self._paused_since = now if self._phases else None
             self.steps += 1
+        self.pace.step_finished()
 
     def enter(self, phase: str, *, followed: bool = False) -> None:
         """Open `phase`; `followed` when it is another rank's (`ranks.PhaseFollower`): its time is

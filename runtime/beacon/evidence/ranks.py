@@ -25,6 +25,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -34,6 +35,7 @@ from typing import IO, Any
 
 from beacon import contract
 from beacon.contract import Phase
+from beacon.contract.pace import RankPace
 from beacon.contract.rank_evidence import (
     EARLIER_ATTEMPT_SLACK_S,
     SIGNAL_STACKS_PREFIX,
@@ -157,6 +159,16 @@ def a_rank_stalled(
     return not any(working(r) for r in ranks)
 
 
+def pace_fields(pace: RankPace) -> dict[str, Any]:
+    """A rank's pace as its document's fields (JSON has no NaN)."""
+    return {
+        "pace_steps": pace.steps,
+        "pace_window_s": pace.window_s,
+        "pace_step_s": pace.step_s if math.isfinite(pace.step_s) else 0.0,
+        "pace_wait_s": pace.wait_s if math.isfinite(pace.wait_s) else -1.0,
+    }
+
+
 class RankSignal:
     def __init__(
         self,
@@ -261,6 +273,7 @@ class RankSignal:
             phase_seconds=self.progress.own_phase_seconds(),
             phase_limit=self.progress.phase_limit,
             **asdict(self.placement),
+            **pace_fields(self.progress.pace.of_rank(self.rank)),
         )
         temporary = self.document.with_name(f".{self.document.name}.tmp")
         try:

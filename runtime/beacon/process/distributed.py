@@ -3,6 +3,8 @@
 A group made with `backend="nccl"` serves CUDA tensors only, and the job also exchanges small CPU
 values (the stop flag, rank 0's run id and preflight verdict). So on GPUs the group gets gloo for
 the CPU and nccl for CUDA, and every collective goes through `World`, where that is checked once.
+They call `distributed_c10d` itself: `run.watch` times the team's collectives through `torch.distributed`, never
+Beacon's own (`beacon.evidence.step_pace`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 # "1" makes a process group (and takes every collective path) even for one rank, so a one-GPU
 # machine still proves the collectives (`make gpu-check`).
@@ -63,7 +66,7 @@ class World:
             return
         arrived = torch.ones(1, dtype=torch.int32)
         try:
-            dist.all_reduce(arrived, group=self.group, async_op=True).wait(timeout=timedelta(seconds=timeout_s))
+            c10d.all_reduce(arrived, group=self.group, async_op=True).wait(timeout=timedelta(seconds=timeout_s))
         except RuntimeError as error:  # DistBackendError too: a peer gone or late
             logging.getLogger("beacon.distributed").error("ranks did not finish together: %s", error)
 
@@ -73,7 +76,7 @@ class World:
             return value
         holder: list[object] = [value]
         # Pickled objects travel as CPU bytes: the group's CPU backend carries them.
-        dist.broadcast_object_list(holder, src=0, group=self.group, device=torch.device("cpu"))
+        c10d.broadcast_object_list(holder, src=0, group=self.group, device=torch.device("cpu"))
         return str(holder[0])
 
     def any_rank(self, flag: bool) -> bool:
@@ -82,7 +85,7 @@ class World:
         if not self.distributed:
             return flag
         tensor = torch.tensor([1 if flag else 0], dtype=torch.int32)  # CPU: no device sync per step
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        c10d.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
         return bool(tensor.item())
 
 
