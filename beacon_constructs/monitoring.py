@@ -21,6 +21,7 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_ssm as ssm
 from beacon import contract
 from beacon.contract import Metric, RunAlarm, TeamAlarm
+from beacon.contract.pace import SLOW_RANK_FOR_S, SLOW_RANK_FOR_STEPS, SLOW_RANK_SHARE
 from constructs import Construct
 
 from beacon_constructs.nag import acknowledge, nag_arn
@@ -244,13 +245,27 @@ class TrainingMonitoring(Construct):
             DatapointsToAlarm=contract.STALLED_EVALUATION_PERIODS,
             TreatMissingData="notBreaching",  # no heartbeat at all is the silent alarm's case
         )
-        members = [silent["AlarmName"], stalled["AlarmName"]] + [
+        slow = self._run_metric_alarm(
+            RunAlarm.SLOW,
+            contract.STRAGGLER_WAIT_SHARE,
+            f"The ranks step together at the pace of one of them: the others wait for it {SLOW_RANK_SHARE:.0%} of "
+            f"each step or more, over {SLOW_RANK_FOR_S:.0f} s and {SLOW_RANK_FOR_STEPS} steps (a throttled GPU, a "
+            "flaky NIC, a noisy neighbour). Sent only by a job whose loop calls run.watch.",
+            Statistic="Minimum",
+            Threshold=SLOW_RANK_SHARE,
+            ComparisonOperator="GreaterThanOrEqualToThreshold",
+            EvaluationPeriods=contract.SLOW_EVALUATION_PERIODS,
+            DatapointsToAlarm=contract.SLOW_EVALUATION_PERIODS,
+            TreatMissingData="notBreaching",  # no run.watch, or windows not yet full: nothing to say
+        )
+        members = [silent["AlarmName"], stalled["AlarmName"], slow["AlarmName"]] + [
             contract.team_alarm_name(self.team, kind) for kind in (TeamAlarm.UPLOAD_FAILURES, TeamAlarm.SPOOL_BACKLOG)
         ]
         composite = {
             "AlarmName": self._run_alarm_name(RunAlarm.METRICS_LOST),
             "AlarmDescription": runbook(
-                "This run's metrics are being lost: it is silent, stalled, or cannot deliver to S3.",
+                "This run's metrics are being lost (it is silent, stalled, or cannot deliver to S3), or it runs at "
+                "the pace of a slow rank.",
                 doctor_command(self.team, run_scoped=True),
             ),
             "AlarmRule": " OR ".join(f'ALARM("{name}")' for name in members),
@@ -258,7 +273,7 @@ class TrainingMonitoring(Construct):
             "AlarmActions": [self.topic.topic_arn, *self.extra_topic_arns],
             "OKActions": [self.topic.topic_arn, *self.extra_topic_arns],
         }
-        return {"metric_alarms": [silent, stalled], "composite_alarm": composite}
+        return {"metric_alarms": [silent, stalled, slow], "composite_alarm": composite}
 
     def grant_run_alarms(self, grantee: iam.IRole) -> iam.Policy:
         """Let a job read the template and create or delete its own run's alarms, and no others;
@@ -408,6 +423,14 @@ class TrainingMonitoring(Construct):
                 title="Steps between the furthest and the least advanced rank",
                 left=[self._search(contract.RANK_STEP_SPREAD, "Maximum", period, "")],
                 width=12,
+            ),
+        )
+        dashboard.add_widgets(
+            cw.GraphWidget(
+                title="Share of each step the ranks wait for the slowest (run.watch; `beacon doctor` names it)",
+                left=[self._search(contract.STRAGGLER_WAIT_SHARE, "Maximum", period, "")],
+                left_annotations=[cw.HorizontalAnnotation(value=SLOW_RANK_SHARE, label="slow")],
+                width=24,
             ),
         )
         dashboard.add_widgets(

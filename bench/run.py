@@ -322,7 +322,11 @@ def bench_cost(bench: Bench, minutes: float = 1.0) -> dict[str, Any]:
     hourly = {
         "put_metric_data": per_minute * 60 * PRICES["put_metric_data_per_1000_requests"] / 1000,
         "custom_metrics": metrics * PRICES["custom_metric_per_month"] / HOURS_PER_MONTH,
-        "alarms": (2 * PRICES["high_resolution_alarm_per_month"] + PRICES["composite_alarm_per_month"])
+        # silent, stalled and slow (30 s periods: high resolution), and the composite that notifies
+        "alarms": (
+            len(contract.RunAlarm.metric_alarms()) * PRICES["high_resolution_alarm_per_month"]
+            + PRICES["composite_alarm_per_month"]
+        )
         / HOURS_PER_MONTH,
         "s3_puts": s3_per_hour * PRICES["s3_put_per_1000_requests"] / 1000,
     }

@@ -6,6 +6,9 @@ are simulated, with the job's own ProgressClock computing the progress signal.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import pytest
 from beacon import contract
 from beacon.contract import RunAlarm, TeamAlarm
@@ -17,13 +20,16 @@ from beacon_ops.evidence.alarms import (
     AlarmSet,
     CompositeAlarm,
     MetricAlarm,
+    SeriesKey,
     alarm_set_for_run,
     series_key,
 )
 from tests.support.simulate import SimulatedJob
+from tests.support.synchronous_ranks import SynchronousRanks
 from tests.support.synth import Synthesized
 
 EXPERIMENT, RUN = "exp-1", "run-1"
+Samples = dict[SeriesKey, list[tuple[float, float]]]
 
 
 def definition(**overrides: object) -> dict[str, object]:
@@ -238,3 +244,49 @@ def test_a_metrics_insights_query_with_group_by_is_refused() -> None:
                 "Metrics": [{"Id": "q", "Expression": 'SELECT MAX(m) FROM SCHEMA("Ns", A) GROUP BY A', "Period": 60}],
             }
         )
+
+
+# --- the slow rank's alarm (issue 31): rank 0's StragglerWaitShare from four ranks' paces, each heartbeat --------
+def slow_rank_samples(job_ranks: SynchronousRanks, steps: Callable[[int], list[float]], until: float) -> Samples:
+    """What rank 0's heartbeat sends every 15 s of a simulated run: StragglerWaitShare once every rank's window is
+    full (`heartbeat.metric_batch`), from the four ranks' own paces; times from the run's start."""
+    start, next_beat, sent = job_ranks.clock.t, job_ranks.clock.t + contract.HEARTBEAT_INTERVAL_S, []
+    step = 0
+    while job_ranks.clock.t < start + until:
+        job_ranks.step(steps(step))
+        step += 1
+        if job_ranks.clock.t >= next_beat:
+            next_beat += contract.HEARTBEAT_INTERVAL_S
+            straggler = job_ranks.straggler()
+            if straggler is not None and straggler.window_full:
+                sent.append((job_ranks.clock.t - start, straggler.waited_share))
+    dims = contract.run_dimensions("demo", EXPERIMENT, RUN)
+    return {series_key(contract.metric_namespace("demo"), contract.STRAGGLER_WAIT_SHARE.name, dims): sent}
+
+
+def test_a_rank_slowed_by_half_is_in_alarm_within_six_minutes_and_the_composite_notifies(alarms: AlarmSet) -> None:
+    noise, slowed_at = random.Random(5), 900.0
+    ranks = SynchronousRanks(4)
+
+    def steps(_: int) -> list[float]:
+        slowed = ranks.clock.t - 1000.0 >= slowed_at
+        return [noise.uniform(0.7, 1.3) * (1.5 if slowed and rank == 2 else 1.0) for rank in range(4)]
+
+    samples = {**job().samples(1800.0), **slow_rank_samples(ranks, steps, 1800.0)}  # its heartbeat beside it
+    slow_at = alarms.first_alarm(name(RunAlarm.SLOW), samples, ARMED, 1800.0)
+    assert slow_at is not None and slowed_at < slow_at <= slowed_at + 360, slow_at
+    assert alarms.first_alarm(name(RunAlarm.METRICS_LOST), samples, ARMED, 1800.0) == slow_at
+
+
+def test_an_hour_of_a_healthy_run_with_a_long_checkpoint_and_pauses_never_raises_the_slow_alarm(
+    alarms: AlarmSet,
+) -> None:
+    noise = random.Random(8)
+    pauses = {600: [150.0, 0, 0, 0], 1200: [30.0] * 4, 1800: [60.0] * 4, 2400: [0, 0, 0, 150.0]}
+    samples = slow_rank_samples(
+        SynchronousRanks(4),
+        lambda step: [noise.uniform(0.7, 1.3) + pauses.get(step, [0.0] * 4)[rank] for rank in range(4)],
+        3600.0,
+    )
+    assert len(next(iter(samples.values()))) > 200  # it was sent all along, once the windows were full
+    assert alarms.first_alarm(name(RunAlarm.SLOW), samples, ARMED, 3600.0) is None

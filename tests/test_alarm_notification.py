@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from beacon import contract
 from beacon.contract.preflight import PreflightRecord
-from beacon.contract.rank_evidence import flight_recorder_name, stacks_name
+from beacon.contract.rank_evidence import RankProgress, flight_recorder_name, rank_document_name, stacks_name
 from beacon.evidence.progress import ProgressClock
 from beacon.evidence.ranks import Placement, RankSignal, upload_rank_evidence
 from beacon.log.spool import Spool
@@ -144,6 +144,11 @@ def seed_hung_run(
     finally:
         for signal in signals:
             signal.stop()
+    seed_rank_0s_records_and_preflight(s3, bucket)
+
+
+def seed_rank_0s_records_and_preflight(s3: Any, bucket: str) -> None:
+    """Steps 0-50 of the run as rank 0 wrote them, and its preflight (four ranks)."""
     now = time.time()
     records = [
         contract.Record(EXPERIMENT, RUN, step, {"loss": 2.0 / (step + 1)}, now - 60 + step, seq=step)
@@ -371,6 +376,40 @@ def test_while_the_run_still_hangs_rank_0s_live_snapshot_lets_the_notification_n
     )
     ranks = [item["Key"] for item in listed["Contents"]]
     assert ranks and all("/live-00000/" in key for key in ranks), "no attempt ended: only the live snapshot"
+
+
+def test_a_slow_rank_is_named_in_the_notification_at_once_from_rank_0s_snapshot(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """Issue 31: rank 0's heartbeat (the runtime's, as the writer) sends StragglerWaitShare and snapshots the four
+    ranks' documents while rank 2 is slow; the run's composite fires on its slow alarm, and the function, with the
+    reader's rights, names rank 2 without waiting for more evidence."""
+    seed_rank_0s_records_and_preflight(as_writer.client("s3"), as_writer.bucket)
+    ranks_dir = tmp_path / "ranks"
+    ranks_dir.mkdir()
+    now = time.time()
+    for rank in range(4):
+        document = RankProgress(rank, rank % 2, 4, 700, "training", 0.4, now, now - 0.4, 100 + rank,
+                                STOPPED.pod if rank == 2 else "train-0", STOPPED.node if rank == 2 else "node-0",
+                                STOPPED.instance, 0, pace_steps=200, pace_window_s=301.0, pace_step_s=1.5,
+                                pace_wait_s=0.01 if rank == 2 else 0.5)  # fmt: skip
+        (ranks_dir / rank_document_name(rank)).write_text(json.dumps(asdict(document)))
+    flags = {"--bucket": as_writer.bucket, "--team": TEAM, "--experiment": EXPERIMENT, "--run-id": RUN}
+    config = parse_args([part for pair in flags.items() for part in pair]).settings
+    rank_0 = Telemetry(config, s3=as_writer.client("s3"), cloudwatch=as_writer.client("cloudwatch"),
+                       progress=ProgressClock(), spool=Spool(tmp_path / "spool"), run_alarms=None,
+                       ranks_dir=ranks_dir)  # fmt: skip
+    rank_0.heartbeat.cross_rank_metrics = True  # rank 0 of four, as `beacon.run` builds it
+    rank_0.heartbeat.beat()
+    assert rank_0.evidence is not None and rank_0.evidence.wait(timeout=30)
+    topic, _, _, publisher = topic_with_queue_as_admin(as_writer)
+    waits: list[float] = []
+    notification = notify_as_the_function(as_writer, topic, publisher, sleep=waits.append)
+    assert notification is not None and waits == [], "the slow rank is named: nothing more to wait for"
+    assert notification.message.startswith(
+        f"rank-slow: rank 2 on pod {STOPPED.pod}, node {STOPPED.node}, instance {STOPPED.instance} is slow: the "
+        "other ranks wait for it 33% of each 1.50 s step"
+    ), notification.message
 
 
 def notify_as_the_function(

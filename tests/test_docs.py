@@ -133,6 +133,8 @@ VERDICT_RUNS: dict[str, dict[str, Any]] = {
         "beats": 2.0,
         "metrics": {contract.UPLOAD_FAILURES: 40.0, contract.SPOOL_BACKLOG: 900.0},
     },
+    # rank 0's live snapshot while rank 2 is waited for, and its heartbeat saying so
+    "rank-slow": {"final": None, "beats": 2.0, "slow_rank": 2, "metrics": {contract.STRAGGLER_WAIT_SHARE: 0.33}},
     "endpoint": {"final": {"state": "finished"}, "region": "eu-west-1"},
     "unreachable": {"final": {"state": "finished"}, "doctor": {"s3": "nowhere", "probe": "nowhere"}},
     "finished, slowly": {"final": {"state": "finished"}, "doctor": {"s3": "slow"}},
@@ -154,6 +156,7 @@ def seed_run(
     region: str = "us-east-1",
     metrics: dict[contract.Metric, float] | None = None,
     hosts: tuple[str, ...] = ("train-0",),
+    slow_rank: int | None = None,
 ) -> datetime | None:
     """30 steps of `run` in S3 as its writer wrote them, from each of `ranks`, in chunks of 10 records less those
     numbered `lost`; a preflight (in `region`) from each of `hosts`; its final state, or none; with `beats`, a
@@ -168,7 +171,8 @@ def seed_run(
                       Body=b"".join(lines[chunk : chunk + 10]))  # fmt: skip
     for number, host in enumerate(hosts):
         preflight = PreflightRecord(
-            run=run, experiment="smoke", host=host, pid=100, world_size=1, team="demo", region=region,
+            run=run, experiment="smoke", host=host, pid=100, world_size=1 if slow_rank is None else 4, team="demo",
+            region=region,
             spool_dir="/artifacts/spool" if persistent else "/tmp/spool", spool_persistent=persistent,
             spool_filesystem="nfs4" if persistent else "tmpfs", started_at=f"2026-12-01T1{number}:00:00+00:00",
             namespace=contract.metric_namespace("demo"),
@@ -179,6 +183,17 @@ def seed_run(
             Key=contract.preflight_key("smoke", run, f"{number + 1}-abc.json"),
             Body=json.dumps(dataclasses.asdict(preflight)),
         )
+    if slow_rank is not None:  # four ranks' documents as rank 0 uploads them while one is slow (`run.watch`)
+        for rank in range(4):
+            document = RankProgress(
+                rank, rank % 2, 4, 29, "training", 0.5, now - 10, now - 10.5, 1, f"train-{rank // 2}",
+                f"node-{rank // 2}", "", 0, pace_steps=198, pace_window_s=301.0, pace_step_s=1.52,
+                pace_wait_s=0.01 if rank == slow_rank else 0.51,
+            )  # fmt: skip
+            key = contract.live_rank_evidence_key("smoke", run, 0, 0, rank_document_name(rank))
+            s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(dataclasses.asdict(document)))
+        complete = contract.live_rank_evidence_key("smoke", run, 0, 0, contract.LIVE_SNAPSHOT_COMPLETE)
+        s3.put_object(Bucket=bucket, Key=complete, Body=b"")
     if final is not None:
         body = {"attempt": 0, "last_step": 29, "ended_at": now, "unacknowledged_records": 0, **final}
         s3.put_object(Bucket=bucket, Key=contract.final_status_key("smoke", run), Body=json.dumps(body))

@@ -233,3 +233,47 @@ def test_with_a_live_snapshot_and_the_attempts_end_in_s3_the_end_wins(aws: MotoS
     assert evidence.rank_files_from == "attempt-00000"
     documents, _ = evidence.ranks()
     assert {d.ended for d in documents} == {"preempted"}, "the attempt's last word, not the snapshot"
+
+
+# --- a slow rank (issue 31): rank 0's heartbeat sends StragglerWaitShare and snapshots the ranks once ------------
+def paced(rank: int, *, slow: int | None) -> RankProgress:
+    """A rank's document after five minutes of 1.5 s steps under `run.watch`: `slow` waits least, the others 0.5 s."""
+    return replace(document(rank, age=0.5, dumps=0), pace_steps=200, pace_window_s=301.0, pace_step_s=1.5,
+                   pace_wait_s=0.01 if rank == slow else (0.5 if slow is not None else 0.02))  # fmt: skip
+
+
+def test_a_slow_rank_is_sent_snapshotted_once_and_named_by_the_doctor_until_it_recovers(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    sink = rank_0(aws, tmp_path)
+    sink.heartbeat.cross_rank_metrics = True  # rank 0 of four, as `beacon.run` builds it
+    write_ranks(tmp_path / "ranks", [paced(r, slow=2) for r in range(4)], dumped=False)
+    beat(sink)
+    beat(sink)  # still slow: no second snapshot before SLOW_REFRESH_BEATS
+    every_document = (contract.LIVE_SNAPSHOT_COMPLETE, *(rank_document_name(r) for r in range(4)))
+    assert ranks_keys(aws) == snapshot_keys(0, *every_document)
+    inputs = DoctorInputs("demo", EXPERIMENT, RUN, BUCKET, "us-east-1", aws.client("s3"), aws.client("cloudwatch"))
+
+    def rank_check() -> Any:
+        (check,) = [v for v in diagnose(inputs).verdicts if v.check == "rank"]
+        return check
+
+    named = rank_check()
+    assert named.verdict == "slow", named
+    assert named.evidence.startswith("rank 2 on pod train-1, node node-1, instance g6.12xlarge is slow: the other "
+                                     "ranks wait for it 33% of each 1.50 s step"), named  # fmt: skip
+    write_ranks(tmp_path / "ranks", [paced(r, slow=None) for r in range(4)], dumped=False)  # it recovered
+    beat(sink)
+    recovered = rank_check()  # its last StragglerWaitShare says so; the snapshot still shows it slow
+    assert recovered.verdict == "none stands out", recovered
+    listed = aws.client("cloudwatch").list_metrics(Namespace=contract.metric_namespace("demo"))["Metrics"]
+    assert contract.STRAGGLER_WAIT_SHARE.name in {m["MetricName"] for m in listed}
+
+
+def test_a_slow_episode_is_snapshotted_when_it_begins_then_every_slow_refresh_beats_numbered_with_the_stalls() -> None:
+    snapshots = LiveSnapshots(refresh_beats=2, slow_refresh_beats=3)
+    assert snapshots.due(stalled=False, state=None, slow=True) == 0
+    assert [snapshots.due(stalled=False, state=None, slow=True) for _ in range(3)] == [None, None, 1]
+    assert snapshots.due(stalled=True, state=("a",)) == 2, "a stall is its own episode, in the same numbering"
+    assert snapshots.due(stalled=False, state=None) is None
+    assert snapshots.due(stalled=False, state=None, slow=True) == 3, "slow again after it was over: a new episode"

@@ -9,6 +9,7 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk.assertions import Match, Template
 from beacon import contract
+from beacon.contract.pace import SLOW_RANK_SHARE
 
 from beacon_constructs.monitoring import FIRST_CHECKS, TrainingMonitoring
 from beacon_ops.evidence.alarms import (
@@ -73,6 +74,15 @@ def test_stalled_alarm_watches_progress_age_and_ignores_missing_data(run_alarms:
     assert (stalled["EvaluationPeriods"], stalled["DatapointsToAlarm"]) == (2, 2)
     assert stalled["TreatMissingData"] == "notBreaching"
     assert contract.PROGRESS_AGE.storage_resolution == 1
+
+
+def test_slow_alarm_watches_the_stragglers_wait_share_at_the_contracts_threshold(run_alarms: Any) -> None:
+    slow = by_name(run_alarms[0], contract.RunAlarm.SLOW)
+    assert slow["MetricName"] == contract.STRAGGLER_WAIT_SHARE.name
+    assert (slow["Statistic"], slow["Period"], slow["Threshold"]) == ("Minimum", 30, SLOW_RANK_SHARE)
+    assert slow["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert (slow["EvaluationPeriods"], slow["DatapointsToAlarm"]) == (2, 2)
+    assert slow["TreatMissingData"] == "notBreaching", "no run.watch, or windows not yet full: nothing to say"
 
 
 def test_run_alarms_notify_once_through_the_composite(run_alarms: Any, demo: Synthesized) -> None:

@@ -284,6 +284,8 @@ def test_four_ranks_on_two_nodes_name_the_rank_that_hung_where_it_hangs_and_wher
             (0, "train-0", "node-0"), (1, "train-0", "node-0"), (2, "train-1", "node-1"), (3, "train-1", "node-1")
         }  # fmt: skip
         assert {r.step for r in documents.values()} == {20}, "every rank dispatched step 20, none got further"
+        paces = [r.pace for r in documents.values()]
+        assert all(p.steps >= 15 and p.wait_s >= 0 for p in paces), "the smoke job's run.watch timed each all_reduce"
         hung = stacks[3].read_text()
         assert "smoke_job/job.py" in hung and "in train" in hung, hung[-3000:]
         for waiting in stacks[:3]:

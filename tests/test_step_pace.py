@@ -16,18 +16,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from beacon.contract.pace import RankPace, Straggler, straggler_of
+from beacon.contract.pace import RankPace, straggler_of
 from beacon.contract.rank_evidence import RankProgress
 from beacon.evidence.ranks import pace_fields
 from beacon.evidence.step_pace import StepPace
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.synchronous_ranks import Clock, SynchronousRanks
 
 
 def test_each_steps_interval_and_the_wait_of_its_first_collective_alone() -> None:
@@ -161,51 +155,19 @@ def test_four_gloo_ranks_step_together_and_the_one_the_others_wait_for_is_named(
     assert all(d["wait_s"] >= 0.03 for r, d in enumerate(ranks) if r != 2) and ranks[2]["wait_s"] < 0.02
 
 
-class SynchronousRanks:
-    """Ranks of a synchronous job on one scripted clock: each arrives at its step's collective after its own work,
-    leaves it when the last one arrived (plus the all_reduce itself), and finishes the step there."""
-
-    ALL_REDUCE_S = 0.01
-
-    def __init__(self, ranks: int) -> None:
-        self.clock = Clock()
-        self.paces = [StepPace(self.clock) for _ in range(ranks)]
-        for pace in self.paces:
-            pace.timing = True
-            pace.step_finished()
-        self.intervals: list[float] = []
-
-    def step(self, work_s: list[float]) -> None:
-        began = self.clock.t
-        arrivals = [began + w for w in work_s]
-        done = max(arrivals) + self.ALL_REDUCE_S
-        for pace, arrival in zip(self.paces, arrivals, strict=True):
-            self.clock.t = arrival
-            first = pace.collective_began()
-            assert first is not None
-            self.clock.t = done
-            pace.collective_ended(first)
-        for pace in self.paces:
-            pace.step_finished()
-        self.intervals.append(done - began)
-
-    def straggler(self) -> Straggler | None:
-        return straggler_of([pace.of_rank(rank) for rank, pace in enumerate(self.paces)])
-
-
 def test_one_rank_of_four_slower_in_its_work_is_named_within_six_minutes_while_every_interval_is_equal() -> None:
     job = SynchronousRanks(4)
     noise = random.Random(3)
     while job.clock.t < 1000.0 + 600:  # ten healthy minutes: the window is full
         job.step([noise.uniform(0.7, 1.3) for _ in range(4)])
         assert (straggler := job.straggler()) is None or not straggler.is_slow()
-    slowed_at, named_at = job.clock.t, None
-    while named_at is None and job.clock.t < slowed_at + 900:
+    slowed_at, named_at = job.clock.t, 0.0
+    while not named_at and job.clock.t < slowed_at + 900:
         job.step([noise.uniform(0.7, 1.3) * (1.5 if rank == 2 else 1.0) for rank in range(4)])
         if (straggler := job.straggler()) is not None and straggler.is_slow():
             named_at = job.clock.t
             assert straggler.rank == 2 and straggler.step_ratio >= 1.3, straggler
-    assert named_at is not None and named_at - slowed_at <= 360, named_at - slowed_at
+    assert named_at and named_at - slowed_at <= 360, named_at - slowed_at
     # Every rank's own clock saw the same step intervals: the slowest rank's.
     spans = {round(pace.of_rank(0).step_s, 9) for pace in job.paces}
     assert len(spans) == 1

@@ -15,13 +15,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
+from beacon.contract.pace import SLOW_RANK_SHARE
 from beacon.contract.rank_evidence import SIGNAL_DUMP, signal_stacks_name, stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.doctor.flight_recorder import FlightRecorderReading, ranks_in_a_collective, read_flight_recorder
 from beacon_ops.doctor.orchestrator import CHECK as CHECK_ORCHESTRATOR
 from beacon_ops.doctor.orchestrator import OrchestratorState, orchestrator_verdict, running_now
-from beacon_ops.doctor.rank_verdict import RankVerdict, which_rank
+from beacon_ops.doctor.rank_verdict import RankVerdict, slow_rank, which_rank
 from beacon_ops.doctor.sagemaker_state import TrainingJobReading
 from beacon_ops.doctor.timeline import (
     Moment,
@@ -41,6 +42,10 @@ UNEXPLAINED = frozenset({"exit-code", "job-failed"})
 NOT_YET_RUNNING = frozenset({"waiting-for-node", "starting"})
 # Beacon's verdicts that say why a container exited, and lead a bare exit code.
 BEACON_SPECIFIC = frozenset({"endpoint", "permission", "spool", "ranks", "rank", "job"})
+SLOW_RANK_FIX = (
+    "look at that node: its GPUs' clocks and throttle reasons (nvidia-smi -q -d PERFORMANCE), its network, a noisy "
+    "neighbour; to move the run off it, cordon the node and restart the run from its checkpoint"
+)
 SILENT_BEATS = 3  # heartbeats missed before the doctor calls a run silent
 # ... and never sooner than this: a beat sent takes seconds to be read back from CloudWatch, so a run beating every
 # second would read as silent between each beat and its reading.
@@ -153,7 +158,13 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
 
     world_size = max((r.world_size for r in evidence.ranks()[0]), default=0)
     recorder = read_flight_recorder(evidence.flight_recorder_dumps(), world_size=world_size)
-    rank_check, stopped = _stopped_rank(evidence, recorder)
+    # A slow rank is named from the ranks' documents rank 0 uploaded while it was slow, if its heartbeat still says so
+    shares = _samples(inputs, contract.STRAGGLER_WAIT_SHARE, dims, "Minimum", now)
+    fresh_for = max(SILENT_FLOOR_S, SILENT_BEATS * interval)
+    still_slow = bool(shares) and (read_at - shares[-1].at).total_seconds() <= fresh_for
+    rank_check, stopped = _stopped_rank(
+        evidence, recorder, still_slow=still_slow and shares[-1].value >= SLOW_RANK_SHARE
+    )
     platform = inputs.orchestrator_verdict()
     newest = evidence.newest_record_at
     gap = beats[-1].at if beats else (datetime.fromtimestamp(newest[0], UTC) if newest is not None else None)
@@ -211,6 +222,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         cause = "not-started" if by_check["job"].verdict == "not started" else evidence.final_state or "healthy"
         # A healthy run's evidence is its heartbeat and its last step, not its attempts
         lead = "liveness" if cause == "healthy" and by_check["liveness"].verdict == "healthy" else lead
+        if cause == "healthy" and by_check["rank"].verdict == "slow":  # alive and stepping, at the slowest's pace
+            cause, lead = "rank-slow", "rank"
     return Diagnosis(
         inputs.team,
         inputs.experiment,
@@ -582,9 +595,12 @@ def _rank_collision(evidence: RunEvidence) -> Verdict:
     return Verdict("ranks", OK, "rank 0 only", f"{read}, all from rank 0")
 
 
-def _stopped_rank(evidence: RunEvidence, recorder: FlightRecorderReading | None) -> tuple[Verdict, RankVerdict | None]:
+def _stopped_rank(
+    evidence: RunEvidence, recorder: FlightRecorderReading | None, *, still_slow: bool = False
+) -> tuple[Verdict, RankVerdict | None]:
     """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps; and the
-    first collective they did not all join, where their flight recorders say."""
+    first collective they did not all join, where their flight recorders say. With none stopped, the rank the others
+    wait for, while the run's heartbeat says it is still slow (`still_slow`: its last StragglerWaitShare)."""
     documents, stacks = evidence.ranks()
     if len(documents) < 2 and which_rank(documents, stacks) is None:
         return Verdict(
@@ -601,6 +617,8 @@ def _stopped_rank(evidence: RunEvidence, recorder: FlightRecorderReading | None)
         # Rank 0 writes the records: its newest one says more than its document, rewritten every few seconds
         stopped = replace(stopped, step=max(stopped.step, newest))
     if stopped is None:
+        if still_slow and (slow := slow_rank(documents)) is not None:
+            return Verdict("rank", WARN, "slow", slow.line() + read, SLOW_RANK_FIX), None
         return Verdict(
             "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others{read}", unread
         ), None

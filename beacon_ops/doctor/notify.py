@@ -191,7 +191,9 @@ def diagnose_naming_the_rank(
     started = time.monotonic()
     diagnosis = diagnose(inputs)
     waited = 0.0
-    if diagnosis.stopped_rank is not None or diagnosis.healthy or not _several_ranks(inputs):
+    if diagnosis.stopped_rank is not None or diagnosis.healthy or diagnosis.diagnosis == "rank-slow":
+        return diagnosis, waited  # a rank named (a slow one too), or none to name
+    if not _several_ranks(inputs):
         return diagnosis, waited
     # Sleeps and readings together stay within `wait_s`: the function's own time bounds it (`handler`).
     while (

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from beacon.contract import FinalState, Phase
+from beacon.contract.pace import Straggler, straggler_of
 from beacon.contract.rank_evidence import STALL_DUMP, RankProgress
 
 # A rank whose document is this much older than the newest one stopped writing it: dead or frozen.
@@ -312,3 +313,35 @@ def which_rank(
         waiting={k: sorted(v) for k, v in waiting.items() if stopped.rank not in v},
         ended=stopped.ended,
     )
+
+
+@dataclass(frozen=True)
+class SlowRank:
+    """The rank the others wait for, as far as its document places it (`contract.pace.Straggler`)."""
+
+    straggler: Straggler
+    pod: str
+    node: str
+    instance: str
+    step_s: float  # the run's median step interval over the window
+
+    def line(self) -> str:
+        s = self.straggler
+        place = ", ".join(f"{k} {v}" for k, v in (("pod", self.pod), ("node", self.node), ("instance", self.instance))
+                          if v)  # fmt: skip
+        return (
+            f"rank {s.rank}{f' on {place}' if place else ''} is slow: the other ranks wait for it "
+            f"{s.waited_share:.0%} of each {self.step_s:.2f} s step, its own work {s.step_ratio:.2f}x theirs, "
+            f"over its last {s.window_s:.0f} s ({s.steps} steps)"
+        )
+
+
+def slow_rank(ranks: list[RankProgress]) -> SlowRank | None:
+    """The straggler of a run whose ranks time their collectives (`run.watch`), when it is slow for the verdict;
+    None otherwise. Every rank's step interval is the same: the rank is named by what it does not wait for."""
+    live = [r for r in ranks if not r.ended]
+    straggler = straggler_of([r.pace for r in live])
+    if straggler is None or not straggler.is_slow():
+        return None
+    document = next(r for r in live if r.rank == straggler.rank)
+    return SlowRank(straggler, document.pod, document.node, document.instance, document.pace_step_s)

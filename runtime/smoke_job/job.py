@@ -105,6 +105,7 @@ class Job:
             optimizer.load_state_dict(state["optimizer"])
         if run.world.distributed:
             model = DistributedDataParallel(model)
+            run.watch(model)  # each step's wait in the gradient all_reduce: names a slow rank
         loader = DataLoader(
             SyntheticImages(config.seed),
             batch_size=config.batch_size,

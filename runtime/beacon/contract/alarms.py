@@ -25,6 +25,7 @@ STALL_THRESHOLD_S = 90  # ProgressAge above this is not progress (checkpoint tim
 # (a collective in a save, a dead mount) then reads as stalled once the phase is this old (`RunSettings.phase_limit`).
 PHASE_LIMIT_S = 1800
 STALLED_EVALUATION_PERIODS = 2  # beat after threshold + 2 periods: ALARM by stall + 165 s
+SLOW_EVALUATION_PERIODS = 2  # a minute of every beat saying slow: the share is already a five-minute median
 DELIVERY_PERIOD_S = 60
 DELIVERY_EVALUATION_PERIODS = 3
 DELIVERY_DATAPOINTS_TO_ALARM = 2
@@ -39,6 +40,13 @@ RUN_PLACEHOLDER = "${Run}"
 class RunAlarm(StrEnum):
     SILENT = "silent"
     STALLED = "stalled"
+    SLOW = "slow"  # a rank the others wait for (`contract.pace`): StragglerWaitShare, sent once windows are full
+
+    @classmethod
+    def metric_alarms(cls) -> tuple[RunAlarm, ...]:
+        """The run's alarms on one metric each; METRICS_LOST is the composite of them that notifies."""
+        return tuple(kind for kind in cls if kind is not cls.METRICS_LOST)
+
     METRICS_LOST = "metrics-lost"
 
 

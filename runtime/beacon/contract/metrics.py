@@ -87,7 +87,10 @@ PHASE_SECONDS = Metric("PhaseSeconds", Unit.SECONDS, high_resolution=True)
 # how many steps lie between the furthest and the least advanced rank.
 SLOWEST_RANK_PROGRESS_AGE = Metric("SlowestRankProgressAge", Unit.SECONDS, high_resolution=True)
 RANK_STEP_SPREAD = Metric("RankStepSpread", Unit.COUNT, high_resolution=True)
-RANK_METRICS = (SLOWEST_RANK_PROGRESS_AGE, RANK_STEP_SPREAD)
+# The share of each step the other ranks wait for the slowest one (`contract.pace.straggler_of`), once every rank
+# timed its collectives (`run.watch`) over a full window: the slow-rank alarm's metric.
+STRAGGLER_WAIT_SHARE = Metric("StragglerWaitShare", Unit.NONE, high_resolution=True)
+RANK_METRICS = (SLOWEST_RANK_PROGRESS_AGE, RANK_STEP_SPREAD, STRAGGLER_WAIT_SHARE)
 
 JOB_METRICS = (
     LOSS,

@@ -90,11 +90,16 @@ class Straggler:
     window_s: float
     steps: int
 
+    @property
+    def window_full(self) -> bool:
+        """Its window reaches back SLOW_RANK_FOR_S and SLOW_RANK_FOR_STEPS of its steps (whichever is longer) on every
+        rank: what the slow verdict and its metric wait for, so a run's first minutes raise nothing."""
+        return self.steps >= SLOW_RANK_FOR_STEPS and self.window_s >= SLOW_RANK_FOR_S * WINDOW_SLACK
+
     def is_slow(self, *, share: float = SLOW_RANK_SHARE) -> bool:
         """Slow for the verdict: waited for by `share` of the step or more (the window's medians: most of it), over
         a window that reaches back SLOW_RANK_FOR_S and SLOW_RANK_FOR_STEPS of its steps (whichever is longer)."""
-        long_enough = self.steps >= SLOW_RANK_FOR_STEPS and self.window_s >= SLOW_RANK_FOR_S * WINDOW_SLACK
-        return long_enough and self.waited_share >= share
+        return self.window_full and self.waited_share >= share
 
 
 WINDOW_SLACK = 0.95  # a window written a pass before its span reached the mark still counts

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from beacon import contract
+from beacon.contract.pace import straggler_of
 from beacon.contract.rank_evidence import RankProgress
 from beacon.evidence.progress import ProgressClock
 from beacon.evidence.rank_board import RankBoard
@@ -63,9 +64,9 @@ class LiveEvidence:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def due(self, *, stalled: bool, state: tuple[object, ...] | None) -> int | None:
+    def due(self, *, stalled: bool, state: tuple[object, ...] | None, slow: bool = False) -> int | None:
         """The number of the live snapshot to take now, or None."""
-        return self.snapshots.due(stalled=stalled, state=state, busy=self.busy())
+        return self.snapshots.due(stalled=stalled, state=state, busy=self.busy(), slow=slow)
 
     def look_as_rank_zero(
         self,
@@ -76,21 +77,27 @@ class LiveEvidence:
         *,
         attempt: int,
     ) -> int | None:
-        """Rank 0's pass: a live snapshot of this directory's ranks' files once a rank stalls, uploaded in the
-        background; the number taken, or None."""
+        """Rank 0's pass: a live snapshot of this directory's ranks' files once a rank stalls, or while one is slow,
+        uploaded in the background; the number taken, or None."""
         view = CrossRankView.of(everyone, now)
         stalled = self.stalled(everyone, now)
-        snapshot = self.due(stalled=stalled, state=evidence_state(where.directory, ranks) if stalled else None)
+        straggler = None if stalled else straggler_of([r.pace for r in everyone if not r.ended])
+        slow = straggler is not None and straggler.is_slow()
+        state = evidence_state(where.directory, ranks) if stalled else None
+        snapshot = self.due(stalled=stalled, state=state, slow=slow)
         if snapshot is None or view is None:
             return None
-        log.warning(
-            "rank %d: no progress for %.0f s; live snapshot %d of the ranks' evidence to s3://%s/%s",
-            view.slowest_rank,
-            view.slowest_progress_age,
-            snapshot,
-            self.settings.bucket,
-            contract.live_rank_evidence_key(self.settings.experiment, self.settings.run, attempt, snapshot, ""),
-        )
+        place = contract.live_rank_evidence_key(self.settings.experiment, self.settings.run, attempt, snapshot, "")
+        if straggler is not None and slow:
+            log.warning(
+                "rank %d is slow: the others wait for it %.0f%% of each step; live snapshot %d of the ranks' evidence "
+                "to s3://%s/%s", straggler.rank, 100 * straggler.waited_share, snapshot, self.settings.bucket, place,
+            )  # fmt: skip
+        else:
+            log.warning(
+                "rank %d: no progress for %.0f s; live snapshot %d of the ranks' evidence to s3://%s/%s",
+                view.slowest_rank, view.slowest_progress_age, snapshot, self.settings.bucket, place,
+            )  # fmt: skip
         mine = frozenset(r.rank for r in ranks)  # this attempt's ranks' files
         self._thread = threading.Thread(
             target=self._upload_logged, args=(where.directory, attempt, snapshot, mine),

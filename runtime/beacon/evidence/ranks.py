@@ -431,6 +431,7 @@ def _evidence_key(
 # when the evidence changed (`evidence_state`): a dump the first snapshot missed arrives within 30 s, before
 # the stalled alarm fires; a hang that stays as it is costs no more requests.
 LIVE_REFRESH_BEATS = 2
+SLOW_REFRESH_BEATS = 40  # a slow rank's snapshot is refreshed this rarely: it may last hours, and it hangs nothing
 
 
 def evidence_state(directory: Path, ranks: list[RankProgress]) -> tuple[object, ...]:
@@ -456,19 +457,31 @@ class LiveSnapshots:
     `refresh_beats` heartbeats while it lasts, and only if the evidence changed. One in flight at most.
 
     Bound: per episode, 1 + beats / refresh_beats snapshots, each one PutObject per file of the ranks
-    directory (a document and a stacks file per rank, plus flight-recorder dumps) and one marker."""
+    directory (a document and a stacks file per rank, plus flight-recorder dumps) and one marker.
 
-    def __init__(self, *, refresh_beats: int = LIVE_REFRESH_BEATS) -> None:
-        self.refresh_beats = refresh_beats
+    A slow episode (no rank stalled, one the others wait for: `contract.pace`) is snapshotted too, for the doctor to
+    place the slow rank: once when it begins, then once per `slow_refresh_beats` while it lasts."""
+
+    def __init__(
+        self, *, refresh_beats: int = LIVE_REFRESH_BEATS, slow_refresh_beats: int = SLOW_REFRESH_BEATS
+    ) -> None:
+        self.refresh_beats, self.slow_refresh_beats = refresh_beats, slow_refresh_beats
         self.taken = 0  # snapshots so far in this process: the next one's number
         self.in_episode = False
+        self.in_slow_episode = False
         self._beats_since = 0
+        self._slow_beats_since = 0
         self._state: tuple[object, ...] | None = None
 
-    def due(self, *, stalled: bool, state: tuple[object, ...] | None, busy: bool = False) -> int | None:
+    def due(
+        self, *, stalled: bool, state: tuple[object, ...] | None, busy: bool = False, slow: bool = False
+    ) -> int | None:
         """The number of the snapshot to take now, or None."""
         if not stalled:
             self.in_episode = False
+            if slow:
+                return self._slow_due(busy)
+            self.in_slow_episode = False
             return None
         self._beats_since += 1
         if busy:  # the previous snapshot is still uploading: never two at once
@@ -476,5 +489,13 @@ class LiveSnapshots:
         if self.in_episode and (self._beats_since < self.refresh_beats or state == self._state):
             return None
         self.in_episode, self._beats_since, self._state = True, 0, state
+        self.taken += 1
+        return self.taken - 1
+
+    def _slow_due(self, busy: bool) -> int | None:
+        self._slow_beats_since += 1
+        if busy or (self.in_slow_episode and self._slow_beats_since < self.slow_refresh_beats):
+            return None
+        self.in_slow_episode, self._slow_beats_since = True, 0
         self.taken += 1
         return self.taken - 1

@@ -15,6 +15,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract
+from beacon.contract.pace import straggler_of
 from beacon.contract.rank_evidence import RankProgress
 from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory
 from beacon.evidence.progress import ProgressClock
@@ -140,6 +141,9 @@ class Heartbeat:
         if self.cross_rank_metrics and self.ranks is not None and (view := CrossRankView.of(ranks, now)):
             data.append(datum(contract.SLOWEST_RANK_PROGRESS_AGE, run_dims, Value=view.slowest_progress_age))
             data.append(datum(contract.RANK_STEP_SPREAD, run_dims, Value=float(view.step_spread)))
+            straggler = straggler_of([r.pace for r in ranks if not r.ended])
+            if straggler is not None and straggler.window_full:
+                data.append(datum(contract.STRAGGLER_WAIT_SHARE, run_dims, Value=straggler.waited_share))
         if phase is not None:
             phase_dims = contract.phase_dimensions(self.config.team, self.config.experiment, self.config.run, phase[0])
             data.append(datum(contract.PHASE_SECONDS, phase_dims, Value=phase[1]))
