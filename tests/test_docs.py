@@ -124,6 +124,8 @@ VERDICT_RUNS: dict[str, dict[str, Any]] = {
     "preempted": {"final": {"state": "preempted", "signal": "SIGTERM"}},
     "silent": {"final": None},
     "stalled": {"final": None, "beats": 200.0},  # heartbeats go on, its progress age grows
+    # no step for 45 s at 1 s steps: past the 30 s its pace allows (its document says), short of the 90 s of a stall
+    "paused": {"final": None, "beats": 45.0, "paced": True},
     "permission": {"final": None, "beats": 2.0, "doctor": {"probe": "reader"}},  # the probe may not write
     "spool-not-persistent": {"final": None, "persistent": False},
     "rank-collision": {"final": {"state": "finished"}, "ranks": (0, 1)},
@@ -157,6 +159,7 @@ def seed_run(
     metrics: dict[contract.Metric, float] | None = None,
     hosts: tuple[str, ...] = ("train-0",),
     slow_rank: int | None = None,
+    paced: bool = False,
 ) -> datetime | None:
     """30 steps of `run` in S3 as its writer wrote them, from each of `ranks`, in chunks of 10 records less those
     numbered `lost`; a preflight (in `region`) from each of `hosts`; its final state, or none; with `beats`, a
@@ -183,6 +186,12 @@ def seed_run(
             Key=contract.preflight_key("smoke", run, f"{number + 1}-abc.json"),
             Body=json.dumps(dataclasses.asdict(preflight)),
         )
+    if paced:  # rank 0's document, as its own live snapshot took it once its progress passed its pace's threshold
+        document = RankProgress(0, 0, 1, 29, "training", 35.0, now - 10, now - 45, 1, "train-0", "node-0", "", 1,
+                                pace_steps=600, pace_window_s=301.0, pace_step_s=1.0, stall_after_s=30.0)  # fmt: skip
+        for name, body in ((rank_document_name(0), json.dumps(dataclasses.asdict(document)).encode()),
+                           (contract.LIVE_SNAPSHOT_COMPLETE, b"")):  # fmt: skip
+            s3.put_object(Bucket=bucket, Key=contract.live_rank_evidence_key("smoke", run, 0, 0, name), Body=body)
     if slow_rank is not None:  # four ranks' documents as rank 0 uploads them while one is slow (`run.watch`)
         for rank in range(4):
             document = RankProgress(

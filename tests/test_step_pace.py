@@ -12,13 +12,22 @@ import statistics
 import subprocess
 import sys
 import textwrap
-from dataclasses import asdict
+import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
-from beacon.contract.pace import RankPace, straggler_of
-from beacon.contract.rank_evidence import RankProgress
-from beacon.evidence.ranks import pace_fields
+from beacon.contract.pace import (
+    BASELINE_MIN_STEPS,
+    STALL_FLOOR_S,
+    WARMUP_STEPS,
+    RankPace,
+    run_stall_after,
+    straggler_of,
+)
+from beacon.contract.rank_evidence import RankProgress, stacks_name
+from beacon.evidence.progress import ProgressClock
+from beacon.evidence.ranks import RankSignal, pace_fields, read_ranks, stall_threshold
 from beacon.evidence.step_pace import StepPace
 
 from tests.support.synchronous_ranks import Clock, SynchronousRanks
@@ -67,6 +76,10 @@ def test_the_window_keeps_five_minutes_or_a_hundred_steps_whichever_is_longer() 
         slow.step_finished()
         clock.t += 10.0
     assert slow.of_rank(0).steps == 100 and slow.of_rank(0).window_s == pytest.approx(1000.0)
+
+
+def document_of(rank: int) -> RankProgress:
+    return RankProgress(rank, rank % 2, 4, 700, "training", 0.1, 1.0, 0.9, 7, "p", "n", "i", 0)
 
 
 def test_a_ranks_document_carries_its_pace_and_every_reader_gets_it_back() -> None:
@@ -186,3 +199,57 @@ def test_an_hour_of_a_healthy_run_with_jitter_a_long_checkpoint_an_evaluation_an
         if step % 5 == 0:  # as often as rank 0's heartbeat reads the documents, at 1 s steps
             straggler = job.straggler()
             assert straggler is not None and not straggler.is_slow(), (step, straggler)
+
+
+def test_the_stall_threshold_follows_the_pace_after_warm_up_with_phases_left_out() -> None:
+    clock = Clock()
+    progress = ProgressClock(clock)
+    progress.step_finished()  # the first step: intervals are counted from it
+    for step in range(WARMUP_STEPS + BASELINE_MIN_STEPS):
+        assert progress.pace.stall_after() == 0.0, "no baseline yet: the fixed threshold holds"
+        clock.t += 20.0 if step < WARMUP_STEPS else 1.0  # compiling, then 1 s steps
+        if step == WARMUP_STEPS + 10:
+            with progress.phase("checkpoint"):
+                clock.t += 150.0  # work, not the pace
+        progress.step_finished()
+    assert progress.pace.stall_after() == STALL_FLOOR_S  # max(30 s, 20 x 1 s)
+    for _ in range(2000):  # the window forgets the warm-up: the baseline keeps to what it holds
+        clock.t += 2.0
+        progress.step_finished()
+    assert progress.pace.stall_after() == 40.0
+
+
+def test_a_rank_dumps_its_stacks_at_its_paces_threshold_and_states_it_in_its_document(tmp_path: Path) -> None:
+    clock = Clock()
+    progress = ProgressClock(clock)
+    progress.leave("setup")
+    for step in range(200):
+        clock.t += 1.0
+        progress.dispatched_step = step
+        progress.step_finished()
+    signal = RankSignal(tmp_path, rank=0, local_rank=0, world_size=1, progress=progress, interval=0.05,
+                        stall_dump_after=90.0)  # fmt: skip
+    signal.start()
+    try:
+        clock.t += 29.0
+        time.sleep(0.3)
+        assert "no progress for" not in (tmp_path / stacks_name(0)).read_text()
+        clock.t += 2.0  # 31 s without a step at 1 s steps: past max(30 s, 20 x 1 s), long before 90 s
+        deadline = time.monotonic() + 10
+        while "no progress for" not in (tmp_path / stacks_name(0)).read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "no progress for 31 s after step 199" in (tmp_path / stacks_name(0)).read_text()
+        (document,) = read_ranks(tmp_path)
+        assert document.stall_after_s == STALL_FLOOR_S
+    finally:
+        signal.stop()
+
+
+def test_the_runs_threshold_is_the_longest_its_ranks_state_never_past_stall_dump_after() -> None:
+    assert run_stall_after([], 90.0) == 90.0
+    assert run_stall_after([0.0, 0.0], 90.0) == 90.0, "no rank has a baseline yet"
+    assert run_stall_after([30.0, 40.0, 0.0], 90.0) == 40.0
+    assert run_stall_after([30.0], 3.0) == 3.0, "a team's shorter stall_dump_after wins"
+    stated = [replace(document_of(rank), stall_after_s=30.0) for rank in range(4)]
+    assert stall_threshold(90.0, 15.0, stated) == 35.0, "dumped at 30 s, within one 5 s pass"
+    assert stall_threshold(90.0, 15.0) == 95.0

@@ -7,6 +7,7 @@ diagnosis names the root cause: a refused write explains silence, not the other 
 from __future__ import annotations
 
 import re
+import statistics
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -15,8 +16,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
-from beacon.contract.pace import SLOW_RANK_SHARE
-from beacon.contract.rank_evidence import SIGNAL_DUMP, signal_stacks_name, stacks_name
+from beacon.contract.pace import SLOW_RANK_SHARE, run_stall_after
+from beacon.contract.rank_evidence import SIGNAL_DUMP, RankProgress, signal_stacks_name, stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.doctor.flight_recorder import FlightRecorderReading, ranks_in_a_collective, read_flight_recorder
@@ -144,10 +145,14 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         evidence = read_run(inputs.s3, inputs.bucket, inputs.experiment, inputs.run, tail_only=True)
     dims = contract.run_dimensions(inputs.team, inputs.experiment, inputs.run)
     interval = float((evidence.preflight or {}).get("heartbeat_interval", contract.HEARTBEAT_INTERVAL_S))
-    # The run's own stall threshold, when its preflight says it (a run of another version: the doctor's)
+    # The run's own stall threshold, when its preflight says it (a run of another version: the doctor's); and the
+    # sooner one its ranks' documents state from their pace (`contract.pace.run_stall_after`): between the two, a
+    # pause the loop did not name is said as one, not as a hang (a hung rank the rank check names still leads)
     stall_after = inputs.stall_after_s or float(
         (evidence.preflight or {}).get("stall_dump_after", contract.STALL_THRESHOLD_S)
     )
+    documents = evidence.ranks()[0]
+    paced_after = run_stall_after((r.stall_after_s for r in documents), stall_after)
     beats = _samples(inputs, contract.HEARTBEAT, dims, "SampleCount", now)
     progress = _samples(inputs, contract.PROGRESS_AGE, dims, "Maximum", now)
     # Ages as of the moment the metrics were read, not of whatever reading follows (the flight recorders' takes
@@ -174,7 +179,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         *([platform] if platform is not None else []),
         *logs,
         _job_state(evidence, inputs),
-        _liveness(evidence, heartbeat_age, progress_age, interval, stall_after, inputs),
+        _liveness(evidence, heartbeat_age, progress_age, interval, stall_after, inputs, paced_after, documents),
         _delivery(inputs, evidence, dims, now),
         _write_probe(inputs, evidence),
         _endpoint(inputs, evidence),
@@ -224,6 +229,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         lead = "liveness" if cause == "healthy" and by_check["liveness"].verdict == "healthy" else lead
         if cause == "healthy" and by_check["rank"].verdict == "slow":  # alive and stepping, at the slowest's pace
             cause, lead = "rank-slow", "rank"
+        elif cause == "healthy" and by_check["liveness"].verdict == "paused":  # not yet a stall: say what it may be
+            cause, lead = "paused", "liveness"
     return Diagnosis(
         inputs.team,
         inputs.experiment,
@@ -400,6 +407,8 @@ def _liveness(
     interval: float,
     stall_after: float,
     inputs: DoctorInputs,
+    paced_after: float | None = None,
+    documents: Sequence[RankProgress] = (),
 ) -> Verdict:
     if evidence.final is not None:
         return Verdict(
@@ -437,6 +446,19 @@ def _liveness(
             "the loop hangs while the process lives: each rank dumps its stacks into ranks/stacks-rank-<r>.txt once "
             "stalled, and the rank check names the one that stopped; a DataLoader or a collective waiting on a dead "
             "rank is the usual cause",
+        )
+    if progress_age is not None and paced_after is not None and progress_age > paced_after:
+        paced = [r for r in documents if r.pace_steps]
+        step = max((r.step for r in documents), default=-1)
+        pace = f" (its steps take {statistics.median(r.pace_step_s for r in paced):.2f} s)" if paced else ""
+        return Verdict(
+            "liveness",
+            WARN,
+            "paused",
+            f"no step for {progress_age:.0f} s after step {step}{pace}: past the {paced_after:g} s its pace allows, "
+            f"not yet the {stall_after:g} s of a stall",
+            "if this is an evaluation or a data loader's restart, wrap it in run.phase('evaluation') (a named phase is "
+            "work); if it hangs, the rank check names the rank once the ranks' stacks are in",
         )
     age = f"{progress_age:.0f} s" if progress_age is not None else "unknown"
     return Verdict("liveness", OK, "healthy", f"heartbeat {heartbeat_age:.0f} s ago, last step {age} ago")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from beacon.contract.alarms import STALL_THRESHOLD_S
@@ -37,14 +37,21 @@ class Baseline:
     steps: int
 
 
-def baseline(step_times: Sequence[float]) -> Baseline | None:
-    """The baseline of a run's step times in the order taken (seconds each), warm-up left out; None until there are
-    `BASELINE_MIN_STEPS` after it. A non-finite or negative time (a clock stepped back) is left out too."""
-    kept = sorted(t for t in step_times[WARMUP_STEPS:] if math.isfinite(t) and t >= 0)
+def baseline(step_times: Sequence[float], *, warmup: int = WARMUP_STEPS) -> Baseline | None:
+    """The baseline of a run's step times in the order taken (seconds each), its first `warmup` left out (fewer when
+    the sequence is a window that no longer holds them all); None until there are `BASELINE_MIN_STEPS` after it. A
+    non-finite or negative time (a clock stepped back) is left out too."""
+    kept = sorted(t for t in step_times[max(0, warmup) :] if math.isfinite(t) and t >= 0)
     if len(kept) < BASELINE_MIN_STEPS:
         return None
     p99 = kept[min(len(kept) - 1, math.ceil(0.99 * len(kept)) - 1)]
     return Baseline(statistics.median(kept), p99, len(kept))
+
+
+def run_stall_after(stated: Iterable[float], fixed: float) -> float:
+    """The run's stall threshold from what its ranks' documents state (`RankProgress.stall_after_s`; 0: none yet),
+    the longest of them, never later than `fixed` (the run's `stall_dump_after`); `fixed` while none states one."""
+    return min(fixed, max((s for s in stated if s > 0), default=fixed))
 
 
 def stall_threshold_for(pace: Baseline | None) -> float:

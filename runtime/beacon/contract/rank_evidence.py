@@ -98,6 +98,9 @@ class RankProgress:
     pace_window_s: float = 0.0
     pace_step_s: float = 0.0
     pace_wait_s: float = -1.0
+    # The stall threshold its pace gives (`contract.pace.stall_threshold_for`): the run's is the longest its ranks
+    # state (`contract.pace.run_stall_after`); 0 before a baseline (setup, warm-up) or in an older document.
+    stall_after_s: float = 0.0
 
     @property
     def pace(self) -> RankPace:

@@ -50,16 +50,19 @@ class LiveEvidence:
         self.s3, self.settings = s3, settings
         self.progress = progress  # this rank's own clock: its own phases are work too
         self.node = node  # a node leader's node; None: rank 0's uploads
-        # The ranks dump their stacks at stall_dump_after, each within one rank-signal pass.
-        self.threshold = stall_threshold(settings.stall_dump_after, settings.heartbeat_interval)
+
         self.snapshots = LiveSnapshots()
         self._thread: threading.Thread | None = None
 
     def stalled(self, everyone: list[RankProgress], now: float) -> bool:
         return a_rank_stalled(
-            everyone, now, threshold=self.threshold, in_own_phase=self.progress.in_phase_work(),
+            everyone, now, threshold=self.threshold(everyone), in_own_phase=self.progress.in_phase_work(),
             phase_limit=self.settings.phase_limit,
         )  # fmt: skip
+
+    def threshold(self, everyone: list[RankProgress]) -> float:
+        """The ranks dump their stacks at the run's stall threshold, each within one rank-signal pass."""
+        return stall_threshold(self.settings.stall_dump_after, self.settings.heartbeat_interval, everyone)
 
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -38,11 +38,12 @@ class ProgressClock:
     def step_finished(self) -> None:
         with self._lock:
             now = self._now()
+            in_phases = self._excluded + (now - self._paused_since if self._paused_since is not None else 0.0)
             self._last_step = now
             self._excluded = 0.0
             self._paused_since = now if self._phases else None
             self.steps += 1
-        self.pace.step_finished()
+        self.pace.step_finished(in_phases_s=in_phases)
 
     def enter(self, phase: str, *, followed: bool = False) -> None:
         """Open `phase`; `followed` when it is another rank's (`ranks.PhaseFollower`): its time is

@@ -29,13 +29,14 @@ import math
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from beacon import contract
 from beacon.contract import Phase
-from beacon.contract.pace import RankPace
+from beacon.contract.pace import RankPace, run_stall_after
 from beacon.contract.rank_evidence import (
     EARLIER_ATTEMPT_SLACK_S,
     SIGNAL_STACKS_PREFIX,
@@ -132,10 +133,12 @@ class CrossRankView:
         return cls(len(ranks), slowest, ages[slowest], max(steps) - min(steps))
 
 
-def stall_threshold(stall_dump_after: float, heartbeat_interval: float) -> float:
-    """How old a rank's progress is before its stall is evidence: the ranks dump their stacks at `stall_dump_after`,
-    each within one pass of its signal thread."""
-    return stall_dump_after + rank_signal_interval(heartbeat_interval)
+def stall_threshold(stall_dump_after: float, heartbeat_interval: float, ranks: Iterable[RankProgress] = ()) -> float:
+    """How old a rank's progress is before its stall is evidence: the ranks dump their stacks at the run's stall
+    threshold (`stall_dump_after`, or sooner as their documents state: `contract.pace.run_stall_after`), each within
+    one pass of its signal thread."""
+    stall_after = run_stall_after((r.stall_after_s for r in ranks), stall_dump_after)
+    return stall_after + rank_signal_interval(heartbeat_interval)
 
 
 def a_rank_stalled(
@@ -240,11 +243,16 @@ class RankSignal:
             self._arm_watchdog()
             self.write()
             step, age = self.progress.dispatched_step, self.progress.progress_age()
-            if age >= self.stall_dump_after and self._dumped_for != step and not self.progress.in_phase_work():
+            if age >= self.stall_after() and self._dumped_for != step and not self.progress.in_phase_work():
                 self._dumped_for = step
                 self.dump_stacks(f"{STALL_DUMP} {age:.0f} s after step {step}")
             self._keep_flight_recorder()
         self._keep_flight_recorder()  # one a SIGTERM asked for just before the stop
+
+    def stall_after(self) -> float:
+        """When this rank's progress is a stall: `stall_dump_after`, or sooner once its pace gives a shorter
+        threshold (`contract.pace`: 30 s at 1 s steps)."""
+        return run_stall_after((self.progress.pace.stall_after(),), self.stall_dump_after)
 
     def _keep_flight_recorder(self) -> None:
         asked, self._recorder_asked = self._recorder_asked, None
@@ -274,6 +282,7 @@ class RankSignal:
             phase_limit=self.progress.phase_limit,
             **asdict(self.placement),
             **pace_fields(self.progress.pace.of_rank(self.rank)),
+            stall_after_s=self.stall_after(),
         )
         temporary = self.document.with_name(f".{self.document.name}.tmp")
         try:

@@ -25,7 +25,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from beacon.contract.pace import PACE_WINDOW_MAX_STEPS, SLOW_RANK_FOR_S, SLOW_RANK_FOR_STEPS, RankPace
+from beacon.contract.pace import (
+    PACE_WINDOW_MAX_STEPS,
+    SLOW_RANK_FOR_S,
+    SLOW_RANK_FOR_STEPS,
+    WARMUP_STEPS,
+    RankPace,
+    baseline,
+    stall_threshold_for,
+)
 
 # The synchronous collectives a team's loop calls through `torch.distributed` that `run.watch` times.
 TIMED_COLLECTIVES = (
@@ -62,15 +70,19 @@ class StepPace:
         self._last_step: float | None = None
         self._step_started_collective = False  # the first collective of this step has begun
         self._wait = math.nan  # this step's wait at its first collective, once it ended
+        self._forgotten = 0  # samples the window no longer holds: the warm-up among them is behind it
         self.timing = False  # `run.watch` was called: a step without a collective waited 0 s
 
-    def step_finished(self) -> None:
-        """The loop finished a step (`Run.mark_step`): the interval since the previous one, and this step's wait."""
+    def step_finished(self, *, in_phases_s: float = 0.0) -> None:
+        """The loop finished a step (`Run.mark_step`): the interval since the previous one, less `in_phases_s` spent
+        in named phases (a checkpoint is work, not the pace), and this step's wait."""
         now = self._now()
         with self._lock:
             if self._last_step is not None:
                 wait = self._wait if not math.isnan(self._wait) else (0.0 if self.timing else math.nan)
-                self._samples.append((now, now - self._last_step, wait))
+                if len(self._samples) == self._samples.maxlen:
+                    self._forgotten += 1  # the deque drops its oldest itself
+                self._samples.append((now, max(0.0, now - self._last_step - in_phases_s), wait))
                 self._forget_old(now)
             self._last_step = now
             self._step_started_collective = False
@@ -105,11 +117,20 @@ class StepPace:
             wait_s=statistics.median(waits) if len(waits) * 2 > len(samples) else math.nan,
         )
 
+    def stall_after(self) -> float:
+        """The stall threshold this rank's pace gives (`contract.pace.stall_threshold_for`), 0 before it has a
+        baseline (setup, warm-up): readers then keep the fixed one."""
+        with self._lock:
+            intervals, forgotten = [interval for _, interval, _ in self._samples], self._forgotten
+        pace = baseline(intervals, warmup=WARMUP_STEPS - forgotten)
+        return 0.0 if pace is None else stall_threshold_for(pace)
+
     def _forget_old(self, now: float) -> None:
         """Keep at least `window_s` and `window_steps`, whichever is longer (bounded by the deque's maxlen)."""
         samples = self._samples
         while len(samples) > self.window_steps and now - samples[1][0] + samples[1][1] >= self.window_s:
             samples.popleft()
+            self._forgotten += 1
 
 
 def watch_ddp(model: Any, pace: StepPace, *, hook: Callable[..., Any] | None = None, state: Any = None) -> None:
