@@ -68,9 +68,9 @@ def stage_bundle(destination: Path) -> Path:
     return destination
 
 
-def metrics_lost_pattern(team: str) -> str:
-    """Every run's metrics-lost alarm of this team, as an EventBridge wildcard."""
-    return f"{contract.run_alarm_prefix(team)}*-{contract.RunAlarm.METRICS_LOST.value}"
+def notifying_patterns(team: str) -> list[str]:
+    """Every run's notifying alarms of this team (metrics-lost, slow), as EventBridge wildcards."""
+    return [f"{contract.run_alarm_prefix(team)}*-{kind.value}" for kind in contract.RunAlarm.notifying()]
 
 
 class AlarmVerdict(Construct):
@@ -153,7 +153,7 @@ class AlarmVerdict(Construct):
                 source=["aws.cloudwatch"],
                 detail_type=[STATE_CHANGE],
                 detail={
-                    "alarmName": events.Match.wildcard(metrics_lost_pattern(team)),
+                    "alarmName": events.Match.any_of(*map(events.Match.wildcard, notifying_patterns(team))),
                     "state": {"value": ["ALARM"]},
                 },
             ),

@@ -256,24 +256,28 @@ class TrainingMonitoring(Construct):
             ComparisonOperator="GreaterThanOrEqualToThreshold",
             EvaluationPeriods=contract.SLOW_EVALUATION_PERIODS,
             DatapointsToAlarm=contract.SLOW_EVALUATION_PERIODS,
-            TreatMissingData="notBreaching",  # no run.watch, or windows not yet full: nothing to say
+            TreatMissingData="notBreaching",  # no run.watch, windows not yet full, or a rank stalled
         )
-        members = [silent["AlarmName"], stalled["AlarmName"], slow["AlarmName"]] + [
+        # Not in the composite: it notifies for itself (`RunAlarm.notifying`)
+        slow |= {"ActionsEnabled": True, "AlarmActions": self._topics(), "OKActions": self._topics()}
+        members = [silent["AlarmName"], stalled["AlarmName"]] + [
             contract.team_alarm_name(self.team, kind) for kind in (TeamAlarm.UPLOAD_FAILURES, TeamAlarm.SPOOL_BACKLOG)
         ]
         composite = {
             "AlarmName": self._run_alarm_name(RunAlarm.METRICS_LOST),
             "AlarmDescription": runbook(
-                "This run's metrics are being lost (it is silent, stalled, or cannot deliver to S3), or it runs at "
-                "the pace of a slow rank.",
+                "This run's metrics are being lost: it is silent, stalled, or cannot deliver to S3.",
                 doctor_command(self.team, run_scoped=True),
             ),
             "AlarmRule": " OR ".join(f'ALARM("{name}")' for name in members),
             "ActionsEnabled": True,
-            "AlarmActions": [self.topic.topic_arn, *self.extra_topic_arns],
-            "OKActions": [self.topic.topic_arn, *self.extra_topic_arns],
+            "AlarmActions": self._topics(),
+            "OKActions": self._topics(),
         }
         return {"metric_alarms": [silent, stalled, slow], "composite_alarm": composite}
+
+    def _topics(self) -> list[str]:
+        return [self.topic.topic_arn, *self.extra_topic_arns]
 
     def grant_run_alarms(self, grantee: iam.IRole) -> iam.Policy:
         """Let a job read the template and create or delete its own run's alarms, and no others;

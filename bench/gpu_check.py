@@ -6,7 +6,9 @@ broadcasts, DDP) on a "cpu:gloo,cuda:nccl" group. Each rank runs the real job wi
 (which the job hands the loss as a CUDA tensor) under `torch.cuda.set_sync_debug_mode("error")`,
 so a host-device synchronisation on the training thread fails the check. The script then checks
 the loop finished and delivered, the checkpoint staging is pinned memory, and the heartbeat ran;
-it prints one JSON line and exits 0 only when all of that holds. Without a GPU it exits 1 with one line.
+it prints one JSON line and exits 0 only when all of that holds. The smoke job calls `run.watch`: with more than one
+rank, each rank's waits in DDP's all_reduce must be read from its CUDA events (issue 31). Without a GPU it exits 1
+with one line.
 
 With two GPUs or more it also forces an nccl timeout (issue 17: the evidence kept before anything is
 killed): two ranks on two GPUs, the recorder on as the stack's Job sets it, a short group timeout, and
@@ -97,6 +99,7 @@ def rank_worker(argv: list[str]) -> int:
     world = run.world
     process_group = dist.get_backend_config() if dist.is_initialized() else None
     summary = Job(config, run).train()
+    pace = run.progress.pace.of_rank(world.rank)  # the smoke job's run.watch: DDP's waits, on the GPU's events
     staged = run.checkpointer.staged_tensors() if run.checkpointer is not None else []
     result = {
         "rank": world.rank,
@@ -113,6 +116,9 @@ def rank_worker(argv: list[str]) -> int:
         "sync_detector_works": sync_detector_works(),
         "unacknowledged_records": summary["delivery"]["unacknowledged_records"],
         "metric_batches": summary["delivery"]["metric_batches"],
+        "pace_steps": pace.steps,
+        "pace_wait_s": pace.wait_s if pace.wait_s == pace.wait_s else None,  # NaN: not read
+        "pace_timed": run.progress.pace.timing,
     }
     print(RANK_RESULT + json.dumps(result), flush=True)
     return int(summary["exit_code"])
@@ -200,6 +206,8 @@ def verdicts(ranks: list[dict[str, Any]], gpus: int, heartbeat: Path, started: f
             failed.append(f"{tag}: exit {r['exit_code']} at step {r['last_step']}")
         if r["record_syncs"] or not r["sync_detector_works"]:
             failed.append(f"{tag}: run.log synchronised: {r['record_syncs'] or 'detector inactive'}")
+        if r["pace_timed"] and (r["pace_wait_s"] is None or not 0 <= r["pace_wait_s"] < 60):
+            failed.append(f"{tag}: its waits in DDP's all_reduce, timed on the GPU, read {r['pace_wait_s']}")
     writer = next((r for r in ranks if r["rank"] == 0), None)
     if writer is not None:
         if not writer["checkpoints"] or not writer["staging_pinned"]:

@@ -264,7 +264,7 @@ def slow_rank_samples(job_ranks: SynchronousRanks, steps: Callable[[int], list[f
     return {series_key(contract.metric_namespace("demo"), contract.STRAGGLER_WAIT_SHARE.name, dims): sent}
 
 
-def test_a_rank_slowed_by_half_is_in_alarm_within_six_minutes_and_the_composite_notifies(alarms: AlarmSet) -> None:
+def test_a_rank_slowed_by_half_is_in_alarm_within_six_minutes(alarms: AlarmSet) -> None:
     noise, slowed_at = random.Random(5), 900.0
     ranks = SynchronousRanks(4)
 
@@ -275,7 +275,7 @@ def test_a_rank_slowed_by_half_is_in_alarm_within_six_minutes_and_the_composite_
     samples = {**job().samples(1800.0), **slow_rank_samples(ranks, steps, 1800.0)}  # its heartbeat beside it
     slow_at = alarms.first_alarm(name(RunAlarm.SLOW), samples, ARMED, 1800.0)
     assert slow_at is not None and slowed_at < slow_at <= slowed_at + 360, slow_at
-    assert alarms.first_alarm(name(RunAlarm.METRICS_LOST), samples, ARMED, 1800.0) == slow_at
+    assert alarms.first_alarm(name(RunAlarm.METRICS_LOST), samples, ARMED, 1800.0) is None, "it notifies for itself"
 
 
 def test_an_hour_of_a_healthy_run_with_a_long_checkpoint_and_pauses_never_raises_the_slow_alarm(

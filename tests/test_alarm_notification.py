@@ -34,7 +34,7 @@ from beacon_constructs.alarm_verdict import (
     ENV_READER_ROLE_ARN,
     HANDLER,
     TIMEOUT_S,
-    metrics_lost_pattern,
+    notifying_patterns,
     stage_bundle,
 )
 from beacon_ops.doctor import notify
@@ -201,6 +201,15 @@ def alarm_event(alarm: dict[str, Any], state: str = "ALARM", previous: str = "OK
             },
         },
     }
+
+
+def slow_alarm_event(experiment: str = EXPERIMENT, run: str = RUN) -> dict[str, Any]:
+    """What EventBridge delivers for the run's slow alarm (a metric alarm: its metric's dimensions name the run)."""
+    event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, experiment, run, contract.RunAlarm.SLOW)})
+    event["detail"]["state"]["reason"] = "Threshold Crossed: 2 datapoints were greater than or equal to 0.25"
+    dimensions = contract.run_dimensions(TEAM, experiment, run)
+    event["detail"]["configuration"]["metrics"] = [{"metricStat": {"metric": {"dimensions": dimensions}}}]
+    return event
 
 
 def topic_with_queue(aws: MotoServer) -> tuple[str, Any, str]:
@@ -382,8 +391,8 @@ def test_a_slow_rank_is_named_in_the_notification_at_once_from_rank_0s_snapshot(
     as_writer: WriterSession, tmp_path: Path
 ) -> None:
     """Issue 31: rank 0's heartbeat (the runtime's, as the writer) sends StragglerWaitShare and snapshots the four
-    ranks' documents while rank 2 is slow; the run's composite fires on its slow alarm, and the function, with the
-    reader's rights, names rank 2 without waiting for more evidence."""
+    ranks' documents while rank 2 is slow; the run's slow alarm fires (it notifies for itself), and the function, with
+    the reader's rights, names rank 2 without waiting for more evidence."""
     seed_rank_0s_records_and_preflight(as_writer.client("s3"), as_writer.bucket)
     ranks_dir = tmp_path / "ranks"
     ranks_dir.mkdir()
@@ -404,8 +413,9 @@ def test_a_slow_rank_is_named_in_the_notification_at_once_from_rank_0s_snapshot(
     assert rank_0.evidence is not None and rank_0.evidence.wait(timeout=30)
     topic, _, _, publisher = topic_with_queue_as_admin(as_writer)
     waits: list[float] = []
-    notification = notify_as_the_function(as_writer, topic, publisher, sleep=waits.append)
+    notification = notify_as_the_function(as_writer, topic, publisher, sleep=waits.append, event=slow_alarm_event())
     assert notification is not None and waits == [], "the slow rank is named: nothing more to wait for"
+    assert notification.subject == f"Beacon {TEAM}: {EXPERIMENT}/{RUN} rank-slow"
     assert notification.message.startswith(
         f"rank-slow: rank 2 on pod {STOPPED.pod}, node {STOPPED.node}, instance {STOPPED.instance} is slow: the "
         "other ranks wait for it 33% of each 1.50 s step"
@@ -419,9 +429,12 @@ def notify_as_the_function(
     sleep: Callable[[float], None] = time.sleep,
     experiment: str = EXPERIMENT,
     run: str = RUN,
+    event: dict[str, Any] | None = None,
 ) -> notify.Notification | None:
-    """The run's metrics-lost alarm event, handled with the reader's rights and published as `publisher`."""
-    event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, experiment, run, contract.RunAlarm.METRICS_LOST)})
+    """The run's metrics-lost alarm event (or `event`), handled with the reader's rights and published as
+    `publisher`."""
+    lost = contract.run_alarm_name(TEAM, experiment, run, contract.RunAlarm.METRICS_LOST)
+    event = event or alarm_event({"AlarmName": lost})
     return notify.notify(
         event,
         sleep=sleep,
@@ -609,15 +622,16 @@ def resources(demo: Synthesized, kind: str) -> dict[str, Any]:
     return {k: r for k, r in demo.template("monitoring").of_type(kind).items() if k.startswith("AlarmVerdict")}
 
 
-def test_the_rule_sends_only_the_teams_metrics_lost_alarms_going_to_alarm_to_the_function(demo: Synthesized) -> None:
+def test_the_rule_sends_only_the_teams_notifying_run_alarms_going_to_alarm_to_the_function(demo: Synthesized) -> None:
     (rule,) = resources(demo, "AWS::Events::Rule").values()
     pattern = rule["Properties"]["EventPattern"]
+    named = [{"wildcard": "beacon-demo-run-*-metrics-lost"}, {"wildcard": "beacon-demo-run-*-slow"}]
     assert pattern == {
         "source": ["aws.cloudwatch"],
         "detail-type": ["CloudWatch Alarm State Change"],
-        "detail": {"alarmName": [{"wildcard": "beacon-demo-run-*-metrics-lost"}], "state": {"value": ["ALARM"]}},
+        "detail": {"alarmName": named, "state": {"value": ["ALARM"]}},
     }
-    assert metrics_lost_pattern(TEAM) == notify.alarm_pattern(TEAM)
+    assert notifying_patterns(TEAM) == notify.alarm_patterns(TEAM)
     ((function_id, function),) = resources(demo, "AWS::Lambda::Function").items()
     (target,) = rule["Properties"]["Targets"]
     assert target["Arn"] == {"Fn::GetAtt": [function_id, "Arn"]}

@@ -272,8 +272,36 @@ def test_a_slow_rank_is_sent_snapshotted_once_and_named_by_the_doctor_until_it_r
 
 def test_a_slow_episode_is_snapshotted_when_it_begins_then_every_slow_refresh_beats_numbered_with_the_stalls() -> None:
     snapshots = LiveSnapshots(refresh_beats=2, slow_refresh_beats=3)
-    assert snapshots.due(stalled=False, state=None, slow=True) == 0
-    assert [snapshots.due(stalled=False, state=None, slow=True) for _ in range(3)] == [None, None, 1]
-    assert snapshots.due(stalled=True, state=("a",)) == 2, "a stall is its own episode, in the same numbering"
+    assert snapshots.due(stalled=False, state=None, slow=2) == 0
+    assert [snapshots.due(stalled=False, state=None, slow=2) for _ in range(3)] == [None, None, 1]
+    assert snapshots.due(stalled=False, state=None, slow=1) == 2, "another rank slowest: another episode, at once"
+    assert snapshots.due(stalled=True, state=("a",)) == 3, "a stall is its own episode, in the same numbering"
     assert snapshots.due(stalled=False, state=None) is None
-    assert snapshots.due(stalled=False, state=None, slow=True) == 3, "slow again after it was over: a new episode"
+    assert snapshots.due(stalled=False, state=None, slow=1) == 4, "slow again after it was over: a new episode"
+
+
+def test_a_hang_after_a_slow_spell_stops_the_share_so_the_slow_alarm_cannot_hide_it(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    sink = rank_0(aws, tmp_path)
+    sink.heartbeat.cross_rank_metrics = True
+    frozen = [replace(paced(r, slow=2), progress_age=STALL + 10) for r in range(4)]  # windows frozen at the hang
+    write_ranks(tmp_path / "ranks", frozen)
+    beat(sink)
+    listed = aws.client("cloudwatch").list_metrics(Namespace=contract.metric_namespace("demo"))["Metrics"]
+    names = {m["MetricName"] for m in listed}
+    assert contract.SLOWEST_RANK_PROGRESS_AGE.name in names and contract.STRAGGLER_WAIT_SHARE.name not in names
+
+
+def test_the_doctor_says_a_slow_rank_it_cannot_place_yet_and_points_rank_0_at_its_own_work() -> None:
+    from beacon_ops.doctor.diagnosis import _stopped_rank
+    from beacon_ops.evidence.reading import RunEvidence
+
+    unplaced, _ = _stopped_rank(RunEvidence(EXPERIMENT, RUN), None, slow_share=0.4)
+    assert (unplaced.status, unplaced.verdict) == ("warn", "slow")
+    assert "40% of each step" in unplaced.evidence and "no document in S3 places it yet" in unplaced.evidence
+    files = {rank_document_name(r): json.dumps(asdict(paced(r, slow=0))).encode() for r in range(4)}
+    rank_0_slow, _ = _stopped_rank(RunEvidence(EXPERIMENT, RUN, rank_files=files), None, slow_share=0.33)
+    assert rank_0_slow.evidence.startswith("rank 0 on pod train-0") and rank_0_slow.fix.startswith("rank 0 does work")
+    recovered, _ = _stopped_rank(RunEvidence(EXPERIMENT, RUN, rank_files=files), None, slow_share=None)
+    assert recovered.verdict == "none stands out", "its heartbeat no longer says slow"

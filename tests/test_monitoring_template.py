@@ -85,16 +85,21 @@ def test_slow_alarm_watches_the_stragglers_wait_share_at_the_contracts_threshold
     assert slow["TreatMissingData"] == "notBreaching", "no run.watch, or windows not yet full: nothing to say"
 
 
-def test_run_alarms_notify_once_through_the_composite(run_alarms: Any, demo: Synthesized) -> None:
+def test_run_alarms_notify_once_through_the_composite_and_the_slow_one_for_itself(
+    run_alarms: Any, demo: Synthesized
+) -> None:
     metric_alarms, composite = run_alarms
-    assert all(a["ActionsEnabled"] is False for a in metric_alarms)
-    names = [a["AlarmName"] for a in metric_alarms] + [
+    slow = by_name(metric_alarms, contract.RunAlarm.SLOW)
+    members = [a for a in metric_alarms if a is not slow]
+    assert all(a["ActionsEnabled"] is False for a in members)
+    names = [a["AlarmName"] for a in members] + [
         contract.team_alarm_name("demo", contract.TeamAlarm.UPLOAD_FAILURES),
         contract.team_alarm_name("demo", contract.TeamAlarm.SPOOL_BACKLOG),
     ]
     assert composite["AlarmRule"] == " OR ".join(f'ALARM("{n}")' for n in names)
     topic_id, _ = demo.template("monitoring").one_of_type("AWS::SNS::Topic")
     assert composite["AlarmActions"] == [f"<{topic_id}>"] == composite["OKActions"]
+    assert slow["ActionsEnabled"] is True and slow["AlarmActions"] == [f"<{topic_id}>"] == slow["OKActions"]
 
 
 def test_every_alarm_has_an_actionable_runbook(run_alarms: Any, demo: Synthesized) -> None:

@@ -33,20 +33,52 @@ from beacon.evidence.step_pace import StepPace
 from tests.support.synchronous_ranks import Clock, SynchronousRanks
 
 
-def test_each_steps_interval_and_the_wait_of_its_first_collective_alone() -> None:
+def test_each_steps_interval_and_its_waits_in_collectives_summed() -> None:
     clock = Clock()
     pace = StepPace(clock)
     pace.step_finished()  # the first step: no interval yet
     for _ in range(10):
-        clock.t += 0.6  # this rank's own work
-        first = pace.collective_began()
-        assert first is not None and pace.collective_began() is None  # only the step's first is timed
-        clock.t += 0.4  # waiting for a slower peer
-        pace.collective_ended(first)
+        clock.t += 0.5  # this rank's own work
+        began = pace.clock()
+        clock.t += 0.3  # waiting for a slower peer in the gradients' all_reduce
+        pace.waited(began)
+        clock.t += 0.1
+        began = pace.clock()
+        clock.t += 0.1  # ... and in the loss's all_reduce
+        pace.waited(began)
         pace.step_finished()
     window = pace.of_rank(3)
     assert (window.rank, window.steps) == (3, 10)
     assert (window.window_s, window.step_s, window.wait_s) == pytest.approx((10.0, 1.0, 0.4))
+
+
+class GpuEvent:
+    """A CUDA event as the signal thread reads it: done or not, and the milliseconds from another."""
+
+    def __init__(self, at_ms: float, done: bool = True) -> None:
+        self.at_ms, self.done = at_ms, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: GpuEvent) -> float:
+        return end.at_ms - self.at_ms
+
+
+def test_a_wait_timed_on_the_gpu_is_read_once_its_events_are_done() -> None:
+    clock = Clock()
+    pace = StepPace(clock)
+    pace.step_finished()
+    ends = []
+    for step in range(10):
+        clock.t += 1.0  # the CPU runs ahead: its own time says nothing of the GPU's wait
+        end = GpuEvent(1000.0 * step + 250.0, done=step < 9)  # the last step's collective still runs
+        pace.waited_on_gpu(GpuEvent(1000.0 * step), end)
+        ends.append(end)
+        pace.step_finished()
+    assert pace.of_rank(0).wait_s == pytest.approx(0.25), "the steps whose waits are read"
+    ends[-1].done = True
+    assert pace.of_rank(0).wait_s == pytest.approx(0.25)
 
 
 def test_untimed_steps_state_no_wait_and_a_watched_step_without_a_collective_waited_none() -> None:
@@ -111,14 +143,23 @@ RANKS_SCRIPT = textwrap.dedent(
     work_s = 0.15 if rank == 2 else 0.10
     pace = StepPace()
     if mode == "ddp":
+        class SlowBackward(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+            @staticmethod
+            def backward(ctx, grad):
+                time.sleep(work_s / 2)  # half of this rank's work, between two buckets' gradients
+                return grad
         class Slow(torch.nn.Module):
             def __init__(self):
                 super().__init__()
-                self.layer = torch.nn.Linear(4, 1)
+                self.first, self.last = torch.nn.Linear(64, 64), torch.nn.Linear(64, 1)
             def forward(self, x):
-                time.sleep(work_s)  # this rank's compute
-                return self.layer(x)
-        model = torch.nn.parallel.DistributedDataParallel(Slow())
+                time.sleep(work_s / 2)  # the other half
+                return self.last(SlowBackward.apply(self.first(x)))
+        # a bucket per layer: the lag grows between the first bucket's gradients and the last's
+        model = torch.nn.parallel.DistributedDataParallel(Slow(), bucket_cap_mb=0.001)
         watch_ddp(model, pace)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     else:
@@ -127,7 +168,7 @@ RANKS_SCRIPT = textwrap.dedent(
     for step in range(30):
         if mode == "ddp":
             optimizer.zero_grad()
-            model(torch.ones(2, 4)).sum().backward()  # the all_reduce runs inside, from DDP's C++ hooks
+            model(torch.ones(2, 64)).sum().backward()  # the all_reduce runs inside, from DDP's C++ hooks
             optimizer.step()
         else:
             time.sleep(work_s)

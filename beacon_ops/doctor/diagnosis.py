@@ -47,6 +47,11 @@ SLOW_RANK_FIX = (
     "look at that node: its GPUs' clocks and throttle reasons (nvidia-smi -q -d PERFORMANCE), its network, a noisy "
     "neighbour; to move the run off it, cordon the node and restart the run from its checkpoint"
 )
+SLOW_RANK_0_FIX = (
+    "rank 0 does work the others do not: Beacon's own is off the training thread, but a loop's logging, printing "
+    "or evaluation on rank 0 alone is on it; move such work out of the step, else look at rank 0's node (its GPUs' "
+    "clocks, its network)"
+)
 SILENT_BEATS = 3  # heartbeats missed before the doctor calls a run silent
 # ... and never sooner than this: a beat sent takes seconds to be read back from CloudWatch, so a run beating every
 # second would read as silent between each beat and its reading.
@@ -166,10 +171,9 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     # A slow rank is named from the ranks' documents rank 0 uploaded while it was slow, if its heartbeat still says so
     shares = _samples(inputs, contract.STRAGGLER_WAIT_SHARE, dims, "Minimum", now)
     fresh_for = max(SILENT_FLOOR_S, SILENT_BEATS * interval)
-    still_slow = bool(shares) and (read_at - shares[-1].at).total_seconds() <= fresh_for
-    rank_check, stopped = _stopped_rank(
-        evidence, recorder, still_slow=still_slow and shares[-1].value >= SLOW_RANK_SHARE
-    )
+    fresh = bool(shares) and (read_at - shares[-1].at).total_seconds() <= fresh_for
+    slow_share = shares[-1].value if fresh and shares[-1].value >= SLOW_RANK_SHARE else None
+    rank_check, stopped = _stopped_rank(evidence, recorder, slow_share=slow_share)
     platform = inputs.orchestrator_verdict()
     newest = evidence.newest_record_at
     gap = beats[-1].at if beats else (datetime.fromtimestamp(newest[0], UTC) if newest is not None else None)
@@ -618,13 +622,15 @@ def _rank_collision(evidence: RunEvidence) -> Verdict:
 
 
 def _stopped_rank(
-    evidence: RunEvidence, recorder: FlightRecorderReading | None, *, still_slow: bool = False
+    evidence: RunEvidence, recorder: FlightRecorderReading | None, *, slow_share: float | None = None
 ) -> tuple[Verdict, RankVerdict | None]:
     """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps; and the
     first collective they did not all join, where their flight recorders say. With none stopped, the rank the others
-    wait for, while the run's heartbeat says it is still slow (`still_slow`: its last StragglerWaitShare)."""
+    wait for, while the run's heartbeat says it is still slow (`slow_share`: its last StragglerWaitShare, if slow)."""
     documents, stacks = evidence.ranks()
     if len(documents) < 2 and which_rank(documents, stacks) is None:
+        if slow_share is not None:
+            return _slow_not_placed(slow_share), None
         return Verdict(
             "rank", INFO, "not applicable", "no per-rank evidence (a single rank, or none uploaded yet)"
         ), None
@@ -639,8 +645,11 @@ def _stopped_rank(
         # Rank 0 writes the records: its newest one says more than its document, rewritten every few seconds
         stopped = replace(stopped, step=max(stopped.step, newest))
     if stopped is None:
-        if still_slow and (slow := slow_rank(documents)) is not None:
-            return Verdict("rank", WARN, "slow", slow.line() + read, SLOW_RANK_FIX), None
+        if slow_share is not None and (slow := slow_rank(documents)) is not None:
+            fix = SLOW_RANK_0_FIX if slow.straggler.rank == 0 else SLOW_RANK_FIX
+            return Verdict("rank", WARN, "slow", slow.line() + read, fix), None
+        if slow_share is not None:
+            return _slow_not_placed(slow_share), None
         return Verdict(
             "rank", OK, "none stands out", f"{len(documents)} ranks, none stopped apart from the others{read}", unread
         ), None
@@ -662,6 +671,16 @@ def _stopped_rank(
     else:
         where = "no stack dump (killed outright, or frozen)"
     return Verdict("rank", FAIL, stopped.how, stopped.line() + read, "; ".join(filter(None, (where, unread)))), stopped
+
+
+def _slow_not_placed(share: float) -> Verdict:
+    """The heartbeat says a rank is slow, but no document in S3 says which yet (its snapshot is on its way)."""
+    return Verdict(
+        "rank", WARN, "slow",
+        f"the ranks wait for one of them {share:.0%} of each step (its heartbeat's StragglerWaitShare), but no "
+        "document in S3 places it yet",
+        "rank 0 and the node leaders upload the ranks' documents once a rank is slow: run the doctor again",
+    )  # fmt: skip
 
 
 def _spool(evidence: RunEvidence) -> Verdict:

@@ -68,13 +68,13 @@ class Notification:
     message: str
 
 
-def metrics_lost_suffix() -> str:
-    return f"-{contract.RunAlarm.METRICS_LOST.value}"
+def notifying_suffixes() -> list[str]:
+    return [f"-{kind.value}" for kind in contract.RunAlarm.notifying()]
 
 
-def alarm_pattern(team: str) -> str:
-    """The EventBridge wildcard naming every run's metrics-lost alarm of this team, and nothing else."""
-    return f"{contract.run_alarm_prefix(team)}*{metrics_lost_suffix()}"
+def alarm_patterns(team: str) -> list[str]:
+    """The EventBridge wildcards naming every run's notifying alarm of this team (metrics-lost, slow), nothing else."""
+    return [f"{contract.run_alarm_prefix(team)}*{suffix}" for suffix in notifying_suffixes()]
 
 
 def _dimensions_of(detail: dict[str, Any]) -> dict[str, str]:
@@ -88,6 +88,8 @@ def _dimensions_of(detail: dict[str, Any]) -> dict[str, str]:
 def _sibling_dimensions(cloudwatch: Any, team: str, alarm: str) -> dict[str, str]:
     """The composite has no dimensions: its run's silent alarm, a metric alarm, names the run in its own."""
     silent = alarm.removesuffix(contract.RunAlarm.METRICS_LOST.value) + contract.RunAlarm.SILENT.value
+    if not alarm.endswith(contract.RunAlarm.METRICS_LOST.value):
+        return {}  # a metric alarm: its own event names its run
     try:
         answer = cloudwatch.describe_alarms(AlarmNames=[silent], AlarmTypes=["MetricAlarm"])
     except (ClientError, BotoCoreError) as error:
@@ -105,9 +107,10 @@ def alarmed_run(event: dict[str, Any], *, team: str, cloudwatch: Any) -> Alarmed
     detail = event.get("detail") or {}
     alarm = str(detail.get("alarmName", ""))
     state = (detail.get("state") or {}).get("value")
-    prefix, suffix = contract.run_alarm_prefix(team), metrics_lost_suffix()
-    if not (alarm.startswith(prefix) and alarm.endswith(suffix)):
-        return f"not a metrics-lost alarm of team {team}: {alarm}"
+    prefix = contract.run_alarm_prefix(team)
+    suffix = next((s for s in notifying_suffixes() if alarm.endswith(s)), None)
+    if not alarm.startswith(prefix) or suffix is None:
+        return f"not a notifying run alarm of team {team}: {alarm}"
     if state != "ALARM":
         return f"{alarm} went to {state}, not ALARM"
     reason = str((detail.get("state") or {}).get("reason", ""))

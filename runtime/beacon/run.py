@@ -223,14 +223,16 @@ class Run:
             self.progress.step_finished()
 
     def watch(self, model: Any = None, *, hook: Callable[..., Any] | None = None, state: Any = None) -> None:
-        """Time each step's first collective on this rank, so the rank the others wait for is named (a straggler:
-        every rank's step interval is the slowest's, docs/runtime/ranks.md). `model`, a DistributedDataParallel:
-        its gradient all_reduce, through a communication hook around `hook` (the one the team would register
-        itself, with `state`; the default all_reduce when None). And the synchronous collectives the loop calls
-        through `torch.distributed` (`dist.all_reduce`), until `finish`. Once per run, before the first step;
-        stores two numbers a step."""
+        """Time each step's waits for its peers on this rank, so the rank the others wait for is named (a straggler:
+        every rank's step interval is the slowest's, docs/runtime/ranks.md). `model`, a DistributedDataParallel: its
+        last gradient bucket's all_reduce, through a communication hook around `hook` (the one the team would
+        register itself, with `state`; the default all_reduce over the model's group when None). And the
+        synchronous collectives the loop calls through `torch.distributed` (`dist.all_reduce`), until `finish`. Once
+        per run, before the first step; stores a few numbers a step."""
         if model is not None:
-            if not hasattr(model, "register_comm_hook"):
+            from torch.nn.parallel import DistributedDataParallel
+
+            if not isinstance(model, DistributedDataParallel):  # FSDP has a comm hook too, called otherwise
                 raise TypeError(f"run.watch: model is {type(model).__name__}, not a DistributedDataParallel")
             watch_ddp(model, self.progress.pace, hook=hook, state=state)
         if self._timed_collectives is None:

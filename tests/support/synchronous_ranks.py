@@ -35,10 +35,9 @@ class SynchronousRanks:
         done = max(arrivals) + self.ALL_REDUCE_S
         for pace, arrival in zip(self.paces, arrivals, strict=True):
             self.clock.t = arrival
-            first = pace.collective_began()
-            assert first is not None
+            began = pace.clock()
             self.clock.t = done
-            pace.collective_ended(first)
+            pace.waited(began)
         for pace in self.paces:
             pace.step_finished()
         self.intervals.append(done - began)

@@ -43,6 +43,13 @@ class RunAlarm(StrEnum):
     SLOW = "slow"  # a rank the others wait for (`contract.pace`): StragglerWaitShare, sent once windows are full
 
     @classmethod
+    def notifying(cls) -> tuple[RunAlarm, ...]:
+        """The run's alarms that notify the team's topic, and whose ALARM the verdict function answers: the
+        composite of what loses metrics (silent, stalled, delivery), and the slow rank's on its own (a run may be
+        slow for hours, and a composite notifies once: a hang or a lost upload after it would say nothing)."""
+        return (cls.METRICS_LOST, cls.SLOW)
+
+    @classmethod
     def metric_alarms(cls) -> tuple[RunAlarm, ...]:
         """The run's alarms on one metric each; METRICS_LOST is the composite of them that notifies."""
         return tuple(kind for kind in cls if kind is not cls.METRICS_LOST)

@@ -26,6 +26,7 @@ SLOW_RANK_FOR_S = 300.0  # ... for this long, or SLOW_RANK_FOR_STEPS, whichever 
 SLOW_RANK_FOR_STEPS = 100
 RUN_SLOWED_RATIO = 1.5  # the run's step time over its baseline median
 RUN_SLOWED_FOR_S = 600.0
+SLOW_REFRESH_BEATS = 40  # rank 0 snapshots the ranks' documents once a slow episode begins, then this rarely
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,10 @@ class Straggler:
     @property
     def window_full(self) -> bool:
         """Its window reaches back SLOW_RANK_FOR_S and SLOW_RANK_FOR_STEPS of its steps (whichever is longer) on every
-        rank: what the slow verdict and its metric wait for, so a run's first minutes raise nothing."""
-        return self.steps >= SLOW_RANK_FOR_STEPS and self.window_s >= SLOW_RANK_FOR_S * WINDOW_SLACK
+        rank, or holds all the steps a rank keeps (a run of steps under 15 ms): what the slow verdict and its metric
+        wait for, so a run's first minutes raise nothing."""
+        long_enough = self.window_s >= SLOW_RANK_FOR_S * WINDOW_SLACK or self.steps >= PACE_WINDOW_MAX_STEPS
+        return self.steps >= SLOW_RANK_FOR_STEPS and long_enough
 
     def is_slow(self, *, share: float = SLOW_RANK_SHARE) -> bool:
         """Slow for the verdict: waited for by `share` of the step or more (the window's medians: most of it), over

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from beacon import contract
-from beacon.contract.pace import straggler_of
+from beacon.contract.pace import Straggler, straggler_of
 from beacon.contract.rank_evidence import RankProgress
 from beacon.evidence.progress import ProgressClock
 from beacon.evidence.rank_board import RankBoard
@@ -64,10 +64,16 @@ class LiveEvidence:
         """The ranks dump their stacks at the run's stall threshold, each within one rank-signal pass."""
         return stall_threshold(self.settings.stall_dump_after, self.settings.heartbeat_interval, everyone)
 
+    @staticmethod
+    def slow_rank(everyone: list[RankProgress]) -> Straggler | None:
+        """The rank the others wait for, when it is slow for the verdict (`contract.pace`)."""
+        straggler = straggler_of([r.pace for r in everyone if not r.ended])
+        return straggler if straggler is not None and straggler.is_slow() else None
+
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def due(self, *, stalled: bool, state: tuple[object, ...] | None, slow: bool = False) -> int | None:
+    def due(self, *, stalled: bool, state: tuple[object, ...] | None, slow: int | None = None) -> int | None:
         """The number of the live snapshot to take now, or None."""
         return self.snapshots.due(stalled=stalled, state=state, busy=self.busy(), slow=slow)
 
@@ -84,14 +90,13 @@ class LiveEvidence:
         uploaded in the background; the number taken, or None."""
         view = CrossRankView.of(everyone, now)
         stalled = self.stalled(everyone, now)
-        straggler = None if stalled else straggler_of([r.pace for r in everyone if not r.ended])
-        slow = straggler is not None and straggler.is_slow()
+        straggler = None if stalled else self.slow_rank(everyone)
         state = evidence_state(where.directory, ranks) if stalled else None
-        snapshot = self.due(stalled=stalled, state=state, slow=slow)
+        snapshot = self.due(stalled=stalled, state=state, slow=None if straggler is None else straggler.rank)
         if snapshot is None or view is None:
             return None
         place = contract.live_rank_evidence_key(self.settings.experiment, self.settings.run, attempt, snapshot, "")
-        if straggler is not None and slow:
+        if straggler is not None:
             log.warning(
                 "rank %d is slow: the others wait for it %.0f%% of each step; live snapshot %d of the ranks' evidence "
                 "to s3://%s/%s", straggler.rank, 100 * straggler.waited_share, snapshot, self.settings.bucket, place,

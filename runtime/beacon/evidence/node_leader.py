@@ -132,14 +132,18 @@ class NodeLeader:
         now = time.time() if now is None else now
         ranks = read_ranks(self.directory, since=self._ranks_since)
         share = self._own(self._share(ranks, now, at_end=False), ranks)
-        stalled = share.ranks != frozenset() and self.stalled(self.rank_board.merged(ranks), now)
+        everyone = self.rank_board.merged(ranks)
+        stalled = share.ranks != frozenset() and self.stalled(everyone, now)
         state = (evidence_state(self.directory, ranks), share.ranks) if stalled else None
-        snapshot = self.evidence.due(stalled=stalled, state=state)
+        # A slow rank on a node-local directory is placed by its node's documents: its leader uploads them too
+        slow = self.evidence.slow_rank(everyone) if share.ranks != frozenset() and not stalled else None
+        snapshot = self.evidence.due(stalled=stalled, state=state, slow=None if slow is None else slow.rank)
         if snapshot is None:
             return None
         log.warning(
-            "node %d: a rank stalled (%s); live snapshot %d of the ranks' evidence to s3://%s/%s",
+            "node %d: %s (%s); live snapshot %d of the ranks' evidence to s3://%s/%s",
             self.node_rank,
+            "a rank stalled" if slow is None else f"rank {slow.rank} is slow",
             share.reason,
             snapshot,
             self.settings.bucket,

@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from beacon import contract
 from beacon.contract import Phase
-from beacon.contract.pace import RankPace, run_stall_after
+from beacon.contract.pace import SLOW_REFRESH_BEATS, RankPace, run_stall_after
 from beacon.contract.rank_evidence import (
     EARLIER_ATTEMPT_SLACK_S,
     SIGNAL_STACKS_PREFIX,
@@ -440,7 +440,6 @@ def _evidence_key(
 # when the evidence changed (`evidence_state`): a dump the first snapshot missed arrives within 30 s, before
 # the stalled alarm fires; a hang that stays as it is costs no more requests.
 LIVE_REFRESH_BEATS = 2
-SLOW_REFRESH_BEATS = 40  # a slow rank's snapshot is refreshed this rarely: it may last hours, and it hangs nothing
 
 
 def evidence_state(directory: Path, ranks: list[RankProgress]) -> tuple[object, ...]:
@@ -469,7 +468,8 @@ class LiveSnapshots:
     directory (a document and a stacks file per rank, plus flight-recorder dumps) and one marker.
 
     A slow episode (no rank stalled, one the others wait for: `contract.pace`) is snapshotted too, for the doctor to
-    place the slow rank: once when it begins, then once per `slow_refresh_beats` while it lasts."""
+    place the slow rank: once when it begins (another rank turning slowest begins another), then once per
+    `slow_refresh_beats` while it lasts."""
 
     def __init__(
         self, *, refresh_beats: int = LIVE_REFRESH_BEATS, slow_refresh_beats: int = SLOW_REFRESH_BEATS
@@ -477,20 +477,20 @@ class LiveSnapshots:
         self.refresh_beats, self.slow_refresh_beats = refresh_beats, slow_refresh_beats
         self.taken = 0  # snapshots so far in this process: the next one's number
         self.in_episode = False
-        self.in_slow_episode = False
+        self.slow_rank: int | None = None  # the slow episode's rank
         self._beats_since = 0
         self._slow_beats_since = 0
         self._state: tuple[object, ...] | None = None
 
     def due(
-        self, *, stalled: bool, state: tuple[object, ...] | None, busy: bool = False, slow: bool = False
+        self, *, stalled: bool, state: tuple[object, ...] | None, busy: bool = False, slow: int | None = None
     ) -> int | None:
-        """The number of the snapshot to take now, or None."""
+        """The number of the snapshot to take now, or None. `slow`: the rank the others wait for, when one is slow."""
         if not stalled:
             self.in_episode = False
-            if slow:
-                return self._slow_due(busy)
-            self.in_slow_episode = False
+            if slow is not None:
+                return self._slow_due(busy, slow)
+            self.slow_rank = None
             return None
         self._beats_since += 1
         if busy:  # the previous snapshot is still uploading: never two at once
@@ -501,10 +501,10 @@ class LiveSnapshots:
         self.taken += 1
         return self.taken - 1
 
-    def _slow_due(self, busy: bool) -> int | None:
+    def _slow_due(self, busy: bool, rank: int) -> int | None:
         self._slow_beats_since += 1
-        if busy or (self.in_slow_episode and self._slow_beats_since < self.slow_refresh_beats):
+        if busy or (self.slow_rank == rank and self._slow_beats_since < self.slow_refresh_beats):
             return None
-        self.in_slow_episode, self._slow_beats_since = True, 0
+        self.slow_rank, self._slow_beats_since = rank, 0
         self.taken += 1
         return self.taken - 1

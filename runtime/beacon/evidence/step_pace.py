@@ -1,22 +1,31 @@
-"""This rank's pace: each step's interval, and how long it waited at the step's first collective (issue 31).
+"""This rank's pace: each step's interval, and how long it waited for its peers in the step's collectives (issue 31).
 
 In synchronous training every rank's step interval is the slowest rank's: DDP's gradient all_reduce, run from C++
 hooks inside `backward`, holds each rank until the last one arrives. So the interval alone cannot name a straggler;
-what it does not wait for does. `run.watch` times the first collective of each step: DDP's buckets through a
-communication hook wrapped around the model's own (the default all_reduce unless the team registered another),
-and the synchronous collectives a team calls through `torch.distributed` (`dist.all_reduce(...)`). The training
-thread stores two numbers per step; this rank's signal thread summarises the window into its document
+what it does not wait for does. `run.watch` times, in each step:
+- a DDP model's *last* gradient bucket, through a communication hook wrapped around the model's own (the default
+  all_reduce over the model's process group unless the team registered another): the last bucket is where a rank
+  slower anywhere in forward or backward is waited for, the lag of every bucket before it included;
+- and every synchronous collective the loop calls through `torch.distributed` (`dist.all_reduce(...)`), summed.
+On CPU tensors (gloo) a collective's wait is wall time from its call to its end. On CUDA tensors the CPU runs ahead
+and nccl completes a collective's future once it is queued, so the wait is taken on the GPU: a CUDA event on the
+current stream where the rank arrives, another where the collective is done (the future's callback runs on a stream
+that waits for it), read by the signal thread once both are done.
+
+The training thread stores a few numbers per step; this rank's signal thread summarises the window into its document
 (`RankProgress.pace_*`), and every reader names the straggler with `contract.pace.straggler_of`.
 
 torch is imported only by `run.watch`: `beacon.sync` reads the same evidence package without it.
 Beacon's own collectives (the stop flag, the run id) call `torch.distributed.distributed_c10d` directly and are
 never timed. A collective imported by name before `run.watch` (`from torch.distributed import all_reduce`) is not
-seen: call it through the module.
+seen: call it through the module. Collectives made inside other libraries' C++ (FSDP's, DDP's buffer broadcast) are
+not timed.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import statistics
 import threading
@@ -51,6 +60,25 @@ TIMED_COLLECTIVES = (
 )
 
 
+class _Step:
+    """One step's sample: when it ended, its interval (named phases left out), what it waited (CPU-timed), and the
+    CUDA event pairs of the waits timed on the GPU, until the signal thread reads them."""
+
+    __slots__ = ("ended", "interval", "on_gpu", "wait")
+
+    def __init__(self, ended: float, interval: float, wait: float, on_gpu: list[tuple[Any, Any]] | None) -> None:
+        self.ended, self.interval, self.wait, self.on_gpu = ended, interval, wait, on_gpu
+
+    def settled_wait(self) -> float | None:
+        """The step's wait, once every GPU-timed part of it is done (None before); NaN where none was timed."""
+        if self.on_gpu:
+            if not all(end.query() for _, end in self.on_gpu):
+                return None
+            gpu = sum(start.elapsed_time(end) for start, end in self.on_gpu) / 1000.0
+            self.wait, self.on_gpu = (0.0 if math.isnan(self.wait) else self.wait) + gpu, None
+        return self.wait
+
+
 class StepPace:
     """Written by the training thread (`step_finished`) and by the collectives `run.watch` wraps (which may finish
     on a backend's thread); read by the rank's signal thread (`of_rank`)."""
@@ -66,54 +94,56 @@ class StepPace:
         self._now = now
         self.window_s, self.window_steps = window_s, window_steps
         self._lock = threading.Lock()
-        self._samples: deque[tuple[float, float, float]] = deque(maxlen=max_steps)  # (ended, interval, wait)
+        self._samples: deque[_Step] = deque(maxlen=max_steps)
         self._last_step: float | None = None
-        self._step_started_collective = False  # the first collective of this step has begun
-        self._wait = math.nan  # this step's wait at its first collective, once it ended
+        self._wait = math.nan  # this step's waits so far, CPU-timed (NaN: none timed yet)
+        self._on_gpu: list[tuple[Any, Any]] = []  # ... and GPU-timed
         self._forgotten = 0  # samples the window no longer holds: the warm-up among them is behind it
         self.timing = False  # `run.watch` was called: a step without a collective waited 0 s
 
     def step_finished(self, *, in_phases_s: float = 0.0) -> None:
         """The loop finished a step (`Run.mark_step`): the interval since the previous one, less `in_phases_s` spent
-        in named phases (a checkpoint is work, not the pace), and this step's wait."""
+        in named phases (a checkpoint is work, not the pace), and this step's waits."""
         now = self._now()
         with self._lock:
             if self._last_step is not None:
-                wait = self._wait if not math.isnan(self._wait) else (0.0 if self.timing else math.nan)
+                wait = self._wait if not math.isnan(self._wait) or self._on_gpu else (0.0 if self.timing else math.nan)
                 if len(self._samples) == self._samples.maxlen:
                     self._forgotten += 1  # the deque drops its oldest itself
-                self._samples.append((now, max(0.0, now - self._last_step - in_phases_s), wait))
+                interval = max(0.0, now - self._last_step - in_phases_s)
+                self._samples.append(_Step(now, interval, wait, self._on_gpu or None))
                 self._forget_old(now)
             self._last_step = now
-            self._step_started_collective = False
-            self._wait = math.nan
+            self._wait, self._on_gpu = math.nan, []
 
-    def collective_began(self) -> float | None:
-        """When this step's first collective began; None for any later one (only the first is timed)."""
-        with self._lock:
-            if self._step_started_collective:
-                return None
-            self._step_started_collective = True
-            return self._now()
+    def clock(self) -> float:
+        return self._now()
 
-    def collective_ended(self, began: float) -> None:
+    def waited(self, began: float) -> None:
+        """A CPU-timed collective of this step, from `began` (`clock()`) until now."""
         ended = self._now()
         with self._lock:
-            self._wait = ended - began
+            self._wait = (0.0 if math.isnan(self._wait) else self._wait) + (ended - began)
+
+    def waited_on_gpu(self, start: Any, end: Any) -> None:
+        """A GPU-timed collective of this step, between two recorded CUDA events."""
+        with self._lock:
+            self._on_gpu.append((start, end))
 
     def of_rank(self, rank: int) -> RankPace:
-        """This rank's window: its steps, their span, the median interval and the median wait."""
+        """This rank's window: its steps, their span, the median interval and the median wait (of the steps whose
+        waits are read: a GPU's last few may still be running)."""
         with self._lock:
             samples = list(self._samples)
         if not samples:
             return RankPace(rank=rank, steps=0, window_s=0.0, step_s=math.nan, wait_s=math.nan)
-        intervals = [interval for _, interval, _ in samples]
-        waits = [wait for _, _, wait in samples if not math.isnan(wait)]
+        settled = [sample.settled_wait() for sample in samples]
+        waits = [wait for wait in settled if wait is not None and not math.isnan(wait)]
         return RankPace(
             rank=rank,
             steps=len(samples),
-            window_s=samples[-1][0] - samples[0][0] + samples[0][1],
-            step_s=statistics.median(intervals),
+            window_s=samples[-1].ended - samples[0].ended + samples[0].interval,
+            step_s=statistics.median(sample.interval for sample in samples),
             wait_s=statistics.median(waits) if len(waits) * 2 > len(samples) else math.nan,
         )
 
@@ -121,37 +151,45 @@ class StepPace:
         """The stall threshold this rank's pace gives (`contract.pace.stall_threshold_for`), 0 before it has a
         baseline (setup, warm-up): readers then keep the fixed one."""
         with self._lock:
-            intervals, forgotten = [interval for _, interval, _ in self._samples], self._forgotten
+            intervals, forgotten = [sample.interval for sample in self._samples], self._forgotten
         pace = baseline(intervals, warmup=WARMUP_STEPS - forgotten)
         return 0.0 if pace is None else stall_threshold_for(pace)
 
     def _forget_old(self, now: float) -> None:
         """Keep at least `window_s` and `window_steps`, whichever is longer (bounded by the deque's maxlen)."""
         samples = self._samples
-        while len(samples) > self.window_steps and now - samples[1][0] + samples[1][1] >= self.window_s:
+        while len(samples) > self.window_steps and now - samples[1].ended + samples[1].interval >= self.window_s:
             samples.popleft()
             self._forgotten += 1
 
 
 def watch_ddp(model: Any, pace: StepPace, *, hook: Callable[..., Any] | None = None, state: Any = None) -> None:
-    """Time each step's first bucket of `model` (a DistributedDataParallel) from the moment its gradients are ready
-    (this rank's arrival) until the all_reduce is done. `hook`/`state`: the communication hook the team would
-    register itself (DDP takes one); the default all_reduce when None."""
+    """Time each step's last gradient bucket of `model` (a DistributedDataParallel) from the moment it is ready (this
+    rank's arrival, every earlier bucket's lag included) until its all_reduce is done. `hook`/`state`: the
+    communication hook the team would register itself (DDP takes one); else the default all_reduce over the model's
+    own process group (a data-parallel subgroup stays one)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.futures import Future
 
     inner = hook or default_hooks.allreduce_hook
+    if hook is None:
+        state = model.process_group
 
     def timed(hook_state: Any, bucket: Any) -> Any:
-        began = pace.collective_began()
+        if not bucket.is_last():
+            return inner(hook_state, bucket)
+        on_gpu = bucket.buffer().is_cuda
+        start = _recorded_event(torch) if on_gpu else None
+        began = pace.clock()
         future = inner(hook_state, bucket)
-        if began is None:
-            return future
 
         def ended(done: Any) -> Any:
-            pace.collective_ended(began)
+            if start is not None:  # on the stream that waits for the collective: its end, on the GPU
+                pace.waited_on_gpu(start, _recorded_event(torch))
+            else:
+                pace.waited(began)
             return done.value()
 
         return future.then(ended)
@@ -161,6 +199,20 @@ def watch_ddp(model: Any, pace: StepPace, *, hook: Callable[..., Any] | None = N
     timed.__annotations__ = {"hook_state": object, "bucket": bucket_type, "return": Future[torch.Tensor]}
     model.register_comm_hook(state, timed)
     pace.timing = True
+
+
+def _recorded_event(torch: Any) -> Any:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _on_cuda(args: tuple[Any, ...]) -> bool:
+    """Whether a collective's first argument (a tensor, or a list of them) is on a GPU."""
+    first = args[0] if args else None
+    if isinstance(first, list | tuple):
+        first = first[0] if first else None
+    return bool(getattr(first, "is_cuda", False))
 
 
 class TimedCollectives:
@@ -183,24 +235,34 @@ class TimedCollectives:
         return self
 
     def remove(self) -> None:
+        """The originals back, where they are still this object's wrappers (another's installed since stays)."""
         import torch.distributed as dist
 
         for name, original in self._originals.items():
-            setattr(dist, name, original)
+            if getattr(getattr(dist, name, None), "__wrapped__", None) is original:
+                setattr(dist, name, original)
         self._originals.clear()
 
     def _timed(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        import torch
+
         pace = self.pace
+        signature = inspect.signature(original)
+        async_position = list(signature.parameters).index("async_op") if "async_op" in signature.parameters else -1
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("async_op"):
+            asynchronous = kwargs.get("async_op") or (0 <= async_position < len(args) and args[async_position])
+            if asynchronous:
                 return original(*args, **kwargs)  # returns at once: its wait is the Work's, not timed here
-            began = pace.collective_began()
+            start = _recorded_event(torch) if _on_cuda(args) else None
+            began = pace.clock()
             try:
                 return original(*args, **kwargs)
             finally:
-                if began is not None:
-                    pace.collective_ended(began)
+                if start is not None:
+                    pace.waited_on_gpu(start, _recorded_event(torch))
+                else:
+                    pace.waited(began)
 
         return timed

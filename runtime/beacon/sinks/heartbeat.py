@@ -142,7 +142,9 @@ class Heartbeat:
             data.append(datum(contract.SLOWEST_RANK_PROGRESS_AGE, run_dims, Value=view.slowest_progress_age))
             data.append(datum(contract.RANK_STEP_SPREAD, run_dims, Value=float(view.step_spread)))
             straggler = straggler_of([r.pace for r in ranks if not r.ended])
-            if straggler is not None and straggler.window_full:
+            # Not while a rank is stalled: the frozen windows would go on saying slow, and hide the hang
+            stalled = self.evidence is not None and self.evidence.stalled(ranks, now)
+            if straggler is not None and straggler.window_full and not stalled:
                 data.append(datum(contract.STRAGGLER_WAIT_SHARE, run_dims, Value=straggler.waited_share))
         if phase is not None:
             phase_dims = contract.phase_dimensions(self.config.team, self.config.experiment, self.config.run, phase[0])
