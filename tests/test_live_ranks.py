@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from beacon import contract
 from beacon.contract.rank_evidence import RankProgress, rank_document_name, stacks_name
-from beacon.evidence.live_evidence import LiveEvidence
+from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory
 from beacon.evidence.progress import ProgressClock
 from beacon.evidence.ranks import LiveSnapshots, upload_rank_evidence
 from beacon.log.spool import Spool
@@ -26,6 +26,7 @@ from beacon_ops.doctor.rank_verdict import which_rank
 from beacon_ops.evidence.reading import rank_keys, read_run
 from tests.support.job_harness import keys_under
 from tests.support.moto_server import MotoServer
+from tests.support.synchronous_ranks import Clock
 
 BUCKET, EXPERIMENT, RUN = "beacon-demo-live", "smoke", "r1"
 STALL = 90.0  # stall_dump_after, as deployed
@@ -305,3 +306,26 @@ def test_the_doctor_says_a_slow_rank_it_cannot_place_yet_and_points_rank_0_at_it
     assert rank_0_slow.evidence.startswith("rank 0 on pod train-0") and rank_0_slow.fix.startswith("rank 0 does work")
     recovered, _ = _stopped_rank(RunEvidence(EXPERIMENT, RUN, rank_files=files), None, slow_share=None)
     assert recovered.verdict == "none stands out", "its heartbeat no longer says slow"
+
+
+# --- the stall check's own cadence (issue 31): rank 0 looks between heartbeats once its own progress stopped ------
+def test_rank_0s_stall_check_uploads_the_snapshot_between_heartbeats_once_its_own_progress_stopped(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    flags = {"--bucket": BUCKET, "--experiment": EXPERIMENT, "--run-id": RUN, "--stall-dump-after": str(STALL)}
+    settings = parse_args([part for pair in flags.items() for part in pair]).settings
+    clock = Clock(time.monotonic())
+    evidence = LiveEvidence(aws.client("s3"), settings, progress=ProgressClock(clock))
+    write_ranks(tmp_path / "ranks", hung())
+    evidence.watch(RanksDirectory(tmp_path / "ranks", 0.0), lambda: 0, interval=0.05)
+    try:
+        time.sleep(0.5)
+        assert ranks_keys(aws) == [], "rank 0 still steps: the directory is not even read"
+        clock.t += STALL  # rank 0 waits in the collective the hung rank never joins
+        deadline = time.monotonic() + 15
+        while len(ranks_keys(aws)) < len(EVERY_FILE) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ranks_keys(aws) == snapshot_keys(0, *EVERY_FILE), "no heartbeat needed"
+    finally:
+        evidence.stop_watch()
+        assert evidence.wait(timeout=30)

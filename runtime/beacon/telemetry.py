@@ -179,6 +179,8 @@ class Telemetry:
             thread.start()
         if self.ranks is not None and self.ranks.board is not None:
             self.ranks.board.start()
+        if self.ranks is not None and self.evidence is not None:  # a hang looked for between heartbeats too
+            self.evidence.watch(self.ranks, lambda: self.attempt)
 
     # --- the training thread's side: cheap -------------------------------------------------
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -269,6 +271,8 @@ class Telemetry:
         S3 from this thread, so a call still in flight when the budget ends can never be repeated beside it."""
         lifecycle = self.lifecycle
         lifecycle.close(budget)
+        if self.evidence is not None:
+            self.evidence.stop_watch()
         self.uploader.closing()
         self.spool_writer.wake()
         self.spool_writer.thread.join(timeout=max(0.0, lifecycle.remaining()))

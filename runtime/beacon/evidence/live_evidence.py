@@ -1,18 +1,25 @@
 """One uploader of the ranks' live evidence while a rank stalls, for rank 0 (at each heartbeat) and for each node
 leader (at each of its passes): one stall rule and threshold (`ranks.a_rank_stalled`), one bound on snapshots
 (`ranks.LiveSnapshots`), one upload (`ranks.upload_rank_evidence`). Rank 0 uploads on a thread of its own, one at a
-time, so a slow S3 never delays a heartbeat; a node leader's pass is a thread of its own already."""
+time, so a slow S3 never delays a heartbeat; a node leader's pass is a thread of its own already.
+
+A hang is looked for on its own cadence too, not the heartbeat's alone (issue 31): every rank-signal pass (5 s),
+rank 0's `watch` thread and each node leader look once their own progress is as old as the run's threshold. In
+synchronous training every rank stops when one hangs, so a rank's own clock is the cheap sign; only then is the
+ranks' directory read (a thousand documents on a network file system every 5 s would not be)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from beacon import contract
-from beacon.contract.pace import Straggler, straggler_of
+from beacon.contract.pace import Straggler, run_stall_after, straggler_of
 from beacon.contract.rank_evidence import RankProgress
 from beacon.evidence.progress import ProgressClock
 from beacon.evidence.rank_board import RankBoard
@@ -21,6 +28,7 @@ from beacon.evidence.ranks import (
     LiveSnapshots,
     a_rank_stalled,
     evidence_state,
+    rank_signal_interval,
     read_ranks,
     stall_threshold,
     upload_rank_evidence,
@@ -53,6 +61,9 @@ class LiveEvidence:
 
         self.snapshots = LiveSnapshots()
         self._thread: threading.Thread | None = None
+        self._pass = threading.Lock()  # the heartbeat's pass and the watch's never interleave
+        self._stop_watch = threading.Event()
+        self._watch: threading.Thread | None = None
 
     def stalled(self, everyone: list[RankProgress], now: float) -> bool:
         return a_rank_stalled(
@@ -77,6 +88,33 @@ class LiveEvidence:
         """The number of the live snapshot to take now, or None."""
         return self.snapshots.due(stalled=stalled, state=state, busy=self.busy(), slow=slow)
 
+    def own_progress_stopped(self) -> bool:
+        """This rank's own progress is as old as its pace's stall threshold (`stall_dump_after` without a baseline),
+        outside its phases: the cheap sign that some rank may hang."""
+        own = run_stall_after((self.progress.pace.stall_after(),), self.settings.stall_dump_after)
+        return self.progress.progress_age() >= own and not self.progress.in_phase_work()
+
+    def watch(self, where: RanksDirectory, attempt: Callable[[], int], *, interval: float | None = None) -> None:
+        """Rank 0's stall check on its own cadence, between heartbeats, until `stop_watch`."""
+        every = interval if interval is not None else rank_signal_interval(self.settings.heartbeat_interval)
+
+        def loop() -> None:
+            while not self._stop_watch.wait(every):
+                try:
+                    if self.own_progress_stopped():
+                        ranks, everyone = where.read()
+                        self.look_as_rank_zero(where, ranks, everyone, time.time(), attempt=attempt())
+                except Exception:  # evidence helps; it never stops training
+                    log.exception("the stall check's pass failed; the next one follows")
+
+        self._watch = threading.Thread(target=loop, name="beacon-stall-check", daemon=True)
+        self._watch.start()
+
+    def stop_watch(self) -> None:
+        self._stop_watch.set()
+        if self._watch is not None:
+            self._watch.join(timeout=10)
+
     def look_as_rank_zero(
         self,
         where: RanksDirectory,
@@ -88,6 +126,18 @@ class LiveEvidence:
     ) -> int | None:
         """Rank 0's pass: a live snapshot of this directory's ranks' files once a rank stalls, or while one is slow,
         uploaded in the background; the number taken, or None."""
+        with self._pass:
+            return self._look(where, ranks, everyone, now, attempt=attempt)
+
+    def _look(
+        self,
+        where: RanksDirectory,
+        ranks: list[RankProgress],
+        everyone: list[RankProgress],
+        now: float,
+        *,
+        attempt: int,
+    ) -> int | None:
         view = CrossRankView.of(everyone, now)
         stalled = self.stalled(everyone, now)
         straggler = None if stalled else self.slow_rank(everyone)

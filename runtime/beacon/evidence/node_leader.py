@@ -106,7 +106,14 @@ class NodeLeader:
         return self
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.settings.heartbeat_interval):
+        """A pass every heartbeat interval, and between them, every rank-signal pass, once this rank's own progress
+        is as old as the run's threshold (`LiveEvidence.own_progress_stopped`)."""
+        every = rank_signal_interval(self.settings.heartbeat_interval)
+        next_pass = time.monotonic() + self.settings.heartbeat_interval
+        while not self._stop.wait(every):
+            if time.monotonic() < next_pass and not self.evidence.own_progress_stopped():
+                continue
+            next_pass = time.monotonic() + self.settings.heartbeat_interval
             try:
                 self.look()
             except Exception:  # evidence helps; it never stops training
