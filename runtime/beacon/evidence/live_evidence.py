@@ -126,43 +126,33 @@ class LiveEvidence:
     ) -> int | None:
         """Rank 0's pass: a live snapshot of this directory's ranks' files once a rank stalls, or while one is slow,
         uploaded in the background; the number taken, or None."""
-        with self._pass:
-            return self._look(where, ranks, everyone, now, attempt=attempt)
-
-    def _look(
-        self,
-        where: RanksDirectory,
-        ranks: list[RankProgress],
-        everyone: list[RankProgress],
-        now: float,
-        *,
-        attempt: int,
-    ) -> int | None:
-        view = CrossRankView.of(everyone, now)
-        stalled = self.stalled(everyone, now)
-        straggler = None if stalled else self.slow_rank(everyone)
-        state = evidence_state(where.directory, ranks) if stalled else None
-        snapshot = self.due(stalled=stalled, state=state, slow=None if straggler is None else straggler.rank)
-        if snapshot is None or view is None:
-            return None
-        place = contract.live_rank_evidence_key(self.settings.experiment, self.settings.run, attempt, snapshot, "")
-        if straggler is not None:
-            log.warning(
-                "rank %d is slow: the others wait for it %.0f%% of each step; live snapshot %d of the ranks' evidence "
-                "to s3://%s/%s", straggler.rank, 100 * straggler.waited_share, snapshot, self.settings.bucket, place,
+        with self._pass:  # the heartbeat's and the watch's passes never interleave
+            view = CrossRankView.of(everyone, now)
+            stalled = self.stalled(everyone, now)
+            straggler = None if stalled else self.slow_rank(everyone)
+            state = evidence_state(where.directory, ranks) if stalled else None
+            snapshot = self.due(stalled=stalled, state=state, slow=None if straggler is None else straggler.rank)
+            if snapshot is None or view is None:
+                return None
+            place = contract.live_rank_evidence_key(self.settings.experiment, self.settings.run, attempt, snapshot, "")
+            if straggler is not None:
+                log.warning(
+                    "rank %d is slow: the others wait for it %.0f%% of each step; live snapshot %d of the ranks' "
+                    "evidence to s3://%s/%s", straggler.rank, 100 * straggler.waited_share, snapshot,
+                    self.settings.bucket, place,
+                )  # fmt: skip
+            else:
+                log.warning(
+                    "rank %d: no progress for %.0f s; live snapshot %d of the ranks' evidence to s3://%s/%s",
+                    view.slowest_rank, view.slowest_progress_age, snapshot, self.settings.bucket, place,
+                )  # fmt: skip
+            mine = frozenset(r.rank for r in ranks)  # this attempt's ranks' files
+            self._thread = threading.Thread(
+                target=self._upload_logged, args=(where.directory, attempt, snapshot, mine),
+                name="beacon-rank-snapshot", daemon=True,
             )  # fmt: skip
-        else:
-            log.warning(
-                "rank %d: no progress for %.0f s; live snapshot %d of the ranks' evidence to s3://%s/%s",
-                view.slowest_rank, view.slowest_progress_age, snapshot, self.settings.bucket, place,
-            )  # fmt: skip
-        mine = frozenset(r.rank for r in ranks)  # this attempt's ranks' files
-        self._thread = threading.Thread(
-            target=self._upload_logged, args=(where.directory, attempt, snapshot, mine),
-            name="beacon-rank-snapshot", daemon=True,
-        )  # fmt: skip
-        self._thread.start()
-        return snapshot
+            self._thread.start()
+            return snapshot
 
     def upload(self, directory: Path, *, attempt: int, snapshot: int | None, ranks: frozenset[int] | None) -> None:
         """The ranks' files to S3, create-only: live snapshot `snapshot`, or the attempt's end (None)."""
