@@ -256,7 +256,9 @@ class TrainingMonitoring(Construct):
             ComparisonOperator="GreaterThanOrEqualToThreshold",
             EvaluationPeriods=contract.SLOW_EVALUATION_PERIODS,
             DatapointsToAlarm=contract.SLOW_EVALUATION_PERIODS,
-            TreatMissingData="notBreaching",  # no run.watch, windows not yet full, or a rank stalled
+            # No share: no run.watch, windows not yet full, or a rank stalled: keep the state (a slow run that hangs
+            # sends no "OK, not slow" while its stalled alarm is still counting)
+            TreatMissingData="ignore",
         )
         # Not in the composite: it notifies for itself (`RunAlarm.notifying`)
         slow |= {"ActionsEnabled": True, "AlarmActions": self._topics(), "OKActions": self._topics()}

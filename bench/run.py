@@ -337,9 +337,11 @@ def bench_hang_named(bench: Bench, *, step_s: float = 1.0, hang_after: int = 120
         # drained from here on: a full pipe would block the ranks' own logging, and their evidence with it
         threading.Thread(target=lambda: [None for _ in stderr], daemon=True).start()
 
-        def rank_3_named() -> bool:
+        def rank_3_named() -> bool:  # `paused` before stall_dump_after (90 s), `rank-hung` after: named either way
             found = bench.diagnosis(run)
-            return found.diagnosis == "rank-hung" and found.stopped_rank is not None and found.stopped_rank.rank == 3
+            rank = found.stopped_rank
+            named = rank is not None and rank.rank == 3 and bool(rank.stack)
+            return named and found.diagnosis in ("paused", "rank-hung")
 
         named = time_until(rank_3_named, 300)
         return {"hang_named_s": named, "hang_named_step_s": step_s}

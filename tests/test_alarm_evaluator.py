@@ -276,6 +276,9 @@ def test_a_rank_slowed_by_half_is_in_alarm_within_six_minutes(alarms: AlarmSet) 
     slow_at = alarms.first_alarm(name(RunAlarm.SLOW), samples, ARMED, 1800.0)
     assert slow_at is not None and slowed_at < slow_at <= slowed_at + 360, slow_at
     assert alarms.first_alarm(name(RunAlarm.METRICS_LOST), samples, ARMED, 1800.0) is None, "it notifies for itself"
+    # Then a rank hangs: rank 0 stops sending the share, and the slow alarm keeps its state (no "OK" mail)
+    slow = alarms.metric_alarms[name(RunAlarm.SLOW)]
+    assert slow.state({}, at=1900.0, previous=ALARM) == ALARM
 
 
 def test_an_hour_of_a_healthy_run_with_a_long_checkpoint_and_pauses_never_raises_the_slow_alarm(

@@ -186,12 +186,14 @@ def seed_run(
             Key=contract.preflight_key("smoke", run, f"{number + 1}-abc.json"),
             Body=json.dumps(dataclasses.asdict(preflight)),
         )
-    if paced:  # rank 0's document, as its own live snapshot took it once its progress passed its pace's threshold
-        document = RankProgress(0, 0, 1, 29, "training", 35.0, now - 10, now - 45, 1, "train-0", "node-0", "", 1,
+    if paced:  # rank 0's files, as its own live snapshot took them once its progress passed its pace's threshold
+        document = RankProgress(0, 0, 1, 2999, "training", 35.0, now - 10, now - 45, 1, "train-0", "node-0", "", 1,
                                 pace_steps=600, pace_window_s=301.0, pace_step_s=1.0, stall_after_s=30.0)  # fmt: skip
-        for name, body in ((rank_document_name(0), json.dumps(dataclasses.asdict(document)).encode()),
+        dump = stall_dump(0, 2999, "/app/train.py 131 evaluate", "/app/train.py 88 main", at=now - 14)
+        for name, content in ((rank_document_name(0), json.dumps(dataclasses.asdict(document)).encode()),
+                           (stacks_name(0), dump.replace(b"95 s", b"31 s")),
                            (contract.LIVE_SNAPSHOT_COMPLETE, b"")):  # fmt: skip
-            s3.put_object(Bucket=bucket, Key=contract.live_rank_evidence_key("smoke", run, 0, 0, name), Body=body)
+            s3.put_object(Bucket=bucket, Key=contract.live_rank_evidence_key("smoke", run, 0, 0, name), Body=content)
     if slow_rank is not None:  # four ranks' documents as rank 0 uploads them while one is slow (`run.watch`)
         for rank in range(4):
             document = RankProgress(

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from beacon import contract
 from beacon.contract.rank_evidence import RankProgress, rank_document_name, stacks_name
-from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory
+from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory, StallWatch
 from beacon.evidence.progress import ProgressClock
 from beacon.evidence.ranks import LiveSnapshots, upload_rank_evidence
 from beacon.log.spool import Spool
@@ -317,7 +317,7 @@ def test_rank_0s_stall_check_uploads_the_snapshot_between_heartbeats_once_its_ow
     clock = Clock(time.monotonic())
     evidence = LiveEvidence(aws.client("s3"), settings, progress=ProgressClock(clock))
     write_ranks(tmp_path / "ranks", hung())
-    evidence.watch(RanksDirectory(tmp_path / "ranks", 0.0), lambda: 0, interval=0.05)
+    watch = StallWatch(evidence, RanksDirectory(tmp_path / "ranks", 0.0), lambda: 0, interval=0.05).start()
     try:
         time.sleep(0.5)
         assert ranks_keys(aws) == [], "rank 0 still steps: the directory is not even read"
@@ -327,5 +327,5 @@ def test_rank_0s_stall_check_uploads_the_snapshot_between_heartbeats_once_its_ow
             time.sleep(0.05)
         assert ranks_keys(aws) == snapshot_keys(0, *EVERY_FILE), "no heartbeat needed"
     finally:
-        evidence.stop_watch()
+        watch.stop()
         assert evidence.wait(timeout=30)

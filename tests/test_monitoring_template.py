@@ -82,7 +82,7 @@ def test_slow_alarm_watches_the_stragglers_wait_share_at_the_contracts_threshold
     assert (slow["Statistic"], slow["Period"], slow["Threshold"]) == ("Minimum", 30, SLOW_RANK_SHARE)
     assert slow["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
     assert (slow["EvaluationPeriods"], slow["DatapointsToAlarm"]) == (2, 2)
-    assert slow["TreatMissingData"] == "notBreaching", "no run.watch, or windows not yet full: nothing to say"
+    assert slow["TreatMissingData"] == "ignore", "no share (no run.watch, a rank stalled): the state stays"
 
 
 def test_run_alarms_notify_once_through_the_composite_and_the_slow_one_for_itself(

@@ -27,6 +27,13 @@ def test_the_stall_threshold_follows_the_pace_between_its_floor_and_todays_90_s(
     assert stall_threshold_for(pace) == threshold
 
 
+def test_a_raised_stall_dump_after_is_the_ceiling_for_slow_steps_and_fast_steps_still_get_30_s() -> None:
+    assert stall_threshold_for(baseline([60.0] * (WARMUP_STEPS + 200)), 300.0) == 300.0, "60 s steps keep it"
+    assert stall_threshold_for(baseline([1.0] * (WARMUP_STEPS + 200)), 300.0) == STALL_FLOOR_S
+    assert stall_threshold_for(None, 300.0) == 300.0
+    assert stall_threshold_for(baseline([1.0] * (WARMUP_STEPS + 200)), 3.0) == 3.0, "a shorter one wins"
+
+
 def test_without_a_baseline_the_fixed_threshold_holds_and_jitter_moves_it_by_the_p99() -> None:
     assert stall_threshold_for(None) == STALL_THRESHOLD_S
     noise = random.Random(7)

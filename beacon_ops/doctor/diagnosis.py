@@ -52,6 +52,11 @@ SLOW_RANK_0_FIX = (
     "or evaluation on rank 0 alone is on it; move such work out of the step, else look at rank 0's node (its GPUs' "
     "clocks, its network)"
 )
+# Past the run's paced threshold, short of its stall_dump_after: what a pause the loop did not name may be
+PAUSE_ADVICE = (
+    "not yet a stall: if this is an evaluation or a data loader's restart, wrap it in run.phase('evaluation') (a named "
+    "phase is work)"
+)
 SILENT_BEATS = 3  # heartbeats missed before the doctor calls a run silent
 # ... and never sooner than this: a beat sent takes seconds to be read back from CloudWatch, so a run beating every
 # second would read as silent between each beat and its reading.
@@ -173,7 +178,10 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     fresh_for = max(SILENT_FLOOR_S, SILENT_BEATS * interval)
     fresh = bool(shares) and (read_at - shares[-1].at).total_seconds() <= fresh_for
     slow_share = shares[-1].value if fresh and shares[-1].value >= SLOW_RANK_SHARE else None
-    rank_check, stopped = _stopped_rank(evidence, recorder, slow_share=slow_share)
+    # A rank stopped outside a collective while the others wait, its progress not yet `stall_after` old: named, as a
+    # pause it may be (an evaluation on one rank the loop did not wrap), not yet as a hang
+    stall = Stall(stall_after, read_at.timestamp(), progress_age)
+    rank_check, stopped = _stopped_rank(evidence, recorder, slow_share=slow_share, stall=stall)
     platform = inputs.orchestrator_verdict()
     newest = evidence.newest_record_at
     gap = beats[-1].at if beats else (datetime.fromtimestamp(newest[0], UTC) if newest is not None else None)
@@ -233,6 +241,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         lead = "liveness" if cause == "healthy" and by_check["liveness"].verdict == "healthy" else lead
         if cause == "healthy" and by_check["rank"].verdict == "slow":  # alive and stepping, at the slowest's pace
             cause, lead = "rank-slow", "rank"
+        elif cause == "healthy" and by_check["rank"].verdict == "paused":  # named, its stack shows where it is
+            cause, lead = "paused", "rank"
         elif cause == "healthy" and by_check["liveness"].verdict == "paused":  # not yet a stall: say what it may be
             cause, lead = "paused", "liveness"
     return Diagnosis(
@@ -461,8 +471,7 @@ def _liveness(
             "paused",
             f"no step for {progress_age:.0f} s after step {step}{pace}: past the {paced_after:g} s its pace allows, "
             f"not yet the {stall_after:g} s of a stall",
-            "if this is an evaluation or a data loader's restart, wrap it in run.phase('evaluation') (a named phase is "
-            "work); if it hangs, the rank check names the rank once the ranks' stacks are in",
+            f"{PAUSE_ADVICE}; if it hangs, the rank check names the rank once the ranks' stacks are in",
         )
     age = f"{progress_age:.0f} s" if progress_age is not None else "unknown"
     return Verdict("liveness", OK, "healthy", f"heartbeat {heartbeat_age:.0f} s ago, last step {age} ago")
@@ -622,7 +631,11 @@ def _rank_collision(evidence: RunEvidence) -> Verdict:
 
 
 def _stopped_rank(
-    evidence: RunEvidence, recorder: FlightRecorderReading | None, *, slow_share: float | None = None
+    evidence: RunEvidence,
+    recorder: FlightRecorderReading | None,
+    *,
+    slow_share: float | None = None,
+    stall: Stall | None = None,
 ) -> tuple[Verdict, RankVerdict | None]:
     """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps; and the
     first collective they did not all join, where their flight recorders say. With none stopped, the rank the others
@@ -670,7 +683,26 @@ def _stopped_rank(
         where = "its exception's traceback is in its container's log (the logs check; kubectl logs --previous)"
     else:
         where = "no stack dump (killed outright, or frozen)"
-    return Verdict("rank", FAIL, stopped.how, stopped.line() + read, "; ".join(filter(None, (where, unread)))), stopped
+    fix = "; ".join(filter(None, (where, unread)))
+    document = next((r for r in documents if r.rank == stopped.rank), None)
+    if stopped.how == "hung" and stall is not None and document is not None and stall.not_yet(document):
+        line = replace(stopped, how="stopped").line()  # not yet said to hang
+        return Verdict("rank", WARN, "paused", line + read, f"{PAUSE_ADVICE}; {fix}"), stopped
+    return Verdict("rank", FAIL, stopped.how, stopped.line() + read, fix), stopped
+
+
+@dataclass(frozen=True)
+class Stall:
+    """When a stopped rank is a stall, not yet a pause: past the run's `stall_after`, by its document (aged to the
+    reading: a live snapshot's documents stop where it was taken) or by the run's own ProgressAge."""
+
+    stall_after: float
+    read_at: float  # epoch seconds
+    progress_age: float | None  # the run's, from its heartbeat; None: not read
+
+    def not_yet(self, document: RankProgress) -> bool:
+        aged = document.progress_age + max(0.0, self.read_at - document.wall_time)
+        return aged <= self.stall_after and (self.progress_age is None or self.progress_age <= self.stall_after)
 
 
 def _slow_not_placed(share: float) -> Verdict:

@@ -1,4 +1,4 @@
-"""The alarm carries the verdict: when a run's `metrics-lost` alarm goes to ALARM, the doctor's diagnosis
+"""The alarm carries the verdict: when a run's `metrics-lost` or `slow` alarm goes to ALARM, the doctor's diagnosis
 of that run (its evidence in S3, its metrics and alarms in CloudWatch) goes to the team's topic.
 
 The monitoring stack runs this as a Lambda function (`handler`), behind an EventBridge rule on the
@@ -101,7 +101,8 @@ def _sibling_dimensions(cloudwatch: Any, team: str, alarm: str) -> dict[str, str
 
 
 def alarmed_run(event: dict[str, Any], *, team: str, cloudwatch: Any) -> AlarmedRun | str:
-    """The run whose metrics-lost alarm went to ALARM, or why this event is not one to act on."""
+    """The run whose metrics-lost or slow alarm (`RunAlarm.notifying`) went to ALARM, or why this event is not one to
+    act on."""
     if event.get("source") != ALARM_SOURCE or event.get("detail-type") != ALARM_STATE_CHANGE:
         return f"not an alarm state change: {event.get('source')} {event.get('detail-type')}"
     detail = event.get("detail") or {}

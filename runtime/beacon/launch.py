@@ -241,14 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun([f"--signals-to-handle={SIGNALS_FOR_TORCHRUN}", *args])
     except ChildFailedError as error:
-        rank, failure = error.get_first_failure()
+        _, failure = error.get_first_failure()
         # Only an uncaught exception (exit 1) is the error its file names: a team that caught Beacon's error and
-        # later died otherwise (a signal, its own exit code) leaves a stale line there
-        beacons = error_file.failure_of(failure.error_file_data) if failure.exitcode == 1 else None
-        if beacons is not None:  # Beacon's own one line, last, and its code: torchrun says 1 for every failure
-            code, line = beacons
-            print(f"beacon.launch: rank {rank}: {line}", file=sys.stderr, flush=True)
-            return code
+        # later died otherwise (a signal, its own exit code) leaves a stale line there. The first such failure of
+        # any rank: the "first" failure may be a rank torchrun stopped (SIGTERM) just after its error file was
+        # written, when another rank's exit 1 was what stopped the job
+        exited = sorted((f.timestamp, r, f) for r, f in error.failures.items() if f.exitcode == 1)
+        for _, failed_rank, failed in exited:
+            beacons = error_file.failure_of(failed.error_file_data)
+            if beacons is not None:  # Beacon's own one line, last, and its code: torchrun says 1 for every failure
+                code, line = beacons
+                print(f"beacon.launch: rank {failed_rank}: {line}", file=sys.stderr, flush=True)
+                return code
         code = int(failure.exitcode)
         if code < 0:
             return 128 - code

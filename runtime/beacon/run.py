@@ -232,6 +232,7 @@ class Run:
         if model is not None:
             from torch.nn.parallel import DistributedDataParallel
 
+            model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper around the DDP module
             if not isinstance(model, DistributedDataParallel):  # FSDP has a comm hook too, called otherwise
                 raise TypeError(f"run.watch: model is {type(model).__name__}, not a DistributedDataParallel")
             watch_ddp(model, self.progress.pace, hook=hook, state=state)

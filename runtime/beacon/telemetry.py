@@ -24,7 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract, kill_points
 from beacon.create_only import Written, put_create_only
-from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory
+from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory, StallWatch
 from beacon.evidence.progress import ProgressClock
 from beacon.evidence.rank_board import RankBoard
 from beacon.evidence.ranks import rank_signal_interval, read_ranks, this_attempts_documents_since, upload_rank_evidence
@@ -150,6 +150,7 @@ class Telemetry:
         )  # fmt: skip
         self.ranks = RanksDirectory(ranks_dir, self.ranks_since, board) if ranks_dir is not None else None
         self.evidence = LiveEvidence(s3, config, progress=progress) if ranks_dir is not None else None
+        self.stall_watch: StallWatch | None = None
         # Disk and network never share a thread: a slow S3 cannot delay durability, and a slow
         # CloudWatch cannot delay an upload.
         window, report, lifecycle = self.window, self.report, self.lifecycle  # shared by the threads
@@ -180,7 +181,7 @@ class Telemetry:
         if self.ranks is not None and self.ranks.board is not None:
             self.ranks.board.start()
         if self.ranks is not None and self.evidence is not None:  # a hang looked for between heartbeats too
-            self.evidence.watch(self.ranks, lambda: self.attempt)
+            self.stall_watch = StallWatch(self.evidence, self.ranks, lambda: self.attempt).start()
 
     # --- the training thread's side: cheap -------------------------------------------------
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -271,8 +272,8 @@ class Telemetry:
         S3 from this thread, so a call still in flight when the budget ends can never be repeated beside it."""
         lifecycle = self.lifecycle
         lifecycle.close(budget)
-        if self.evidence is not None:
-            self.evidence.stop_watch()
+        if self.stall_watch is not None:
+            self.stall_watch.stop()
         self.uploader.closing()
         self.spool_writer.wake()
         self.spool_writer.thread.join(timeout=max(0.0, lifecycle.remaining()))

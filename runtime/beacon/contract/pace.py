@@ -55,12 +55,12 @@ def run_stall_after(stated: Iterable[float], fixed: float) -> float:
     return min(fixed, max((s for s in stated if s > 0), default=fixed))
 
 
-def stall_threshold_for(pace: Baseline | None) -> float:
-    """Seconds of progress age past which a rank is stalled, for a run at this pace (the fixed threshold without
-    one)."""
+def stall_threshold_for(pace: Baseline | None, ceiling: float = STALL_THRESHOLD_S) -> float:
+    """Seconds of progress age past which a rank is stalled, for a run at this pace, never later than `ceiling` (the
+    run's `stall_dump_after`: a team that raised it for 60 s steps keeps it); `ceiling` without a pace."""
     if pace is None:
-        return float(STALL_THRESHOLD_S)
-    return min(float(STALL_THRESHOLD_S), max(STALL_FLOOR_S, STALL_STEPS * pace.p99_s))
+        return float(ceiling)
+    return min(float(ceiling), max(STALL_FLOOR_S, STALL_STEPS * pace.p99_s))
 
 
 # A rank's pace as its document states it (`RankProgress.pace_*`): a window of its last steps, at least

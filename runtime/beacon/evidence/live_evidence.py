@@ -62,8 +62,6 @@ class LiveEvidence:
         self.snapshots = LiveSnapshots()
         self._thread: threading.Thread | None = None
         self._pass = threading.Lock()  # the heartbeat's pass and the watch's never interleave
-        self._stop_watch = threading.Event()
-        self._watch: threading.Thread | None = None
 
     def stalled(self, everyone: list[RankProgress], now: float) -> bool:
         return a_rank_stalled(
@@ -91,29 +89,9 @@ class LiveEvidence:
     def own_progress_stopped(self) -> bool:
         """This rank's own progress is as old as its pace's stall threshold (`stall_dump_after` without a baseline),
         outside its phases: the cheap sign that some rank may hang."""
-        own = run_stall_after((self.progress.pace.stall_after(),), self.settings.stall_dump_after)
+        fixed = self.settings.stall_dump_after
+        own = run_stall_after((self.progress.pace.stall_after(fixed),), fixed)
         return self.progress.progress_age() >= own and not self.progress.in_phase_work()
-
-    def watch(self, where: RanksDirectory, attempt: Callable[[], int], *, interval: float | None = None) -> None:
-        """Rank 0's stall check on its own cadence, between heartbeats, until `stop_watch`."""
-        every = interval if interval is not None else rank_signal_interval(self.settings.heartbeat_interval)
-
-        def loop() -> None:
-            while not self._stop_watch.wait(every):
-                try:
-                    if self.own_progress_stopped():
-                        ranks, everyone = where.read()
-                        self.look_as_rank_zero(where, ranks, everyone, time.time(), attempt=attempt())
-                except Exception:  # evidence helps; it never stops training
-                    log.exception("the stall check's pass failed; the next one follows")
-
-        self._watch = threading.Thread(target=loop, name="beacon-stall-check", daemon=True)
-        self._watch.start()
-
-    def stop_watch(self) -> None:
-        self._stop_watch.set()
-        if self._watch is not None:
-            self._watch.join(timeout=10)
 
     def look_as_rank_zero(
         self,
@@ -123,10 +101,14 @@ class LiveEvidence:
         now: float,
         *,
         attempt: int,
+        begin_only: bool = False,
     ) -> int | None:
         """Rank 0's pass: a live snapshot of this directory's ranks' files once a rank stalls, or while one is slow,
-        uploaded in the background; the number taken, or None."""
+        uploaded in the background; the number taken, or None. `begin_only` (the watch's passes): a stall episode's
+        first snapshot alone; its refreshes keep the heartbeat's pace (`LiveSnapshots` counts beats)."""
         with self._pass:  # the heartbeat's and the watch's passes never interleave
+            if begin_only and self.snapshots.in_episode:
+                return None
             view = CrossRankView.of(everyone, now)
             stalled = self.stalled(everyone, now)
             straggler = None if stalled else self.slow_rank(everyone)
@@ -174,3 +156,41 @@ class LiveEvidence:
         if thread is not None:
             thread.join(timeout)
         return thread is None or not thread.is_alive()
+
+
+class StallWatch:
+    """Rank 0's stall check on its own cadence, between heartbeats: every rank-signal pass, once its own progress
+    stopped (`LiveEvidence.own_progress_stopped`), a pass that may begin a stall's snapshot."""
+
+    def __init__(
+        self,
+        evidence: LiveEvidence,
+        where: RanksDirectory,
+        attempt: Callable[[], int],
+        *,
+        interval: float | None = None,
+    ) -> None:
+        self.evidence, self.where, self.attempt = evidence, where, attempt
+        self.interval = interval if interval is not None else rank_signal_interval(evidence.settings.heartbeat_interval)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="beacon-stall-check", daemon=True)
+
+    def start(self) -> StallWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=self.interval + 5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                if self.evidence.own_progress_stopped():
+                    ranks, everyone = self.where.read()
+                    self.evidence.look_as_rank_zero(
+                        self.where, ranks, everyone, time.time(), attempt=self.attempt(), begin_only=True
+                    )
+            except Exception:  # evidence helps; it never stops training
+                log.exception("the stall check's pass failed; the next one follows")

@@ -15,7 +15,8 @@ first leader still writing everything), after waiting briefly for their last wor
 finished together, but torchrun tears a node's surviving ranks down 30 s after one of them exits, so whichever
 process's end comes first or is cut short, each node's last words still reach S3.
 A leader's stall test, snapshot bound and upload are rank 0's (`beacon.evidence.live_evidence.LiveEvidence`): some
-rank's progress older than `stall_dump_after` plus one rank-signal pass, no rank in a named phase.
+rank's progress older than the run's stall threshold (its pace's, `contract.pace`, or `stall_dump_after`) plus one
+rank-signal pass, no rank in a named phase.
 It calls S3 only (no CloudWatch, no preflight: rank 0's preflight checked the bucket).
 """
 
@@ -111,11 +112,13 @@ class NodeLeader:
         every = rank_signal_interval(self.settings.heartbeat_interval)
         next_pass = time.monotonic() + self.settings.heartbeat_interval
         while not self._stop.wait(every):
-            if time.monotonic() < next_pass and not self.evidence.own_progress_stopped():
+            on_beat = time.monotonic() >= next_pass
+            if not on_beat and not self.evidence.own_progress_stopped():
                 continue
-            next_pass = time.monotonic() + self.settings.heartbeat_interval
+            if on_beat:
+                next_pass = time.monotonic() + self.settings.heartbeat_interval
             try:
-                self.look()
+                self.look(begin_only=not on_beat)
             except Exception:  # evidence helps; it never stops training
                 log.exception("node %d: live snapshot of the ranks' evidence failed", self.node_rank)
 
@@ -134,8 +137,11 @@ class NodeLeader:
     def stalled(self, ranks: list[RankProgress], now: float) -> bool:
         return self.evidence.stalled(ranks, now)
 
-    def look(self, now: float | None = None) -> int | None:
-        """One pass: the number of the live snapshot uploaded, or None."""
+    def look(self, now: float | None = None, *, begin_only: bool = False) -> int | None:
+        """One pass: the number of the live snapshot uploaded, or None. `begin_only` (a pass between heartbeats): a
+        stall episode's first snapshot alone; its refreshes keep the heartbeat's pace."""
+        if begin_only and self.evidence.snapshots.in_episode:
+            return None
         now = time.time() if now is None else now
         ranks = read_ranks(self.directory, since=self._ranks_since)
         share = self._own(self._share(ranks, now, at_end=False), ranks)

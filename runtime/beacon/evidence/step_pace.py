@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from beacon.contract.alarms import STALL_THRESHOLD_S
 from beacon.contract.pace import (
     PACE_WINDOW_MAX_STEPS,
     SLOW_RANK_FOR_S,
@@ -147,13 +148,14 @@ class StepPace:
             wait_s=statistics.median(waits) if len(waits) * 2 > len(samples) else math.nan,
         )
 
-    def stall_after(self) -> float:
-        """The stall threshold this rank's pace gives (`contract.pace.stall_threshold_for`), 0 before it has a
-        baseline (setup, warm-up): readers then keep the fixed one."""
+    def stall_after(self, ceiling: float = STALL_THRESHOLD_S) -> float:
+        """The stall threshold this rank's pace gives (`contract.pace.stall_threshold_for`), never later than
+        `ceiling` (the run's `stall_dump_after`); 0 before it has a baseline (setup, warm-up): readers then keep the
+        fixed one."""
         with self._lock:
             intervals, forgotten = [sample.interval for sample in self._samples], self._forgotten
         pace = baseline(intervals, warmup=WARMUP_STEPS - forgotten)
-        return 0.0 if pace is None else stall_threshold_for(pace)
+        return 0.0 if pace is None else stall_threshold_for(pace, ceiling)
 
     def _forget_old(self, now: float) -> None:
         """Keep at least `window_s` and `window_steps`, whichever is longer (bounded by the deque's maxlen)."""
