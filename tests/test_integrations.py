@@ -5,6 +5,7 @@ strict embedded AWS, configured by BEACON_* alone, with tiny models built from a
 from __future__ import annotations
 
 import json
+import math
 import queue
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from beacon import contract
 from beacon.checkpoint import AsyncCheckpointer, framework_checkpoint
 from beacon.integrations.common import StepRecords, numeric_metrics
 
+from beacon_ops.evidence.reading import read_run
 from tests.conftest import WriterSession
 from tests.support.job_harness import JobHarness, delivered_records
 from tests.support.synth import ROOT
@@ -308,6 +310,24 @@ def test_lightning_records_its_own_sigterm_handling_as_preempted(
     assert (final["state"], final["signal"], final["error"]) == ("preempted", "SIGTERM", None)
     assert sorted(records_by_step(as_writer, "lightning", "pl-term")) == list(range(final["last_step"] + 1))
     assert final["last_step"] == 3, "the step that received the signal finished and was recorded"
+
+
+def test_lightning_ddp_on_two_ranks_times_what_each_rank_waits_for_the_other(
+    harness: JobHarness, as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """Issue 31: BeaconPhases calls run.watch with the strategy's DistributedDataParallel, so each rank's document
+    carries its waits in DDP's gradient all_reduce (gloo), the straggler's evidence, with no line in the team's
+    module."""
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    command = [torchrun, "--standalone", "--nproc-per-node=2", *LIGHTNING_JOB[1:], "--ddp", "--epochs", "1",
+               "--lightning-dir", str(tmp_path / "lightning")]  # fmt: skip
+    done = run_job(command, environment(harness, "pl-ddp"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    documents, _ = read_run(as_writer.client("s3"), as_writer.bucket, "lightning", "pl-ddp").ranks()
+    assert sorted(d.rank for d in documents) == [0, 1]
+    for document in documents:
+        assert document.pace_steps >= 3, document
+        assert math.isfinite(document.pace.wait_s) and document.pace.wait_s >= 0, "its waits were timed"
 
 
 # --- Hugging Face Trainer -------------------------------------------------------------------------

@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--hold-evaluation", action="store_true")
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--lightning-dir", required=True)
+    parser.add_argument("--ddp", action="store_true", help="every rank torchrun started, strategy ddp (gloo)")
     args = parser.parse_args()
     torch.manual_seed(0)
     inputs = torch.randn(SAMPLES, 4)
@@ -69,7 +70,8 @@ def main() -> None:
     trainer = pl.Trainer(
         max_epochs=args.epochs,
         accelerator="cpu",
-        devices=1,
+        devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if args.ddp else 1,
+        strategy="ddp" if args.ddp else "auto",
         logger=BeaconLogger("lightning"),
         callbacks=[
             BeaconPhases(),

@@ -6,7 +6,8 @@
 `BeaconLogger` records what the LightningModule logs (`self.log`), one record per step, keeps the
 hyperparameters, commits ModelCheckpoint's files as the resume point and writes the final state.
 `BeaconPhases` marks validation and checkpoint saving as phases (work, not a stall), marks every
-step for the stall clock, and records a step's metrics as soon as the next step begins.
+step for the stall clock, records a step's metrics as soon as the next step begins, and, on two
+ranks or more, times what each rank waits for the others (`run.watch`: DDP's gradient all_reduce).
 
 Signals are Lightning's: it catches SIGTERM itself, stops every rank at the same step and raises
 SIGTERMException, so the run is made with `handle_signals=False` and that exception (or Ctrl-C) is
@@ -27,6 +28,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.nn.parallel import DistributedDataParallel
 
 import beacon
 from beacon.contract import FinalState, Phase
@@ -147,6 +149,7 @@ class BeaconPhases(Callback):
 
     def __init__(self) -> None:
         self._logger: BeaconLogger | None = None
+        self._watched = False
 
     @property
     def logger(self) -> BeaconLogger:
@@ -159,6 +162,20 @@ class BeaconPhases(Callback):
         if self._logger is None:
             raise SettingsError("BeaconPhases needs a BeaconLogger among the Trainer's loggers")
         self._logger.async_checkpoints = isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Each rank times what it waits for the others (`run.watch`, so a rank they wait for is named): DDP's
+        gradient all_reduce where the strategy wrapped the module in a DistributedDataParallel and registered no
+        communication hook of its own (DDP takes one), and the collectives the module calls through
+        torch.distributed. Once per run, of two ranks or more."""
+        if self._watched or trainer.world_size < 2:
+            return
+        self._watched = True
+        model = trainer.strategy.model
+        if isinstance(model, DistributedDataParallel) and getattr(trainer.strategy, "_ddp_comm_hook", None) is None:
+            self.logger.run.watch(model)
+        else:
+            self.logger.run.watch()
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         logger = self.logger
