@@ -69,7 +69,7 @@ def stage_bundle(destination: Path) -> Path:
 
 
 def notifying_patterns(team: str) -> list[str]:
-    """Every run's notifying alarms of this team (metrics-lost, slow), as EventBridge wildcards."""
+    """Every run's notifying alarms of this team (metrics-lost, slow, slowed), as EventBridge wildcards."""
     return [f"{contract.run_alarm_prefix(team)}*-{kind.value}" for kind in contract.RunAlarm.notifying()]
 
 

@@ -21,7 +21,16 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_ssm as ssm
 from beacon import contract
 from beacon.contract import Metric, RunAlarm, TeamAlarm
-from beacon.contract.pace import SLOW_RANK_FOR_S, SLOW_RANK_FOR_STEPS, SLOW_RANK_SHARE
+from beacon.contract.pace import (
+    RUN_SLOWED_FOR_S,
+    RUN_SLOWED_RATIO,
+    RUN_SLOWED_SUSTAINED_S,
+    SLOW_RANK_FOR_S,
+    SLOW_RANK_FOR_STEPS,
+    SLOW_RANK_SHARE,
+    STALL_FLOOR_S,
+    STALL_STEPS,
+)
 from constructs import Construct
 
 from beacon_constructs.nag import acknowledge, nag_arn
@@ -234,13 +243,14 @@ class TrainingMonitoring(Construct):
         )
         stalled = self._run_metric_alarm(
             RunAlarm.STALLED,
-            contract.PROGRESS_AGE,
-            "The job is alive (heartbeat arrives) but no training step has finished for "
-            f"{contract.STALL_THRESHOLD_S} s outside checkpoints: a hung DataLoader worker, "
-            "a collective waiting on a dead rank, or a deadlock.",
+            contract.STALL_RATIO,
+            "The job is alive (heartbeat arrives) but no training step has finished, outside named phases, for the "
+            f"run's stall threshold ({contract.STALL_THRESHOLD_S} s, or {STALL_STEPS} of its slowest steps once it has "
+            f"a pace, at least {STALL_FLOOR_S:.0f} s): a hung DataLoader worker, a collective waiting on a dead rank, "
+            "a deadlock, or a pause the loop did not wrap in run.phase (the doctor tells which).",
             Statistic="Maximum",
-            Threshold=contract.STALL_THRESHOLD_S,
-            ComparisonOperator="GreaterThanThreshold",
+            Threshold=1,
+            ComparisonOperator="GreaterThanOrEqualToThreshold",
             EvaluationPeriods=contract.STALLED_EVALUATION_PERIODS,
             DatapointsToAlarm=contract.STALLED_EVALUATION_PERIODS,
             TreatMissingData="notBreaching",  # no heartbeat at all is the silent alarm's case
@@ -260,8 +270,23 @@ class TrainingMonitoring(Construct):
             # sends no "OK, not slow" while its stalled alarm is still counting)
             TreatMissingData="ignore",
         )
-        # Not in the composite: it notifies for itself (`RunAlarm.notifying`)
-        slow |= {"ActionsEnabled": True, "AlarmActions": self._topics(), "OKActions": self._topics()}
+        slowed = self._run_metric_alarm(
+            RunAlarm.SLOWED,
+            contract.STEP_TIME_RATIO,
+            f"The run's steps take {RUN_SLOWED_RATIO}x its own baseline or more, every rank alike, for "
+            f"{RUN_SLOWED_FOR_S / 60:.0f} minutes (its data, storage or network: what every rank shares). The "
+            "baseline is the median of its first full window after warm-up.",
+            Statistic="Minimum",
+            Threshold=RUN_SLOWED_RATIO,
+            ComparisonOperator="GreaterThanOrEqualToThreshold",
+            EvaluationPeriods=int(RUN_SLOWED_SUSTAINED_S // contract.HEARTBEAT_PERIOD_S),
+            DatapointsToAlarm=int(RUN_SLOWED_SUSTAINED_S // contract.HEARTBEAT_PERIOD_S),
+            # No ratio: no baseline yet, a rank stands out (the slow alarm's), or the run does not step: keep the state
+            TreatMissingData="ignore",
+        )
+        # Not in the composite: each notifies for itself (`RunAlarm.notifying`)
+        for alarm in (slow, slowed):
+            alarm |= {"ActionsEnabled": True, "AlarmActions": self._topics(), "OKActions": self._topics()}
         members = [silent["AlarmName"], stalled["AlarmName"]] + [
             contract.team_alarm_name(self.team, kind) for kind in (TeamAlarm.UPLOAD_FAILURES, TeamAlarm.SPOOL_BACKLOG)
         ]
@@ -276,7 +301,7 @@ class TrainingMonitoring(Construct):
             "AlarmActions": self._topics(),
             "OKActions": self._topics(),
         }
-        return {"metric_alarms": [silent, stalled, slow], "composite_alarm": composite}
+        return {"metric_alarms": [silent, stalled, slow, slowed], "composite_alarm": composite}
 
     def _topics(self) -> list[str]:
         return [self.topic.topic_arn, *self.extra_topic_arns]
@@ -339,9 +364,9 @@ class TrainingMonitoring(Construct):
     def _dashboard(self, cluster_name: str) -> cw.Dashboard:
         dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=f"beacon-{self.team}")
         period = contract.HEARTBEAT_PERIOD_S
-        silent_line = cw.HorizontalAnnotation(value=contract.SILENT_BUDGET_S, label="silent: 120 s")
-        stall_line = cw.HorizontalAnnotation(value=contract.STALLED_BUDGET_S, label="stalled: 180 s")
-        stall_threshold = cw.HorizontalAnnotation(value=contract.STALL_THRESHOLD_S, label="stall threshold")
+        stall_threshold = cw.HorizontalAnnotation(
+            value=contract.STALL_THRESHOLD_S, label="stall threshold (sooner at a fast run's pace)"
+        )
         dashboard.add_widgets(
             cw.TextWidget(
                 markdown="\n".join(
@@ -373,9 +398,11 @@ class TrainingMonitoring(Construct):
                 width=12,
             ),
             cw.GraphWidget(
-                title="Progress age, s (checkpoints excluded)",
+                title="Progress age, s (named phases excluded); over the run's stall threshold (right)",
                 left=[self._search(contract.PROGRESS_AGE, "Maximum", period, "")],
-                left_annotations=[stall_threshold, silent_line, stall_line],
+                left_annotations=[stall_threshold],
+                right=[self._search(contract.STALL_RATIO, "Maximum", period, "")],
+                right_annotations=[cw.HorizontalAnnotation(value=1, label="stalled")],
                 width=12,
             ),
         )
@@ -436,7 +463,13 @@ class TrainingMonitoring(Construct):
                 title="Share of each step the ranks wait for the slowest (run.watch; `beacon doctor` names it)",
                 left=[self._search(contract.STRAGGLER_WAIT_SHARE, "Maximum", period, "")],
                 left_annotations=[cw.HorizontalAnnotation(value=SLOW_RANK_SHARE, label="slow")],
-                width=24,
+                width=12,
+            ),
+            cw.GraphWidget(
+                title="The run's step time over its own baseline (every rank alike)",
+                left=[self._search(contract.STEP_TIME_RATIO, "Minimum", period, "")],
+                left_annotations=[cw.HorizontalAnnotation(value=RUN_SLOWED_RATIO, label="slowed")],
+                width=12,
             ),
         )
         dashboard.add_widgets(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 from beacon import contract
 from beacon.contract import RunAlarm, TeamAlarm
+from beacon.contract.pace import STALL_FLOOR_S
 
 from beacon_ops.evidence.alarms import (
     ALARM,
@@ -162,14 +163,50 @@ def test_a_job_that_goes_silent_at_t_is_in_alarm_by_t_plus_120(alarms: AlarmSet,
     assert lost_at == silent_at  # the composite pages at the same evaluation
 
 
+PACED_STALL_BUDGET_S = STALL_FLOOR_S + contract.HEARTBEAT_INTERVAL_S + contract.HEARTBEAT_PERIOD_S
+
+
 @pytest.mark.parametrize("hung_at", [600.0, 605.0, 614.0, 629.0, 631.0])
-def test_a_job_that_stalls_at_t_is_in_alarm_by_t_plus_180_and_is_not_called_silent(
+def test_a_job_of_half_second_steps_that_hangs_at_t_is_in_alarm_by_t_plus_75_and_is_not_called_silent(
     alarms: AlarmSet, hung_at: float
 ) -> None:
+    """Its pace makes the run's threshold 30 s (`contract.pace`): a beat past it, then the period's end."""
     samples = job(hung_at=hung_at).samples(HORIZON)
     stalled_at = alarms.first_alarm(name(RunAlarm.STALLED), samples, ARMED, HORIZON)
-    assert stalled_at is not None and hung_at < stalled_at <= hung_at + contract.STALLED_BUDGET_S
+    assert stalled_at is not None and hung_at + STALL_FLOOR_S <= stalled_at <= hung_at + PACED_STALL_BUDGET_S
+    assert PACED_STALL_BUDGET_S <= 75, "issue 31's goal at 1 s steps"
     assert alarms.first_alarm(name(RunAlarm.SILENT), samples, ARMED, HORIZON) is None
+
+
+@pytest.mark.parametrize("hung_at", [1201.0, 1214.0, 1259.0])
+def test_a_job_of_60_s_steps_keeps_the_fixed_threshold(alarms: AlarmSet, hung_at: float) -> None:
+    last_step = 1200.0  # the step it hangs in would have ended at 1260
+    samples = job(step_seconds=60.0, hung_at=hung_at).samples(hung_at + 300)
+    stalled_at = alarms.first_alarm(name(RunAlarm.STALLED), samples, ARMED, hung_at + 300)
+    assert stalled_at is not None
+    assert last_step + contract.STALL_THRESHOLD_S <= stalled_at <= last_step + contract.STALLED_BUDGET_S
+
+
+def test_a_job_that_hangs_before_it_has_a_pace_keeps_the_fixed_threshold(alarms: AlarmSet) -> None:
+    hung_at = 40.0  # 80 steps of 0.5 s: warm-up and the baseline need 100
+    samples = job(hung_at=hung_at).samples(HORIZON)
+    stalled_at = alarms.first_alarm(name(RunAlarm.STALLED), samples, ARMED, HORIZON)
+    assert stalled_at is not None
+    assert hung_at + contract.STALL_THRESHOLD_S <= stalled_at <= hung_at + contract.STALLED_BUDGET_S
+
+
+def test_an_unnamed_pause_past_the_runs_threshold_raises_the_stalled_alarm_and_a_shorter_one_nothing(
+    alarms: AlarmSet,
+) -> None:
+    """A pause the loop did not wrap in run.phase reads as a stall at the run's threshold: the alarm's mail carries
+    the doctor's verdict, `paused` with the run.phase advice until `stall_dump_after` (tests/doctor)."""
+    stalled = name(RunAlarm.STALLED)
+    short = job(pauses=[(600.0, STALL_FLOOR_S - 5)]).samples(HORIZON)
+    assert alarms.first_alarm(stalled, short, ARMED, HORIZON) is None
+    long = job(pauses=[(600.0, 60.0)]).samples(HORIZON)
+    raised = alarms.first_alarm(stalled, long, ARMED, HORIZON)
+    assert raised is not None and 600 + STALL_FLOOR_S <= raised <= 660 + contract.HEARTBEAT_PERIOD_S
+    assert alarms.states(long, at=HORIZON)[stalled] == OK, "the steps came back"
 
 
 def test_a_job_checkpointing_for_90_s_is_neither_stalled_nor_silent(alarms: AlarmSet) -> None:
@@ -249,8 +286,11 @@ def test_a_metrics_insights_query_with_group_by_is_refused() -> None:
 # --- the slow rank's alarm (issue 31): rank 0's StragglerWaitShare from four ranks' paces, each heartbeat --------
 def slow_rank_samples(job_ranks: SynchronousRanks, steps: Callable[[int], list[float]], until: float) -> Samples:
     """What rank 0's heartbeat sends every 15 s of a simulated run: StragglerWaitShare once every rank's window is
-    full (`heartbeat.metric_batch`), from the four ranks' own paces; times from the run's start."""
-    start, next_beat, sent = job_ranks.clock.t, job_ranks.clock.t + contract.HEARTBEAT_INTERVAL_S, []
+    full, and StepTimeRatio once rank 0 keeps a baseline (`heartbeat.metric_batch`), from the four ranks' own paces;
+    times from the run's start."""
+    start, next_beat = job_ranks.clock.t, job_ranks.clock.t + contract.HEARTBEAT_INTERVAL_S
+    shares: list[tuple[float, float]] = []
+    ratios: list[tuple[float, float]] = []
     step = 0
     while job_ranks.clock.t < start + until:
         job_ranks.step(steps(step))
@@ -259,9 +299,16 @@ def slow_rank_samples(job_ranks: SynchronousRanks, steps: Callable[[int], list[f
             next_beat += contract.HEARTBEAT_INTERVAL_S
             straggler = job_ranks.straggler()
             if straggler is not None and straggler.window_full:
-                sent.append((job_ranks.clock.t - start, straggler.waited_share))
+                shares.append((job_ranks.clock.t - start, straggler.waited_share))
+            # ... and StepTimeRatio, rank 0's window over its kept baseline, while no rank stands out
+            ratio = job_ranks.paces[0].step_time_ratio()
+            if ratio is not None and not (straggler is not None and straggler.is_slow()):
+                ratios.append((job_ranks.clock.t - start, ratio))
     dims = contract.run_dimensions("demo", EXPERIMENT, RUN)
-    return {series_key(contract.metric_namespace("demo"), contract.STRAGGLER_WAIT_SHARE.name, dims): sent}
+    return {
+        series_key(contract.metric_namespace("demo"), contract.STRAGGLER_WAIT_SHARE.name, dims): shares,
+        series_key(contract.metric_namespace("demo"), contract.STEP_TIME_RATIO.name, dims): ratios,
+    }
 
 
 def test_a_rank_slowed_by_half_is_in_alarm_within_six_minutes(alarms: AlarmSet) -> None:
@@ -275,6 +322,7 @@ def test_a_rank_slowed_by_half_is_in_alarm_within_six_minutes(alarms: AlarmSet) 
     samples = {**job().samples(1800.0), **slow_rank_samples(ranks, steps, 1800.0)}  # its heartbeat beside it
     slow_at = alarms.first_alarm(name(RunAlarm.SLOW), samples, ARMED, 1800.0)
     assert slow_at is not None and slowed_at < slow_at <= slowed_at + 360, slow_at
+    assert alarms.first_alarm(name(RunAlarm.SLOWED), samples, ARMED, 1800.0) is None, "one rank, not the run"
     assert alarms.first_alarm(name(RunAlarm.METRICS_LOST), samples, ARMED, 1800.0) is None, "it notifies for itself"
     # Then a rank hangs: rank 0 stops sending the share, and the slow alarm keeps its state (no "OK" mail)
     slow = alarms.metric_alarms[name(RunAlarm.SLOW)]
@@ -291,5 +339,25 @@ def test_an_hour_of_a_healthy_run_with_a_long_checkpoint_and_pauses_never_raises
         lambda step: [noise.uniform(0.7, 1.3) + pauses.get(step, [0.0] * 4)[rank] for rank in range(4)],
         3600.0,
     )
-    assert len(next(iter(samples.values()))) > 200  # it was sent all along, once the windows were full
+    assert all(len(sent) > 200 for sent in samples.values())  # sent all along, once the windows were full
     assert alarms.first_alarm(name(RunAlarm.SLOW), samples, ARMED, 3600.0) is None
+    assert alarms.first_alarm(name(RunAlarm.SLOWED), samples, ARMED, 3600.0) is None
+
+
+@pytest.mark.parametrize("by", [1.6, 2.0])
+def test_a_run_whose_every_rank_slows_past_the_ratio_is_in_the_slowed_alarm_within_eleven_minutes(
+    alarms: AlarmSet, by: float
+) -> None:
+    """Every rank alike (its data, storage or network), its step intervals and waits unchanged in shape: no rank
+    stands out, so the slow alarm says nothing and the slowed one names the run."""
+    noise, slowed_at = random.Random(3), 900.0
+    ranks = SynchronousRanks(4)
+
+    def steps(_: int) -> list[float]:
+        slowed = ranks.clock.t - 1000.0 >= slowed_at
+        return [noise.uniform(0.7, 1.3) * (by if slowed else 1.0) for _ in range(4)]
+
+    samples = slow_rank_samples(ranks, steps, 2400.0)
+    slowed_alarm = alarms.first_alarm(name(RunAlarm.SLOWED), samples, ARMED, 2400.0)
+    assert slowed_alarm is not None and slowed_at + 300 < slowed_alarm <= slowed_at + 660, slowed_alarm
+    assert alarms.first_alarm(name(RunAlarm.SLOW), samples, ARMED, 2400.0) is None

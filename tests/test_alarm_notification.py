@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -203,9 +204,12 @@ def alarm_event(alarm: dict[str, Any], state: str = "ALARM", previous: str = "OK
     }
 
 
-def slow_alarm_event(experiment: str = EXPERIMENT, run: str = RUN) -> dict[str, Any]:
-    """What EventBridge delivers for the run's slow alarm (a metric alarm: its metric's dimensions name the run)."""
-    event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, experiment, run, contract.RunAlarm.SLOW)})
+def slow_alarm_event(
+    experiment: str = EXPERIMENT, run: str = RUN, kind: contract.RunAlarm = contract.RunAlarm.SLOW
+) -> dict[str, Any]:
+    """What EventBridge delivers for the run's slow (or slowed) alarm (a metric alarm: its metric's dimensions name
+    the run)."""
+    event = alarm_event({"AlarmName": contract.run_alarm_name(TEAM, experiment, run, kind)})
     event["detail"]["state"]["reason"] = "Threshold Crossed: 2 datapoints were greater than or equal to 0.25"
     dimensions = contract.run_dimensions(TEAM, experiment, run)
     event["detail"]["configuration"]["metrics"] = [{"metricStat": {"metric": {"dimensions": dimensions}}}]
@@ -422,6 +426,36 @@ def test_a_slow_rank_is_named_in_the_notification_at_once_from_rank_0s_snapshot(
     ), notification.message
 
 
+def test_a_slowed_run_is_said_in_the_notification_at_once_from_its_heartbeats_ratios(
+    as_writer: WriterSession, tmp_path: Path
+) -> None:
+    """Issue 31: ten minutes of StepTimeRatio at 1.7 (every rank slower than the run's baseline alike, as rank 0's
+    heartbeat sends it) and rank 0's beat; the run's slowed alarm fires, and the function says `run-slowed` without
+    waiting for a rank to be named: there is none."""
+    seed_rank_0s_records_and_preflight(as_writer.client("s3"), as_writer.bucket)
+    flags = {"--bucket": as_writer.bucket, "--team": TEAM, "--experiment": EXPERIMENT, "--run-id": RUN}
+    config = parse_args([part for pair in flags.items() for part in pair]).settings
+    rank_0 = Telemetry(config, s3=as_writer.client("s3"), cloudwatch=as_writer.client("cloudwatch"),
+                       progress=ProgressClock(), spool=Spool(tmp_path / "spool"), run_alarms=None)  # fmt: skip
+    rank_0.heartbeat.beat()
+    dimensions = [{"Name": k, "Value": v} for k, v in contract.run_dimensions(TEAM, EXPERIMENT, RUN).items()]
+    now = datetime.now(UTC).replace(microsecond=0)
+    as_writer.client("cloudwatch").put_metric_data(Namespace=contract.metric_namespace(TEAM), MetricData=[
+        {"MetricName": contract.STEP_TIME_RATIO.name, "Dimensions": dimensions, "Value": 1.7, "Unit": "None",
+         "Timestamp": now - timedelta(seconds=ago), "StorageResolution": 1}
+        for ago in range(0, 600, 15)
+    ])  # fmt: skip
+    topic, _, _, publisher = topic_with_queue_as_admin(as_writer)
+    waits: list[float] = []
+    event = slow_alarm_event(kind=contract.RunAlarm.SLOWED)
+    notification = notify_as_the_function(as_writer, topic, publisher, sleep=waits.append, event=event)
+    assert notification is not None and waits == [], "no rank to name: nothing to wait for"
+    assert notification.subject == f"Beacon {TEAM}: {EXPERIMENT}/{RUN} run-slowed"
+    assert notification.message.startswith("run-slowed: every step takes 1.70x the run's baseline"), (
+        notification.message
+    )
+
+
 def notify_as_the_function(
     as_writer: WriterSession,
     topic: str,
@@ -625,7 +659,7 @@ def resources(demo: Synthesized, kind: str) -> dict[str, Any]:
 def test_the_rule_sends_only_the_teams_notifying_run_alarms_going_to_alarm_to_the_function(demo: Synthesized) -> None:
     (rule,) = resources(demo, "AWS::Events::Rule").values()
     pattern = rule["Properties"]["EventPattern"]
-    named = [{"wildcard": "beacon-demo-run-*-metrics-lost"}, {"wildcard": "beacon-demo-run-*-slow"}]
+    named = [{"wildcard": f"beacon-demo-run-*-{suffix}"} for suffix in ("metrics-lost", "slow", "slowed")]
     assert pattern == {
         "source": ["aws.cloudwatch"],
         "detail-type": ["CloudWatch Alarm State Change"],

@@ -92,6 +92,7 @@ def test_a_finished_run_is_finished_and_every_check_passes(
         "rank",
         "spool",
         "loss",
+        "pace",
         "checkpoints",
         "evidence",
         "alarms",
@@ -221,7 +222,7 @@ def test_the_cli_reads_options_from_the_environment_and_prints_json(
     assert answer["diagnosis"] == "finished" and answer["healthy"] is True
     assert [v["check"] for v in answer["verdicts"]] == [
         *("orchestrator", "logs", "job", "liveness", "delivery", "permission", "endpoint"),
-        *("ranks", "rank", "spool", "loss", "checkpoints", "evidence", "alarms"),
+        *("ranks", "rank", "spool", "loss", "pace", "checkpoints", "evidence", "alarms"),
     ]
     # No cluster stack in this sandbox: the orchestrator's verdict says so, and how to fix it, without failing.
     orchestrator = answer["verdicts"][0]

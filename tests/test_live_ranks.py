@@ -72,12 +72,13 @@ def aws(moto_server: MotoServer) -> MotoServer:
     return moto_server
 
 
-def rank_0(aws: MotoServer, tmp_path: Path) -> Telemetry:
+def rank_0(aws: MotoServer, tmp_path: Path, progress: ProgressClock | None = None) -> Telemetry:
     """Rank 0's telemetry of a 4-rank run, as `beacon.run` builds it (ranks_dir set for world size > 1)."""
     flags = {"--bucket": BUCKET, "--experiment": EXPERIMENT, "--run-id": RUN, "--stall-dump-after": str(STALL)}
     config = parse_args([part for pair in flags.items() for part in pair]).settings
-    sink = Telemetry(config, s3=aws.client("s3"), cloudwatch=aws.client("cloudwatch"), progress=ProgressClock(),
-                     spool=Spool(tmp_path / "spool"), run_alarms=None, ranks_dir=tmp_path / "ranks")  # fmt: skip
+    sink = Telemetry(config, s3=aws.client("s3"), cloudwatch=aws.client("cloudwatch"),
+                     progress=progress or ProgressClock(), spool=Spool(tmp_path / "spool"), run_alarms=None,
+                     ranks_dir=tmp_path / "ranks")  # fmt: skip
     return sink
 
 
@@ -329,3 +330,34 @@ def test_rank_0s_stall_check_uploads_the_snapshot_between_heartbeats_once_its_ow
     finally:
         watch.stop()
         assert evidence.wait(timeout=30)
+
+
+# --- the run slowed (issue 31): rank 0's heartbeat sends its step time over the baseline it keeps ------------------
+def test_rank_0_sends_the_runs_step_time_over_its_kept_baseline_while_it_steps_and_no_rank_stands_out(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    clock = Clock(time.monotonic())
+    progress = ProgressClock(clock)
+    sink = rank_0(aws, tmp_path, progress)
+    sink.heartbeat.cross_rank_metrics = True
+
+    def sent(ranks: list[RankProgress]) -> float | None:
+        data, _ = sink.heartbeat.metric_batch(time.time(), ranks)
+        ratios = [d["Value"] for d in data if d["MetricName"] == contract.STEP_TIME_RATIO.name]
+        return ratios[0] if ratios else None
+
+    def steps(count: int, seconds: float) -> None:
+        for _ in range(count):
+            clock.t += seconds
+            progress.step_finished()
+
+    healthy = [paced(r, slow=None) for r in range(4)]
+    steps(200, 1.0)
+    assert sent(healthy) is None, "its first window is not full: no baseline yet"
+    steps(200, 1.0)
+    assert sent(healthy) == pytest.approx(1.0), "the baseline, kept from here on"
+    steps(400, 1.6)
+    assert sent(healthy) == pytest.approx(1.6), "every rank slower alike"
+    assert sent([paced(r, slow=2) for r in range(4)]) is None, "a rank stands out: the slow rank's alarm says it"
+    clock.t += 60.0  # no step past the run's threshold (30 s at this pace): its frozen window says nothing
+    assert sent(healthy) is None

@@ -9,7 +9,7 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk.assertions import Match, Template
 from beacon import contract
-from beacon.contract.pace import SLOW_RANK_SHARE
+from beacon.contract.pace import RUN_SLOWED_RATIO, RUN_SLOWED_SUSTAINED_S, SLOW_RANK_SHARE
 
 from beacon_constructs.monitoring import FIRST_CHECKS, TrainingMonitoring
 from beacon_ops.evidence.alarms import (
@@ -66,14 +66,16 @@ def test_silent_alarm_counts_heartbeats_per_30s_and_treats_silence_as_breaching(
     assert silent["Period"] * silent["EvaluationPeriods"] + silent["Period"] <= contract.SILENT_BUDGET_S
 
 
-def test_stalled_alarm_watches_progress_age_and_ignores_missing_data(run_alarms: Any) -> None:
+def test_stalled_alarm_watches_the_runs_own_threshold_and_ignores_missing_data(run_alarms: Any) -> None:
+    """StallRatio is ProgressAge over the run's threshold (`contract.pace`), so one alarm serves 1 s and 60 s steps;
+    one period holding a beat past it is enough: the ratio only grows while the loop hangs."""
     stalled = by_name(run_alarms[0], contract.RunAlarm.STALLED)
-    assert stalled["MetricName"] == contract.PROGRESS_AGE.name
-    assert (stalled["Statistic"], stalled["Period"], stalled["Threshold"]) == ("Maximum", 30, 90)
-    assert stalled["ComparisonOperator"] == "GreaterThanThreshold"
-    assert (stalled["EvaluationPeriods"], stalled["DatapointsToAlarm"]) == (2, 2)
+    assert stalled["MetricName"] == contract.STALL_RATIO.name
+    assert (stalled["Statistic"], stalled["Period"], stalled["Threshold"]) == ("Maximum", 30, 1)
+    assert stalled["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert (stalled["EvaluationPeriods"], stalled["DatapointsToAlarm"]) == (1, 1)
     assert stalled["TreatMissingData"] == "notBreaching"
-    assert contract.PROGRESS_AGE.storage_resolution == 1
+    assert contract.STALL_RATIO.storage_resolution == 1
 
 
 def test_slow_alarm_watches_the_stragglers_wait_share_at_the_contracts_threshold(run_alarms: Any) -> None:
@@ -85,12 +87,22 @@ def test_slow_alarm_watches_the_stragglers_wait_share_at_the_contracts_threshold
     assert slow["TreatMissingData"] == "ignore", "no share (no run.watch, a rank stalled): the state stays"
 
 
-def test_run_alarms_notify_once_through_the_composite_and_the_slow_one_for_itself(
+def test_slowed_alarm_watches_the_runs_step_time_over_its_baseline_for_the_sustained_span(run_alarms: Any) -> None:
+    slowed = by_name(run_alarms[0], contract.RunAlarm.SLOWED)
+    assert slowed["MetricName"] == contract.STEP_TIME_RATIO.name
+    assert (slowed["Statistic"], slowed["Period"], slowed["Threshold"]) == ("Minimum", 30, RUN_SLOWED_RATIO)
+    assert slowed["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    periods = slowed["EvaluationPeriods"]
+    assert periods == slowed["DatapointsToAlarm"] and periods * slowed["Period"] == RUN_SLOWED_SUSTAINED_S
+    assert slowed["TreatMissingData"] == "ignore", "no ratio (a rank stands out, the run hangs): the state stays"
+
+
+def test_run_alarms_notify_once_through_the_composite_and_the_slow_ones_each_for_itself(
     run_alarms: Any, demo: Synthesized
 ) -> None:
     metric_alarms, composite = run_alarms
-    slow = by_name(metric_alarms, contract.RunAlarm.SLOW)
-    members = [a for a in metric_alarms if a is not slow]
+    slow, slowed = by_name(metric_alarms, contract.RunAlarm.SLOW), by_name(metric_alarms, contract.RunAlarm.SLOWED)
+    members = [a for a in metric_alarms if a is not slow and a is not slowed]
     assert all(a["ActionsEnabled"] is False for a in members)
     names = [a["AlarmName"] for a in members] + [
         contract.team_alarm_name("demo", contract.TeamAlarm.UPLOAD_FAILURES),
@@ -99,7 +111,8 @@ def test_run_alarms_notify_once_through_the_composite_and_the_slow_one_for_itsel
     assert composite["AlarmRule"] == " OR ".join(f'ALARM("{n}")' for n in names)
     topic_id, _ = demo.template("monitoring").one_of_type("AWS::SNS::Topic")
     assert composite["AlarmActions"] == [f"<{topic_id}>"] == composite["OKActions"]
-    assert slow["ActionsEnabled"] is True and slow["AlarmActions"] == [f"<{topic_id}>"] == slow["OKActions"]
+    for alarm in (slow, slowed):
+        assert alarm["ActionsEnabled"] is True and alarm["AlarmActions"] == [f"<{topic_id}>"] == alarm["OKActions"]
 
 
 def test_every_alarm_has_an_actionable_runbook(run_alarms: Any, demo: Synthesized) -> None:
@@ -289,8 +302,8 @@ def test_dashboard_has_every_widget_the_issue_lists(demo: Synthesized) -> None:
         "Failed pods",
         '\\"alarm\\"',
         "beacon doctor --team demo",
-        "silent: 120 s",
-        "stalled: 180 s",
+        "none for 120 s = silent",
+        "stall threshold (sooner at a fast run's pace)",
     ):
         assert needle in body, needle
     for metric in (*contract.JOB_METRICS, *contract.EVENT_METRICS, *contract.RANK_METRICS):

@@ -6,7 +6,17 @@ import random
 
 import pytest
 from beacon.contract.alarms import STALL_THRESHOLD_S
-from beacon.contract.pace import BASELINE_MIN_STEPS, STALL_FLOOR_S, WARMUP_STEPS, baseline, stall_threshold_for
+from beacon.contract.pace import (
+    BASELINE_MIN_STEPS,
+    RUN_SLOWED_RATIO,
+    RUN_SLOWED_SUSTAINED_S,
+    STALL_FLOOR_S,
+    WARMUP_STEPS,
+    baseline,
+    run_slowed,
+    stall_threshold_for,
+    step_time_ratio,
+)
 
 
 def test_warm_up_is_left_out_and_no_baseline_is_stated_before_enough_steps() -> None:
@@ -41,3 +51,18 @@ def test_without_a_baseline_the_fixed_threshold_holds_and_jitter_moves_it_by_the
     pace = baseline([*jittery, float("nan"), -1.0])  # a clock stepped back: left out
     assert pace is not None and 2.5 <= pace.p99_s <= 2.6 and pace.steps == 1000
     assert stall_threshold_for(pace) == pytest.approx(20 * pace.p99_s)
+
+
+def test_the_run_slowed_only_when_every_ratio_over_the_sustained_span_is_at_the_ratio_and_the_span_is_covered() -> None:
+    now, gap = 10_000.0, 45.0
+    beats = [now - t for t in range(int(RUN_SLOWED_SUSTAINED_S) + 60, -1, -15)]
+    assert run_slowed([(at, 1.7) for at in beats], now, gap_s=gap) == pytest.approx(1.7)
+    one_below = [(at, 1.4 if i == 10 else 1.7) for i, at in enumerate(beats)]
+    assert run_slowed(one_below, now, gap_s=gap) is None, "every ratio of the span, as the alarm's periods"
+    recent_only = [(at, 1.7) for at in beats if at > now - RUN_SLOWED_SUSTAINED_S / 2]
+    assert run_slowed(recent_only, now, gap_s=gap) is None, "slowed for half the span is not yet slowed"
+    stale = [(at - 120, 1.7) for at in beats]
+    assert run_slowed(stale, now, gap_s=gap) is None, "the heartbeat stopped sending it: a rank stood out, or hung"
+    assert run_slowed([(at, RUN_SLOWED_RATIO) for at in beats], now, gap_s=gap) == RUN_SLOWED_RATIO
+    assert run_slowed([], now, gap_s=gap) is None
+    assert step_time_ratio(1.5, 1.0) == 1.5 and step_time_ratio(1.0, 0.0) == float("inf")

@@ -391,6 +391,7 @@ def test_the_jobs_largest_metric_batch_is_one_request_far_under_the_size_limit(
         for metric in (
             contract.HEARTBEAT,
             contract.PROGRESS_AGE,
+            contract.STALL_RATIO,
             contract.STEPS_PER_SECOND,
             contract.PHASE_SECONDS,
             contract.SPOOL_BACKLOG,

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
-from beacon.contract.pace import SLOW_RANK_SHARE, run_stall_after
+from beacon.contract.pace import RUN_SLOWED_FOR_S, SLOW_RANK_SHARE, run_slowed, run_stall_after
 from beacon.contract.rank_evidence import SIGNAL_DUMP, RankProgress, signal_stacks_name, stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -51,6 +51,12 @@ SLOW_RANK_0_FIX = (
     "rank 0 does work the others do not: Beacon's own is off the training thread, but a loop's logging, printing "
     "or evaluation on rank 0 alone is on it; move such work out of the step, else look at rank 0's node (its GPUs' "
     "clocks, its network)"
+)
+# Every rank slower alike: what they share
+SLOWED_RUN_FIX = (
+    "look at what every rank shares: the data pipeline (DataLoader workers, the dataset's storage and its throughput), "
+    "the network between nodes, a noisy neighbour on the file system; a step that grew with the run (a longer "
+    "sequence, a leak) slows it alike"
 )
 # Past the run's paced threshold, short of its stall_dump_after: what a pause the loop did not name may be
 PAUSE_ADVICE = (
@@ -199,6 +205,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         rank_check,
         _spool(evidence),
         _divergence(inputs, dims, now),
+        _pace(inputs, dims, read_at, fresh_for),
         _checkpoints(inputs, evidence, dims, now),
         _set_aside(evidence),
         _alarms(inputs),
@@ -241,6 +248,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         lead = "liveness" if cause == "healthy" and by_check["liveness"].verdict == "healthy" else lead
         if cause == "healthy" and by_check["rank"].verdict == "slow":  # alive and stepping, at the slowest's pace
             cause, lead = "rank-slow", "rank"
+        elif cause == "healthy" and by_check["pace"].verdict == "slowed":  # every rank slower alike
+            cause, lead = "run-slowed", "pace"
         elif cause == "healthy" and by_check["rank"].verdict == "paused":  # named, its stack shows where it is
             cause, lead = "paused", "rank"
         elif cause == "healthy" and by_check["liveness"].verdict == "paused":  # not yet a stall: say what it may be
@@ -745,6 +754,25 @@ def _divergence(inputs: DoctorInputs, dims: dict[str, str], now: datetime) -> Ve
         "the job itself runs on",
         "lower the learning rate or check the inputs around the first bad step: the run's records in S3 "
         "keep every value as it was",
+    )
+
+
+def _pace(inputs: DoctorInputs, dims: dict[str, str], now: datetime, gap_s: float) -> Verdict:
+    """The run's step time against its own baseline, as its heartbeat sent it (StepTimeRatio, while it steps and no
+    rank stands out): slowed by the contract's rule (`contract.pace.run_slowed`), the one its slowed alarm keeps."""
+    ratios = _samples(inputs, contract.STEP_TIME_RATIO, dims, "Minimum", now)
+    if not ratios:
+        return Verdict("pace", INFO, "no baseline", "no StepTimeRatio yet (its first full window after warm-up)")
+    slowed = run_slowed([(s.at.timestamp(), s.value) for s in ratios], now.timestamp(), gap_s=gap_s)
+    if slowed is None:
+        return Verdict("pace", OK, "at its baseline", f"its steps take {ratios[-1].value:.2f}x its baseline")
+    return Verdict(
+        "pace",
+        WARN,
+        "slowed",
+        f"every step takes {slowed:.2f}x the run's baseline or more, for {RUN_SLOWED_FOR_S / 60:.0f} minutes, and no "
+        "rank stands out (each waits for the others alike)",
+        SLOWED_RUN_FIX,
     )
 
 

@@ -1,5 +1,5 @@
-"""The alarm carries the verdict: when a run's `metrics-lost` or `slow` alarm goes to ALARM, the doctor's diagnosis
-of that run (its evidence in S3, its metrics and alarms in CloudWatch) goes to the team's topic.
+"""The alarm carries the verdict: when a run's `metrics-lost`, `slow` or `slowed` alarm goes to ALARM, the doctor's
+diagnosis of that run (its evidence in S3, its metrics and alarms in CloudWatch) goes to the team's topic.
 
 The monitoring stack runs this as a Lambda function (`handler`), behind an EventBridge rule on the
 team's "CloudWatch Alarm State Change" events; the alarm's own notification still goes out as before,
@@ -73,7 +73,8 @@ def notifying_suffixes() -> list[str]:
 
 
 def alarm_patterns(team: str) -> list[str]:
-    """The EventBridge wildcards naming every run's notifying alarm of this team (metrics-lost, slow), nothing else."""
+    """The EventBridge wildcards naming every run's notifying alarm of this team (metrics-lost, slow, slowed), nothing
+    else."""
     return [f"{contract.run_alarm_prefix(team)}*{suffix}" for suffix in notifying_suffixes()]
 
 
@@ -101,8 +102,8 @@ def _sibling_dimensions(cloudwatch: Any, team: str, alarm: str) -> dict[str, str
 
 
 def alarmed_run(event: dict[str, Any], *, team: str, cloudwatch: Any) -> AlarmedRun | str:
-    """The run whose metrics-lost or slow alarm (`RunAlarm.notifying`) went to ALARM, or why this event is not one to
-    act on."""
+    """The run whose metrics-lost, slow or slowed alarm (`RunAlarm.notifying`) went to ALARM, or why this event is not
+    one to act on."""
     if event.get("source") != ALARM_SOURCE or event.get("detail-type") != ALARM_STATE_CHANGE:
         return f"not an alarm state change: {event.get('source')} {event.get('detail-type')}"
     detail = event.get("detail") or {}
@@ -195,7 +196,7 @@ def diagnose_naming_the_rank(
     started = time.monotonic()
     diagnosis = diagnose(inputs)
     waited = 0.0
-    if diagnosis.stopped_rank is not None or diagnosis.healthy or diagnosis.diagnosis == "rank-slow":
+    if diagnosis.stopped_rank is not None or diagnosis.healthy or diagnosis.diagnosis in ("rank-slow", "run-slowed"):
         return diagnosis, waited  # a rank named (a slow one too), or none to name
     if not _several_ranks(inputs):
         return diagnosis, waited

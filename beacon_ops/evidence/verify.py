@@ -15,12 +15,6 @@ from beacon_ops.evidence.alarms import ALARM, AlarmSet, SeriesKey, series_key
 from beacon_ops.evidence.reading import RunEvidence, metric_samples, read_run
 
 NOT_ARMED = "NOT_ARMED"
-EVALUATED_METRICS = (
-    (contract.HEARTBEAT, "SampleCount", contract.RUN_DIMENSIONS),
-    (contract.PROGRESS_AGE, "Maximum", contract.RUN_DIMENSIONS),
-    (contract.UPLOAD_FAILURES, "Sum", contract.TEAM_DIMENSIONS),
-    (contract.SPOOL_BACKLOG, "Maximum", contract.TEAM_DIMENSIONS),
-)
 
 
 @dataclass(frozen=True)
@@ -89,17 +83,26 @@ class Verification:
 
 
 def recorded_samples(
-    cloudwatch: Any, team: str, experiment: str, run: str
+    cloudwatch: Any, alarms: AlarmSet, *also: tuple[contract.Metric, dict[str, str], str]
 ) -> dict[SeriesKey, list[tuple[float, float]]]:
-    """The run's recorded metrics, in the evaluator's form."""
+    """The recorded series each of `alarms` evaluates (its metric, dimensions and statistic; a Metrics Insights query's
+    aside: Container Insights is not the run's), and `also` (a metric, its dimensions, a statistic), in the evaluator's
+    form: what the alarms watch is read from them, never listed beside them."""
+    known = {metric.name: metric for metric in (*contract.JOB_METRICS, *contract.EVENT_METRICS, *contract.RANK_METRICS)}
+    wanted = {
+        series_key(alarm.namespace, alarm.metric_name, alarm.dimensions): alarm.statistic
+        for alarm in alarms.metric_alarms.values()
+        if alarm.query is None
+    }
+    for metric, dimensions, statistic in also:
+        namespace = contract.metric_namespace(dimensions[contract.Dim.TEAM.value])
+        wanted[series_key(namespace, metric.name, dimensions)] = statistic
     samples: dict[SeriesKey, list[tuple[float, float]]] = {}
-    for metric, statistic, dimension_kinds in EVALUATED_METRICS:
-        dims = contract.run_dimensions(team, experiment, run)
-        dims = {k: v for k, v in dims.items() if contract.Dim(k) in dimension_kinds}
-        points = metric_samples(cloudwatch, metric, dims, statistic=statistic)
-        samples[series_key(contract.metric_namespace(team), metric.name, dims)] = [
-            (p.at.timestamp(), p.value) for p in points
-        ]
+    for key, statistic in wanted.items():
+        _, name, dims = key
+        metric = known.get(name, contract.team_metric(name))
+        points = metric_samples(cloudwatch, metric, dict(dims), statistic=statistic)
+        samples[key] = [(p.at.timestamp(), p.value) for p in points]
     return samples
 
 
@@ -158,7 +161,7 @@ def verify_run(
         points = metric_samples(cloudwatch, metric, dims, statistic=statistic)
         datapoints += len(points)
         (present if points else missing).append(metric.name)
-    samples = recorded_samples(cloudwatch, team, evidence.experiment, evidence.run)
+    samples = recorded_samples(cloudwatch, alarms, (contract.HEARTBEAT, dims, "SampleCount"))
     beats = samples[series_key(contract.metric_namespace(team), contract.HEARTBEAT.name, dims)]
     states = evaluate_recorded(alarms, samples, beats[0][0], beats[-1][0]) if beats else {}
     final_step = (evidence.final or {}).get("last_step")

@@ -268,8 +268,8 @@ def scenario_frozen(sandbox: Sandbox, monitoring: Template) -> tuple[Scenario, S
         doctor_seconds = time.monotonic() - started
         # No datapoint can arrive from a stopped process: the alarm's verdict over the recorded data
         # at each later evaluation is what CloudWatch would say then.
-        samples = recorded_samples(sandbox.client("cloudwatch", sandbox.reader), TEAM, EXPERIMENT, run)
         alarms = alarm_set_for_run(monitoring, EXPERIMENT, run)
+        samples = recorded_samples(sandbox.client("cloudwatch", sandbox.reader), alarms)
         silent = contract.run_alarm_name(TEAM, EXPERIMENT, run, contract.RunAlarm.SILENT)
         beats = samples[next(k for k in samples if k[1] == contract.HEARTBEAT.name)]
         armed = contract.run_alarms_arm_at(beats[0][0]) if beats else frozen_at
@@ -326,7 +326,8 @@ def run_local(workdir: Path, *, steps: int = 200, ranks: int = 2, log: Callable[
             raise RuntimeError(verdict.unreadable)
         assert verdict.evidence is not None and verdict.verification is not None and verdict.diagnosis is not None
         evidence, verification, diagnosis = verdict.evidence, verdict.verification, verdict.diagnosis
-        samples = recorded_samples(metrics, TEAM, EXPERIMENT, run)
+        run_dims = contract.run_dimensions(TEAM, EXPERIMENT, run)
+        samples = recorded_samples(metrics, alarms, (contract.PROGRESS_AGE, run_dims, "Maximum"))
         picture = render_png(
             workdir / "report.png",
             evidence.records,

@@ -28,6 +28,7 @@ class SimulatedJob:
     hung_at: float | None = None  # the loop hangs; the heartbeat thread lives on
     finished_at: float | None = None  # clean exit
     checkpoints: list[tuple[float, float]] = field(default_factory=list)  # (start, seconds), loop blocked
+    pauses: list[tuple[float, float]] = field(default_factory=list)  # (start, seconds): no step, no phase named
     backlog_records: float = 0.0
     upload_failures_per_beat: float = 0.0
 
@@ -52,7 +53,8 @@ class SimulatedJob:
                 clock.checkpoint_finished()
                 next_step = now + self.step_seconds
                 in_checkpoint = None
-            looping = in_checkpoint is None and (self.hung_at is None or now < self.hung_at)
+            paused = any(begin <= now < begin + seconds for begin, seconds in self.pauses)
+            looping = in_checkpoint is None and not paused and (self.hung_at is None or now < self.hung_at)
             if looping and now >= next_step:
                 clock.step_finished()
                 next_step = now + self.step_seconds
@@ -74,6 +76,7 @@ class SimulatedJob:
 
         put(contract.HEARTBEAT, run_dims, 1.0)
         put(contract.PROGRESS_AGE, run_dims, clock.progress_age())
+        put(contract.STALL_RATIO, run_dims, clock.progress_age() / clock.stall_after(contract.STALL_THRESHOLD_S))
         put(contract.CHECKPOINT_SECONDS, run_dims, clock.checkpoint_seconds())
         for dims in (run_dims, team_dims):
             put(contract.SPOOL_BACKLOG, dims, self.backlog_records)

@@ -14,17 +14,20 @@ from beacon.contract.layout import validate_id
 # advance. Per-run alarms exist only while a run does (the job creates them after preflight and
 # deletes them on a clean exit), so an idle team has nothing that can sit in ALARM.
 SILENT_BUDGET_S = 120
-STALLED_BUDGET_S = 180
 HEARTBEAT_PERIOD_S = 30  # high-resolution metrics allow 10, 20 or 30 s periods
 # The one default of the heartbeat's interval: the runtime's settings, the team's configuration and the doctor's
 # reading of a run whose preflight did not say (a release before it did).
 HEARTBEAT_INTERVAL_S = 15
 SILENT_EVALUATION_PERIODS = 3  # last beat, then 3 empty periods: ALARM by last beat + 120 s
-STALL_THRESHOLD_S = 90  # ProgressAge above this is not progress (checkpoint time excluded)
+STALL_THRESHOLD_S = 90  # ProgressAge above this is not progress (phases excluded), sooner at a fast run's pace
 # A named phase pauses the stall clock this long at most: a rank hung inside its checkpoint or evaluation
 # (a collective in a save, a dead mount) then reads as stalled once the phase is this old (`RunSettings.phase_limit`).
 PHASE_LIMIT_S = 1800
-STALLED_EVALUATION_PERIODS = 2  # beat after threshold + 2 periods: ALARM by stall + 165 s
+# StallRatio (ProgressAge over the run's threshold) only grows while a rank hangs: one period holding one beat past
+# the threshold is the stall, so the alarm is in ALARM by the threshold, a beat and a period: 75 s at 1 s steps
+# (`contract.pace`), 135 s at the fixed 90 s.
+STALLED_EVALUATION_PERIODS = 1
+STALLED_BUDGET_S = STALL_THRESHOLD_S + HEARTBEAT_INTERVAL_S + HEARTBEAT_PERIOD_S
 SLOW_EVALUATION_PERIODS = 2  # a minute of every beat saying slow: the share is already a five-minute median
 DELIVERY_PERIOD_S = 60
 DELIVERY_EVALUATION_PERIODS = 3
@@ -41,13 +44,15 @@ class RunAlarm(StrEnum):
     SILENT = "silent"
     STALLED = "stalled"
     SLOW = "slow"  # a rank the others wait for (`contract.pace`): StragglerWaitShare, sent once windows are full
+    SLOWED = "slowed"  # the whole run slower than its baseline, no rank standing out: StepTimeRatio
 
     @classmethod
     def notifying(cls) -> tuple[RunAlarm, ...]:
         """The run's alarms that notify the team's topic, and whose ALARM the verdict function answers: the
-        composite of what loses metrics (silent, stalled, delivery), and the slow rank's on its own (a run may be
-        slow for hours, and a composite notifies once: a hang or a lost upload after it would say nothing)."""
-        return (cls.METRICS_LOST, cls.SLOW)
+        composite of what loses metrics (silent, stalled, delivery), and the slow rank's and the slowed run's each on
+        its own (a run may be slow for hours, and a composite notifies once: a hang or a lost upload after it would
+        say nothing)."""
+        return (cls.METRICS_LOST, cls.SLOW, cls.SLOWED)
 
     @classmethod
     def metric_alarms(cls) -> tuple[RunAlarm, ...]:

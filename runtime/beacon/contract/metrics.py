@@ -65,6 +65,10 @@ STEPS_PER_SECOND = Metric("StepsPerSecond", Unit.COUNT_PER_SECOND)
 HEARTBEAT = Metric("Heartbeat", Unit.COUNT, high_resolution=True)
 # Seconds since the loop last finished a step, minus time spent in a phase (setup, evaluation, checkpoint).
 PROGRESS_AGE = Metric("ProgressAge", Unit.SECONDS, high_resolution=True)
+# ProgressAge over the run's stall threshold (`contract.pace`: `stall_dump_after`, or sooner at the run's own pace,
+# the longest any rank states): 1 or more is stalled. The stalled alarm's metric: one threshold, the run's, whatever
+# its step time.
+STALL_RATIO = Metric("StallRatio", Unit.NONE, high_resolution=True)
 UPLOAD_LATENCY = Metric("UploadLatency", Unit.MILLISECONDS)
 UPLOAD_FAILURES = Metric("UploadFailures", Unit.COUNT)
 SPOOL_BACKLOG = Metric("SpoolBacklog", Unit.COUNT)
@@ -91,6 +95,9 @@ RANK_STEP_SPREAD = Metric("RankStepSpread", Unit.COUNT, high_resolution=True)
 # timed its collectives (`run.watch`) over a full window: the slow-rank alarm's metric.
 STRAGGLER_WAIT_SHARE = Metric("StragglerWaitShare", Unit.NONE, high_resolution=True)
 RANK_METRICS = (SLOWEST_RANK_PROGRESS_AGE, RANK_STEP_SPREAD, STRAGGLER_WAIT_SHARE)
+# The run's step time over its own baseline (`contract.pace.run_slowed`), sent by rank 0 (or a run's one rank) once it
+# has a baseline, while it steps and no rank stands out: the slowed alarm's metric.
+STEP_TIME_RATIO = Metric("StepTimeRatio", Unit.NONE, high_resolution=True)
 
 JOB_METRICS = (
     LOSS,
@@ -98,13 +105,14 @@ JOB_METRICS = (
     STEPS_PER_SECOND,
     HEARTBEAT,
     PROGRESS_AGE,
+    STALL_RATIO,
     UPLOAD_LATENCY,
     UPLOAD_FAILURES,
     SPOOL_BACKLOG,
     CHECKPOINT_SECONDS,
 )
 # Sent only when something happened: verification does not expect them in every run.
-EVENT_METRICS = (NON_FINITE_LOSS, PHASE_SECONDS, CHECKPOINTS_SKIPPED, STEPS_SINCE_CHECKPOINT)
+EVENT_METRICS = (NON_FINITE_LOSS, PHASE_SECONDS, CHECKPOINTS_SKIPPED, STEPS_SINCE_CHECKPOINT, STEP_TIME_RATIO)
 # Per-run metrics carry all three; team roll-ups (for team alarms) carry Team only.
 RUN_DIMENSIONS = (Dim.TEAM, Dim.EXPERIMENT, Dim.RUN)
 TEAM_DIMENSIONS = (Dim.TEAM,)

@@ -135,10 +135,25 @@ def straggler_of(paces: Sequence[RankPace]) -> Straggler | None:
     )
 
 
-def run_slowed(pace: Baseline | None, recent: Sequence[float], *, window_s: float) -> float | None:
-    """The run's recent median step time over its baseline's median when the run as a whole has slowed (every
-    rank: data, storage, network): `RUN_SLOWED_RATIO` or more over a window of `RUN_SLOWED_FOR_S`; else None."""
-    if pace is None or not recent or window_s < RUN_SLOWED_FOR_S * WINDOW_SLACK or pace.median_s <= 0:
+# The run slowed: its heartbeat sends StepTimeRatio, its window's median step interval over the baseline kept from
+# its first full window after warm-up (`StepPace.step_time_ratio`), while it steps and no rank stands out. The
+# window's median passes RUN_SLOWED_RATIO some 3 minutes into a slowdown (once more than half its 5 minutes are
+# slowed), so 7 more minutes of every ratio sent at it or above make the 10 of RUN_SLOWED_FOR_S.
+RUN_SLOWED_SUSTAINED_S = 420.0
+
+
+def step_time_ratio(step_s: float, baseline_s: float) -> float:
+    """A window's median step interval over the run's baseline median: 1 at the run's own pace."""
+    return step_s / baseline_s if baseline_s > 0 else math.inf
+
+
+def run_slowed(ratios: Sequence[tuple[float, float]], now: float, *, gap_s: float) -> float | None:
+    """The run's step time over its baseline when the run as a whole has slowed (every rank alike: its data, storage
+    or network): each StepTimeRatio (epoch seconds, ratio) of the last RUN_SLOWED_SUSTAINED_S at RUN_SLOWED_RATIO or
+    more, the first of them that long ago and the last one fresh (both within `gap_s`: a few heartbeats); the least of
+    them, else None. What the run's slowed alarm says too (30 s periods over the same span, every one breaching)."""
+    recent = [(at, ratio) for at, ratio in ratios if now - RUN_SLOWED_SUSTAINED_S - gap_s <= at <= now]
+    if not recent or now - recent[-1][0] > gap_s or recent[0][0] > now - RUN_SLOWED_SUSTAINED_S + gap_s:
         return None
-    ratio = statistics.median(recent) / pace.median_s
-    return ratio if ratio >= RUN_SLOWED_RATIO else None
+    least = min(ratio for _, ratio in recent)
+    return least if least >= RUN_SLOWED_RATIO else None

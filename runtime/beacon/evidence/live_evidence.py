@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from beacon import contract
-from beacon.contract.pace import Straggler, run_stall_after, straggler_of
+from beacon.contract.pace import Straggler, straggler_of
 from beacon.contract.rank_evidence import RankProgress
 from beacon.evidence.progress import ProgressClock
 from beacon.evidence.rank_board import RankBoard
@@ -89,8 +89,7 @@ class LiveEvidence:
     def own_progress_stopped(self) -> bool:
         """This rank's own progress is as old as its pace's stall threshold (`stall_dump_after` without a baseline),
         outside its phases: the cheap sign that some rank may hang."""
-        fixed = self.settings.stall_dump_after
-        own = run_stall_after((self.progress.pace.stall_after(fixed),), fixed)
+        own = self.progress.stall_after(self.settings.stall_dump_after)
         return self.progress.progress_age() >= own and not self.progress.in_phase_work()
 
     def look_as_rank_zero(

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from beacon.contract import PHASE_LIMIT_S, Phase
+from beacon.contract.pace import run_stall_after
 from beacon.evidence.step_pace import StepPace
 
 
@@ -112,6 +113,11 @@ class ProgressClock:
         """A phase is open and has paused the clock for less than its limit: the rank is working, not stalled."""
         with self._lock:
             return self._paused_since is not None and self._now() - self._paused_since < self._limit()
+
+    def stall_after(self, ceiling: float) -> float:
+        """When this rank's progress is a stall: `ceiling` (the run's `stall_dump_after`), or sooner once its pace
+        gives a shorter threshold (`contract.pace`: 30 s at 1 s steps)."""
+        return run_stall_after((self.pace.stall_after(ceiling),), ceiling)
 
     def progress_age(self) -> float:
         with self._lock:

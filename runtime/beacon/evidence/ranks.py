@@ -252,7 +252,7 @@ class RankSignal:
     def stall_after(self) -> float:
         """When this rank's progress is a stall: `stall_dump_after`, or sooner once its pace gives a shorter
         threshold (`contract.pace`: 30 s at 1 s steps)."""
-        return run_stall_after((self.progress.pace.stall_after(self.stall_dump_after),), self.stall_dump_after)
+        return self.progress.stall_after(self.stall_dump_after)
 
     def _keep_flight_recorder(self) -> None:
         asked, self._recorder_asked = self._recorder_asked, None

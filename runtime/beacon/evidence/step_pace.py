@@ -40,9 +40,12 @@ from beacon.contract.pace import (
     SLOW_RANK_FOR_S,
     SLOW_RANK_FOR_STEPS,
     WARMUP_STEPS,
+    WINDOW_SLACK,
+    Baseline,
     RankPace,
     baseline,
     stall_threshold_for,
+    step_time_ratio,
 )
 
 # The synchronous collectives a team's loop calls through `torch.distributed` that `run.watch` times.
@@ -101,6 +104,7 @@ class StepPace:
         self._on_gpu: list[tuple[Any, Any]] = []  # ... and GPU-timed
         self._forgotten = 0  # samples the window no longer holds: the warm-up among them is behind it
         self.timing = False  # `run.watch` was called: a step without a collective waited 0 s
+        self._baseline: Baseline | None = None  # the run's, kept from its first full window after warm-up
 
     def step_finished(self, *, in_phases_s: float = 0.0) -> None:
         """The loop finished a step (`Run.mark_step`): the interval since the previous one, less `in_phases_s` spent
@@ -156,6 +160,24 @@ class StepPace:
             intervals, forgotten = [sample.interval for sample in self._samples], self._forgotten
         pace = baseline(intervals, warmup=WARMUP_STEPS - forgotten)
         return 0.0 if pace is None else stall_threshold_for(pace, ceiling)
+
+    def step_time_ratio(self) -> float | None:
+        """The window's median step interval over the run's baseline (`contract.pace.step_time_ratio`): the median of
+        the first full window after warm-up, kept for the run from then on; None before."""
+        with self._lock:
+            samples, forgotten = list(self._samples), self._forgotten
+        if not samples:
+            return None
+        span = samples[-1].ended - samples[0].ended + samples[0].interval
+        full = len(samples) >= self.window_steps and (
+            span >= self.window_s * WINDOW_SLACK or len(samples) == self._samples.maxlen
+        )
+        intervals = [sample.interval for sample in samples]
+        if self._baseline is None and full:
+            self._baseline = baseline(intervals, warmup=WARMUP_STEPS - forgotten)
+        if self._baseline is None:
+            return None
+        return step_time_ratio(statistics.median(intervals), self._baseline.median_s)
 
     def _forget_old(self, now: float) -> None:
         """Keep at least `window_s` and `window_steps`, whichever is longer (bounded by the deque's maxlen)."""

@@ -15,7 +15,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract
-from beacon.contract.pace import straggler_of
+from beacon.contract.pace import run_stall_after, straggler_of
 from beacon.contract.rank_evidence import RankProgress
 from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory
 from beacon.evidence.progress import ProgressClock
@@ -110,6 +110,12 @@ class Heartbeat:
             except (ClientError, BotoCoreError) as error:
                 log.error("cannot create this run's alarms: %s", error)
 
+    def stall_after(self, ranks: list[RankProgress]) -> float:
+        """The run's stall threshold: this rank's own, and the longest any other rank's document states, never later
+        than `stall_dump_after` (`contract.pace.run_stall_after`)."""
+        fixed = self.config.stall_dump_after
+        return run_stall_after((self.progress.stall_after(fixed), *(r.stall_after_s for r in ranks)), fixed)
+
     def metric_batch(self, now: float, ranks: list[RankProgress]) -> tuple[list[dict[str, Any]], WindowStats]:
         """The batch to send now, and the window it took (put back if CloudWatch refuses it)."""
         window = self.window.take()
@@ -131,13 +137,15 @@ class Heartbeat:
         mono, steps = time.monotonic(), self.progress.steps
         last_mono, last_steps = self._last_rate_sample
         self._last_rate_sample = (mono, steps)
-        backlog = float(self._backlog())
+        backlog, age, stall_after = float(self._backlog()), self.progress.progress_age(), self.stall_after(ranks)
         data = [
             datum(contract.HEARTBEAT, run_dims, Value=1.0),
-            datum(contract.PROGRESS_AGE, run_dims, Value=self.progress.progress_age()),
+            datum(contract.PROGRESS_AGE, run_dims, Value=age),
+            datum(contract.STALL_RATIO, run_dims, Value=age / stall_after),
             datum(contract.STEPS_PER_SECOND, run_dims, Value=(steps - last_steps) / max(mono - last_mono, 1e-6)),
         ]
         phase = self.progress.current_phase()  # setup, evaluation, checkpoint: work, not a stall
+        standing_out = None
         if self.cross_rank_metrics and self.ranks is not None and (view := CrossRankView.of(ranks, now)):
             data.append(datum(contract.SLOWEST_RANK_PROGRESS_AGE, run_dims, Value=view.slowest_progress_age))
             data.append(datum(contract.RANK_STEP_SPREAD, run_dims, Value=float(view.step_spread)))
@@ -146,6 +154,12 @@ class Heartbeat:
             stalled = self.evidence is not None and self.evidence.stalled(ranks, now)
             if straggler is not None and straggler.window_full and not stalled:
                 data.append(datum(contract.STRAGGLER_WAIT_SHARE, run_dims, Value=straggler.waited_share))
+            standing_out = straggler if straggler is not None and straggler.is_slow() else None
+        # The run's pace against its baseline, while it steps (a hang's frozen window says nothing of its pace) and no
+        # rank stands out (that is the slow rank's alarm)
+        ratio = self.progress.pace.step_time_ratio()
+        if ratio is not None and age < stall_after and standing_out is None:
+            data.append(datum(contract.STEP_TIME_RATIO, run_dims, Value=ratio))
         if phase is not None:
             phase_dims = contract.phase_dimensions(self.config.team, self.config.experiment, self.config.run, phase[0])
             data.append(datum(contract.PHASE_SECONDS, phase_dims, Value=phase[1]))
