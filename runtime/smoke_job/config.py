@@ -50,6 +50,9 @@ class JobConfig:
     setup_sleep: float
     hang_after_step: int
     hang_rank: int
+    slow_after_step: int
+    slow_rank: int
+    slow_by: float
     min_duration: float
 
     def with_run(self, run: str) -> JobConfig:
@@ -175,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--setup-sleep", _non_negative_float, 0.0, "extra seconds of setup before the first step (tests)")
     add("--hang-after-step", int, -1, "hang the loop after this step, heartbeat alive (fault tests and benchmarks)")
     add("--hang-rank", int, -1, "with --hang-after-step, only this rank hangs; the others block in a collective")
+    add("--slow-after-step", int, -1, "after this step, --step-sleep is --slow-by times longer (benchmarks)")
+    add("--slow-rank", int, -1, "with --slow-after-step, only this rank slows (a straggler); -1: every rank")
+    add("--slow-by", _positive_float, 1.5, "with --slow-after-step, the factor on --step-sleep")
     add(
         "--min-duration",
         _non_negative_float,

@@ -61,7 +61,7 @@ class Job:
                 if (step + 1) % config.checkpoint_interval == 0:
                     self._checkpoint(step, model, optimizer)
                 if config.step_sleep:
-                    time.sleep(config.step_sleep)
+                    time.sleep(config.step_sleep * self._slowed_by(step))
                 if config.min_duration:
                     self._pace(loop_started, step - run.resume_step + 1, config.steps - run.resume_step)
                 if step == config.hang_after_step and config.hang_rank in (-1, run.world.rank):
@@ -126,6 +126,17 @@ class Job:
             log.warning("setup takes %.1f s longer (--setup-sleep)", config.setup_sleep)
             run.stop.wait(config.setup_sleep)
         return model, optimizer, batches
+
+    def _slowed_by(self, step: int) -> float:
+        """--slow-by on this rank's own work once past --slow-after-step (a straggler, or every rank alike), else 1."""
+        config = self.config
+        if config.slow_after_step < 0 or step <= config.slow_after_step:
+            return 1.0
+        if config.slow_rank not in (-1, self.run.world.rank):
+            return 1.0
+        if step == config.slow_after_step + 1:
+            log.warning("slowing by %.2f after step %d (--slow-after-step)", config.slow_by, config.slow_after_step)
+        return config.slow_by
 
     def _pace(self, loop_started: float, done: int, total: int) -> None:
         """Spread the steps over --min-duration; a stop request ends the wait at once."""
