@@ -135,6 +135,7 @@ RANKS_SCRIPT = textwrap.dedent(
     """
     import json, os, sys, time
     import torch, torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
     from beacon.evidence.step_pace import StepPace, TimedCollectives, watch_ddp
 
     mode, out = sys.argv[1], sys.argv[2]
@@ -142,21 +143,22 @@ RANKS_SCRIPT = textwrap.dedent(
     dist.init_process_group("gloo")
     work_s = 0.15 if rank == 2 else 0.10
     pace = StepPace()
-    if mode == "ddp":
+    in_model_s = work_s if mode == "ddp" else 0.0
+    if mode in ("ddp", "ddp-stop"):
         class SlowBackward(torch.autograd.Function):
             @staticmethod
             def forward(ctx, x):
                 return x.clone()
             @staticmethod
             def backward(ctx, grad):
-                time.sleep(work_s / 2)  # half of this rank's work, between two buckets' gradients
+                time.sleep(in_model_s / 2)  # half of this rank's work, between two buckets' gradients
                 return grad
         class Slow(torch.nn.Module):
             def __init__(self):
                 super().__init__()
                 self.first, self.last = torch.nn.Linear(64, 64), torch.nn.Linear(64, 1)
             def forward(self, x):
-                time.sleep(work_s / 2)  # the other half
+                time.sleep(in_model_s / 2)  # the other half
                 return self.last(SlowBackward.apply(self.first(x)))
         # a bucket per layer: the lag grows between the first bucket's gradients and the last's
         model = torch.nn.parallel.DistributedDataParallel(Slow(), bucket_cap_mb=0.001)
@@ -166,7 +168,14 @@ RANKS_SCRIPT = textwrap.dedent(
         timed = TimedCollectives(pace).install()
     stamps = []
     for step in range(30):
-        if mode == "ddp":
+        if mode == "ddp-stop":  # Beacon's stop flag first (`Run.should_stop`), the rank's work between two steps
+            with pace.waiting():
+                c10d.all_reduce(torch.zeros(1, dtype=torch.int32), op=dist.ReduceOp.MAX)
+            optimizer.zero_grad()
+            model(torch.ones(2, 64)).sum().backward()
+            optimizer.step()
+            time.sleep(work_s)
+        elif mode == "ddp":
             optimizer.zero_grad()
             model(torch.ones(2, 64)).sum().backward()  # the all_reduce runs inside, from DDP's C++ hooks
             optimizer.step()
@@ -175,7 +184,7 @@ RANKS_SCRIPT = textwrap.dedent(
             dist.all_reduce(torch.ones(1))
         pace.step_finished()
         stamps.append(time.monotonic())
-    if mode != "ddp":
+    if mode == "explicit":
         timed.remove()
     intervals = [b - a for a, b in zip(stamps[5:], stamps[6:])]
     p = pace.of_rank(rank)
@@ -188,8 +197,10 @@ RANKS_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["ddp", "explicit"])
+@pytest.mark.parametrize("mode", ["ddp", "explicit", "ddp-stop"])
 def test_four_gloo_ranks_step_together_and_the_one_the_others_wait_for_is_named(mode: str, tmp_path: Path) -> None:
+    """`ddp-stop`: the loop asks Beacon whether to stop at each step's start (a CPU collective of Beacon's own) and the
+    slow rank's work lies between steps: the others wait for it there, not in DDP's all_reduce, and it counts."""
     script = tmp_path / "ranks.py"
     script.write_text(RANKS_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BEACON_", "TORCHELASTIC_"))}

@@ -266,8 +266,10 @@ class Run:
 
     def should_stop(self) -> bool:
         """True on every rank once any rank was asked to stop (SIGTERM, SIGINT): a collective, so call
-        it at the same point of every step on every rank."""
-        return self.world.any_rank(self.stop.is_set())
+        it at the same point of every step on every rank. Once `watch` was called, its wait for the other ranks counts
+        in this rank's pace (the first collective of a step is where a slow rank is waited for)."""
+        with self.progress.pace.waiting():
+            return self.world.any_rank(self.stop.is_set())
 
     def checkpoint(self, state: dict[str, Any], step: int) -> bool:
         """Save `state` in the background (rank 0; the snapshot is the only work on this thread).

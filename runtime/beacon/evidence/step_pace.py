@@ -31,7 +31,8 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from beacon.contract.alarms import STALL_THRESHOLD_S
@@ -129,6 +130,18 @@ class StepPace:
         ended = self._now()
         with self._lock:
             self._wait = (0.0 if math.isnan(self._wait) else self._wait) + (ended - began)
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """A wait for the peers made outside `run.watch`'s wrappers, counted once it was called: Beacon's own stop flag
+        (`Run.should_stop`, a CPU collective every step). A slow rank is waited for at the step's first collective;
+        where a loop asks every step whether to stop, that is this one, and DDP's all_reduce then waits for no one."""
+        began = self._now()
+        try:
+            yield
+        finally:
+            if self.timing:
+                self.waited(began)
 
     def waited_on_gpu(self, start: Any, end: Any) -> None:
         """A GPU-timed collective of this step, between two recorded CUDA events."""
