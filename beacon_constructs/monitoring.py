@@ -28,6 +28,7 @@ from beacon.contract.pace import (
     SLOW_RANK_FOR_S,
     SLOW_RANK_FOR_STEPS,
     SLOW_RANK_SHARE,
+    SLOW_RANK_SUSTAINED_S,
     STALL_FLOOR_S,
     STALL_STEPS,
 )
@@ -264,8 +265,8 @@ class TrainingMonitoring(Construct):
             Statistic="Minimum",
             Threshold=SLOW_RANK_SHARE,
             ComparisonOperator="GreaterThanOrEqualToThreshold",
-            EvaluationPeriods=contract.SLOW_EVALUATION_PERIODS,
-            DatapointsToAlarm=contract.SLOW_EVALUATION_PERIODS,
+            EvaluationPeriods=int(SLOW_RANK_SUSTAINED_S // contract.HEARTBEAT_PERIOD_S),
+            DatapointsToAlarm=int(SLOW_RANK_SUSTAINED_S // contract.HEARTBEAT_PERIOD_S),
             # No share: no run.watch, windows not yet full, or a rank stalled: keep the state (a slow run that hangs
             # sends no "OK, not slow" while its stalled alarm is still counting)
             TreatMissingData="ignore",

@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.flight_recorder import NO_TORCH
 from config import names
 from tests.conftest import WriterSession
+from tests.support.metric_history import sent_every_beat
 from tests.support.moto_server import REGION, MotoServer
 from tests.support.policy_eval import ACCOUNT, Decision, Deployment, Request, merge
 from tests.support.strict_s3 import SessionGate
@@ -413,6 +413,8 @@ def test_a_slow_rank_is_named_in_the_notification_at_once_from_rank_0s_snapshot(
                        progress=ProgressClock(), spool=Spool(tmp_path / "spool"), run_alarms=None,
                        ranks_dir=ranks_dir)  # fmt: skip
     rank_0.heartbeat.cross_rank_metrics = True  # rank 0 of four, as `beacon.run` builds it
+    # its earlier beats said so for minutes (the verdict's span: `contract.pace.rank_slow`); this one snapshots
+    sent_every_beat(as_writer.client("cloudwatch"), TEAM, EXPERIMENT, RUN, contract.STRAGGLER_WAIT_SHARE, 0.33)
     rank_0.heartbeat.beat()
     assert rank_0.evidence is not None and rank_0.evidence.wait(timeout=30)
     topic, _, _, publisher = topic_with_queue_as_admin(as_writer)
@@ -438,13 +440,7 @@ def test_a_slowed_run_is_said_in_the_notification_at_once_from_its_heartbeats_ra
     rank_0 = Telemetry(config, s3=as_writer.client("s3"), cloudwatch=as_writer.client("cloudwatch"),
                        progress=ProgressClock(), spool=Spool(tmp_path / "spool"), run_alarms=None)  # fmt: skip
     rank_0.heartbeat.beat()
-    dimensions = [{"Name": k, "Value": v} for k, v in contract.run_dimensions(TEAM, EXPERIMENT, RUN).items()]
-    now = datetime.now(UTC).replace(microsecond=0)
-    as_writer.client("cloudwatch").put_metric_data(Namespace=contract.metric_namespace(TEAM), MetricData=[
-        {"MetricName": contract.STEP_TIME_RATIO.name, "Dimensions": dimensions, "Value": 1.7, "Unit": "None",
-         "Timestamp": now - timedelta(seconds=ago), "StorageResolution": 1}
-        for ago in range(0, 600, 15)
-    ])  # fmt: skip
+    sent_every_beat(as_writer.client("cloudwatch"), TEAM, EXPERIMENT, RUN, contract.STEP_TIME_RATIO, 1.7)
     topic, _, _, publisher = topic_with_queue_as_admin(as_writer)
     waits: list[float] = []
     event = slow_alarm_event(kind=contract.RunAlarm.SLOWED)

@@ -29,6 +29,7 @@ from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
 from beacon_ops.doctor.flight_recorder import FlightRecorderReading, Mismatch
 from beacon_ops.evidence.reading import RunEvidence
 from tests.conftest import WriterSession
+from tests.support.metric_history import sent_every_beat
 from tests.support.synth import ROOT
 
 SETTINGS_PAGE = ROOT / "docs" / "runtime" / "settings.md"
@@ -136,9 +137,9 @@ VERDICT_RUNS: dict[str, dict[str, Any]] = {
         "metrics": {contract.UPLOAD_FAILURES: 40.0, contract.SPOOL_BACKLOG: 900.0},
     },
     # rank 0's live snapshot while rank 2 is waited for, and its heartbeat saying so
-    "rank-slow": {"final": None, "beats": 2.0, "slow_rank": 2, "metrics": {contract.STRAGGLER_WAIT_SHARE: 0.33}},
+    "rank-slow": {"final": None, "beats": 2.0, "slow_rank": 2, "history": {contract.STRAGGLER_WAIT_SHARE: 0.33}},
     # every rank 1.7x slower than the run's baseline for ten minutes, its heartbeat says (StepTimeRatio), none apart
-    "run-slowed": {"final": None, "beats": 2.0, "slowed": 1.7},
+    "run-slowed": {"final": None, "beats": 2.0, "history": {contract.STEP_TIME_RATIO: 1.7}},
     "endpoint": {"final": {"state": "finished"}, "region": "eu-west-1"},
     "unreachable": {"final": {"state": "finished"}, "doctor": {"s3": "nowhere", "probe": "nowhere"}},
     "finished, slowly": {"final": {"state": "finished"}, "doctor": {"s3": "slow"}},
@@ -162,12 +163,12 @@ def seed_run(
     hosts: tuple[str, ...] = ("train-0",),
     slow_rank: int | None = None,
     paced: bool = False,
-    slowed: float | None = None,
+    history: dict[contract.Metric, float] | None = None,
 ) -> datetime | None:
     """30 steps of `run` in S3 as its writer wrote them, from each of `ranks`, in chunks of 10 records less those
     numbered `lost`; a preflight (in `region`) from each of `hosts`; its final state, or none; with `beats`, a
-    heartbeat 20 s ago whose progress age says no step for that many seconds, and `metrics` beside it (with
-    `slowed`, the StepTimeRatio of every beat of the last ten minutes). The moment to read it at (None: now)."""
+    heartbeat 20 s ago whose progress age says no step for that many seconds, and `metrics` beside it (`history`:
+    sent by every beat of the last ten minutes). The moment to read it at (None: now)."""
     s3, bucket, now = as_writer.client("s3"), as_writer.bucket, time.time()
     steps = enumerate((step, rank) for step in range(30) for rank in ranks)
     lines = [contract.Record("smoke", run, s, {"loss": 2.0 / (s + 1)}, now - 60 + s, seq=seq, rank=r).to_line()
@@ -221,12 +222,8 @@ def seed_run(
          "Timestamp": beat, "StorageResolution": 1}
         for metric, value in sent.items()
     ])  # fmt: skip
-    if slowed is not None:
-        as_writer.client("cloudwatch").put_metric_data(Namespace=contract.metric_namespace("demo"), MetricData=[
-            {"MetricName": contract.STEP_TIME_RATIO.name, "Dimensions": dimensions, "Value": slowed, "Unit": "None",
-             "Timestamp": beat - timedelta(seconds=ago), "StorageResolution": 1}
-            for ago in range(0, 600, 15)
-        ])  # fmt: skip
+    for metric, value in (history or {}).items():
+        sent_every_beat(as_writer.client("cloudwatch"), "demo", "smoke", run, metric, value, until=beat)
     return beat + timedelta(seconds=5)
 
 

@@ -25,6 +25,7 @@ from beacon_ops.doctor.diagnosis import DoctorInputs, diagnose
 from beacon_ops.doctor.rank_verdict import which_rank
 from beacon_ops.evidence.reading import rank_keys, read_run
 from tests.support.job_harness import keys_under
+from tests.support.metric_history import sent_every_beat
 from tests.support.moto_server import MotoServer
 from tests.support.synchronous_ranks import Clock
 
@@ -250,6 +251,8 @@ def test_a_slow_rank_is_sent_snapshotted_once_and_named_by_the_doctor_until_it_r
     sink = rank_0(aws, tmp_path)
     sink.heartbeat.cross_rank_metrics = True  # rank 0 of four, as `beacon.run` builds it
     write_ranks(tmp_path / "ranks", [paced(r, slow=2) for r in range(4)], dumped=False)
+    # its earlier beats said so for minutes (the verdict's span: `contract.pace.rank_slow`)
+    sent_every_beat(aws.client("cloudwatch"), "demo", EXPERIMENT, RUN, contract.STRAGGLER_WAIT_SHARE, 0.33)
     beat(sink)
     beat(sink)  # still slow: no second snapshot before SLOW_REFRESH_BEATS
     every_document = (contract.LIVE_SNAPSHOT_COMPLETE, *(rank_document_name(r) for r in range(4)))

@@ -9,7 +9,7 @@ import pytest
 from aws_cdk import App, Stack
 from aws_cdk.assertions import Match, Template
 from beacon import contract
-from beacon.contract.pace import RUN_SLOWED_RATIO, RUN_SLOWED_SUSTAINED_S, SLOW_RANK_SHARE
+from beacon.contract.pace import RUN_SLOWED_RATIO, RUN_SLOWED_SUSTAINED_S, SLOW_RANK_SHARE, SLOW_RANK_SUSTAINED_S
 
 from beacon_constructs.monitoring import FIRST_CHECKS, TrainingMonitoring
 from beacon_ops.evidence.alarms import (
@@ -83,7 +83,8 @@ def test_slow_alarm_watches_the_stragglers_wait_share_at_the_contracts_threshold
     assert slow["MetricName"] == contract.STRAGGLER_WAIT_SHARE.name
     assert (slow["Statistic"], slow["Period"], slow["Threshold"]) == ("Minimum", 30, SLOW_RANK_SHARE)
     assert slow["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
-    assert (slow["EvaluationPeriods"], slow["DatapointsToAlarm"]) == (2, 2)
+    periods = slow["EvaluationPeriods"]
+    assert periods == slow["DatapointsToAlarm"] and periods * slow["Period"] == SLOW_RANK_SUSTAINED_S
     assert slow["TreatMissingData"] == "ignore", "no share (no run.watch, a rank stalled): the state stays"
 
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
-from beacon.contract.pace import RUN_SLOWED_FOR_S, SLOW_RANK_SHARE, run_slowed, run_stall_after
+from beacon.contract.pace import RUN_SLOWED_FOR_S, rank_slow, run_slowed, run_stall_after
 from beacon.contract.rank_evidence import SIGNAL_DUMP, RankProgress, signal_stacks_name, stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -179,11 +179,11 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
 
     world_size = max((r.world_size for r in evidence.ranks()[0]), default=0)
     recorder = read_flight_recorder(evidence.flight_recorder_dumps(), world_size=world_size)
-    # A slow rank is named from the ranks' documents rank 0 uploaded while it was slow, if its heartbeat still says so
+    # A slow rank is named from the ranks' documents rank 0 uploaded while it was slow, if its heartbeat has said so for
+    # the verdict's span and still does (`contract.pace.rank_slow`)
     shares = _samples(inputs, contract.STRAGGLER_WAIT_SHARE, dims, "Minimum", now)
     fresh_for = max(SILENT_FLOOR_S, SILENT_BEATS * interval)
-    fresh = bool(shares) and (read_at - shares[-1].at).total_seconds() <= fresh_for
-    slow_share = shares[-1].value if fresh and shares[-1].value >= SLOW_RANK_SHARE else None
+    slow_share = rank_slow([(s.at.timestamp(), s.value) for s in shares], read_at.timestamp(), gap_s=fresh_for)
     # A rank stopped outside a collective while the others wait, its progress not yet `stall_after` old: named, as a
     # pause it may be (an evaluation on one rank the loop did not wrap), not yet as a hang
     stall = Stall(stall_after, read_at.timestamp(), progress_age)
@@ -648,7 +648,8 @@ def _stopped_rank(
 ) -> tuple[Verdict, RankVerdict | None]:
     """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps; and the
     first collective they did not all join, where their flight recorders say. With none stopped, the rank the others
-    wait for, while the run's heartbeat says it is still slow (`slow_share`: its last StragglerWaitShare, if slow)."""
+    wait for, while the run's heartbeat says it is slow (`slow_share`: the least StragglerWaitShare of the verdict's span,
+    `contract.pace.rank_slow`)."""
     documents, stacks = evidence.ranks()
     if len(documents) < 2 and which_rank(documents, stacks) is None:
         if slow_share is not None:

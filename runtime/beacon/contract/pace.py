@@ -24,6 +24,10 @@ STALL_STEPS = 20  # ... nor sooner than this many of the run's slowest (p99) ste
 SLOW_RANK_SHARE = 0.25  # of the step, waited for one rank
 SLOW_RANK_FOR_S = 300.0  # ... for this long, or SLOW_RANK_FOR_STEPS, whichever is longer
 SLOW_RANK_FOR_STEPS = 100
+# Rank 0's heartbeat sends StragglerWaitShare, the window's medians: it passes SLOW_RANK_SHARE some 3 minutes into a
+# slowdown (once more than half the window is slowed), so 2 more minutes of every share sent at it or above make the
+# 5 of SLOW_RANK_FOR_S (`rank_slow`; the slow alarm's periods).
+SLOW_RANK_SUSTAINED_S = 120.0
 RUN_SLOWED_RATIO = 1.5  # the run's step time over its baseline median
 RUN_SLOWED_FOR_S = 600.0
 SLOW_REFRESH_BEATS = 40  # rank 0 snapshots the ranks' documents once a slow episode begins, then this rarely
@@ -147,13 +151,27 @@ def step_time_ratio(step_s: float, baseline_s: float) -> float:
     return step_s / baseline_s if baseline_s > 0 else math.inf
 
 
+def sustained(
+    samples: Sequence[tuple[float, float]], now: float, *, span_s: float, at_least: float, gap_s: float
+) -> float | None:
+    """The least of `samples` (epoch seconds, value) over the last `span_s` when every one is `at_least` or more, the
+    first of them that long ago and the last one fresh (both within `gap_s`: a few heartbeats); else None. What an
+    alarm of that span's periods, every one breaching, says too."""
+    recent = [(at, value) for at, value in samples if now - span_s - gap_s <= at <= now]
+    if not recent or now - recent[-1][0] > gap_s or recent[0][0] > now - span_s + gap_s:
+        return None
+    least = min(value for _, value in recent)
+    return least if least >= at_least else None
+
+
+def rank_slow(shares: Sequence[tuple[float, float]], now: float, *, gap_s: float) -> float | None:
+    """The share of each step the ranks wait for the straggler when it is slow for the verdict: each StragglerWaitShare
+    of the last SLOW_RANK_SUSTAINED_S at SLOW_RANK_SHARE or more (`sustained`); the least of them, else None."""
+    return sustained(shares, now, span_s=SLOW_RANK_SUSTAINED_S, at_least=SLOW_RANK_SHARE, gap_s=gap_s)
+
+
 def run_slowed(ratios: Sequence[tuple[float, float]], now: float, *, gap_s: float) -> float | None:
     """The run's step time over its baseline when the run as a whole has slowed (every rank alike: its data, storage
-    or network): each StepTimeRatio (epoch seconds, ratio) of the last RUN_SLOWED_SUSTAINED_S at RUN_SLOWED_RATIO or
-    more, the first of them that long ago and the last one fresh (both within `gap_s`: a few heartbeats); the least of
-    them, else None. What the run's slowed alarm says too (30 s periods over the same span, every one breaching)."""
-    recent = [(at, ratio) for at, ratio in ratios if now - RUN_SLOWED_SUSTAINED_S - gap_s <= at <= now]
-    if not recent or now - recent[-1][0] > gap_s or recent[0][0] > now - RUN_SLOWED_SUSTAINED_S + gap_s:
-        return None
-    least = min(ratio for _, ratio in recent)
-    return least if least >= RUN_SLOWED_RATIO else None
+    or network): each StepTimeRatio of the last RUN_SLOWED_SUSTAINED_S at RUN_SLOWED_RATIO or more (`sustained`);
+    the least of them, else None."""
+    return sustained(ratios, now, span_s=RUN_SLOWED_SUSTAINED_S, at_least=RUN_SLOWED_RATIO, gap_s=gap_s)
