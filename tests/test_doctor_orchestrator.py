@@ -14,7 +14,7 @@ from typing import Any
 
 from beacon import contract
 
-from beacon_ops.doctor.orchestrator import duration, kube_event
+from beacon_ops.doctor.orchestrator import duration, kube_event, node_view
 from beacon_ops.local.long_run import Attempt, write_long_run
 from tests.support.deployed_team import BUCKET, TEAM, DeployedTeam
 from tests.support.fake_kubernetes import FakeKubernetes
@@ -302,6 +302,8 @@ def test_a_beacon_job_evicted_by_a_spot_interruption_names_the_node_and_karpente
             "deleting_since": None,
             "unhealthy": [],
             "expire_after": None,
+            "instance_id": "",
+            "node_claim": "",
         }
     ]
 
@@ -588,6 +590,30 @@ def test_an_event_recorded_through_the_events_api_is_placed_at_its_last_occurren
     )
     once = kube_event({**served, "series": None})
     assert (once.at, once.count) == (datetime(2026, 12, 1, 10, 0, tzinfo=UTC), 1)
+
+
+def test_a_node_is_placed_as_far_as_the_api_says_its_instance_its_nodeclaim_and_the_conditions_repair_acts_on() -> None:
+    """Issue 31: a rank's node, named beside the rank (a slow one, a hung one): its EC2 instance from its providerID,
+    the NodeClaim Karpenter registered it under (its owner reference), and what node repair would act on."""
+    node = {
+        "metadata": {"name": GPU_NODE, "labels": {"node.kubernetes.io/instance-type": "g6.12xlarge"},
+                     "ownerReferences": [{"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "name": "gpu-x7k2p",
+                                          "uid": "u1", "blockOwnerDeletion": True}]},
+        "spec": {"providerID": "aws:///us-east-1a/i-0123456789abcdef0"},
+        "status": {"conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": T0},
+            {"type": "AcceleratedHardwareReady", "status": "False", "reason": "XidError", "message": "Xid 79",
+             "lastTransitionTime": T0},
+        ]},
+    }  # fmt: skip
+    view = node_view(GPU_NODE, node)
+    assert (view.instance_id, view.node_claim) == ("i-0123456789abcdef0", "gpu-x7k2p")
+    assert view.placed() == (
+        'instance i-0123456789abcdef0, NodeClaim gpu-x7k2p, AcceleratedHardwareReady=False XidError "Xid 79" '
+        "since 2026-12-01 10:00:00 UTC"
+    )
+    elsewhere = node_view("n", {"metadata": {}, "spec": {"providerID": "gce://p/z/n"}})
+    assert (elsewhere.instance_id, elsewhere.node_claim, elsewhere.placed()) == ("", "", "")
 
 
 def test_go_durations_as_nodepools_write_them() -> None:

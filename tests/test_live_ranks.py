@@ -300,6 +300,7 @@ def test_a_hang_after_a_slow_spell_stops_the_share_so_the_slow_alarm_cannot_hide
 
 def test_the_doctor_says_a_slow_rank_it_cannot_place_yet_and_points_rank_0_at_its_own_work() -> None:
     from beacon_ops.doctor.diagnosis import _stopped_rank
+    from beacon_ops.doctor.orchestrator import NodeView
     from beacon_ops.evidence.reading import RunEvidence
 
     unplaced, _ = _stopped_rank(RunEvidence(EXPERIMENT, RUN), None, slow_share=0.4)
@@ -310,6 +311,16 @@ def test_the_doctor_says_a_slow_rank_it_cannot_place_yet_and_points_rank_0_at_it
     assert rank_0_slow.evidence.startswith("rank 0 on pod train-0") and rank_0_slow.fix.startswith("rank 0 does work")
     recovered, _ = _stopped_rank(RunEvidence(EXPERIMENT, RUN, rank_files=files), None, slow_share=None)
     assert recovered.verdict == "none stands out", "its heartbeat no longer says slow"
+    # `beacon doctor` on EKS reads the job's nodes too: the slow rank's is placed as far as the API says
+    node = NodeView("node-1", exists=True, instance_id="i-0abc", node_claim="gpu-x7k2p")
+    files = {rank_document_name(r): json.dumps(asdict(paced(r, slow=2))).encode() for r in range(4)}
+    placed, _ = _stopped_rank(RunEvidence(EXPERIMENT, RUN, rank_files=files), None, slow_share=0.33,
+                              nodes={"node-1": node})  # fmt: skip
+    assert placed.evidence.startswith(
+        "rank 2 on pod train-1, node node-1, instance g6.12xlarge is slow: the other ranks wait for it 33% of each "
+        "1.50 s step"
+    ), placed
+    assert "[node-1: instance i-0abc, NodeClaim gpu-x7k2p]" in placed.evidence, placed
 
 
 # --- the stall check's own cadence (issue 31): rank 0 looks between heartbeats once its own progress stopped ------

@@ -10,7 +10,7 @@ import re
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,7 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon_ops.doctor.flight_recorder import FlightRecorderReading, ranks_in_a_collective, read_flight_recorder
 from beacon_ops.doctor.orchestrator import CHECK as CHECK_ORCHESTRATOR
-from beacon_ops.doctor.orchestrator import OrchestratorState, orchestrator_verdict, running_now
+from beacon_ops.doctor.orchestrator import NodeView, OrchestratorState, orchestrator_verdict, running_now
 from beacon_ops.doctor.rank_verdict import RankVerdict, slow_rank, which_rank
 from beacon_ops.doctor.sagemaker_state import TrainingJobReading
 from beacon_ops.doctor.timeline import (
@@ -187,7 +187,9 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     # A rank stopped outside a collective while the others wait, its progress not yet `stall_after` old: named, as a
     # pause it may be (an evaluation on one rank the loop did not wrap), not yet as a hang
     stall = Stall(stall_after, read_at.timestamp(), progress_age)
-    rank_check, stopped = _stopped_rank(evidence, recorder, slow_share=slow_share, stall=stall)
+    job = inputs.orchestrator.job if inputs.orchestrator is not None else None
+    nodes = {node.name: node for node in job.nodes if node.exists} if job is not None else {}
+    rank_check, stopped = _stopped_rank(evidence, recorder, slow_share=slow_share, stall=stall, nodes=nodes)
     platform = inputs.orchestrator_verdict()
     newest = evidence.newest_record_at
     gap = beats[-1].at if beats else (datetime.fromtimestamp(newest[0], UTC) if newest is not None else None)
@@ -645,10 +647,12 @@ def _stopped_rank(
     *,
     slow_share: float | None = None,
     stall: Stall | None = None,
+    nodes: Mapping[str, NodeView] | None = None,
 ) -> tuple[Verdict, RankVerdict | None]:
-    """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps; and the
-    first collective they did not all join, where their flight recorders say. With none stopped, the rank the others
-    wait for, while the run's heartbeat says it is slow (`slow_share`: the least StragglerWaitShare of the verdict's span,
+    """Which rank stopped a multi-rank run, from the ranks' last documents and stack dumps; and the first collective
+    they did not all join, where their flight recorders say; the rank's node as its orchestrator shows it (`nodes`:
+    its instance, NodeClaim and conditions), when the doctor read it. With none stopped, the rank the others wait
+    for, while the run's heartbeat says it is slow (`slow_share`: the least StragglerWaitShare of the verdict's span,
     `contract.pace.rank_slow`)."""
     documents, stacks = evidence.ranks()
     if len(documents) < 2 and which_rank(documents, stacks) is None:
@@ -670,7 +674,7 @@ def _stopped_rank(
     if stopped is None:
         if slow_share is not None and (slow := slow_rank(documents)) is not None:
             fix = SLOW_RANK_0_FIX if slow.straggler.rank == 0 else SLOW_RANK_FIX
-            return Verdict("rank", WARN, "slow", slow.line() + read, fix), None
+            return Verdict("rank", WARN, "slow", slow.line() + _on_node(nodes, slow.node) + read, fix), None
         if slow_share is not None:
             return _slow_not_placed(slow_share), None
         return Verdict(
@@ -695,10 +699,18 @@ def _stopped_rank(
         where = "no stack dump (killed outright, or frozen)"
     fix = "; ".join(filter(None, (where, unread)))
     document = next((r for r in documents if r.rank == stopped.rank), None)
+    placed = _on_node(nodes, stopped.node)
     if stopped.how == "hung" and stall is not None and document is not None and stall.not_yet(document):
         line = replace(stopped, how="stopped").line()  # not yet said to hang
-        return Verdict("rank", WARN, "paused", line + read, f"{PAUSE_ADVICE}; {fix}"), stopped
-    return Verdict("rank", FAIL, stopped.how, stopped.line() + read, fix), stopped
+        return Verdict("rank", WARN, "paused", line + placed + read, f"{PAUSE_ADVICE}; {fix}"), stopped
+    return Verdict("rank", FAIL, stopped.how, stopped.line() + placed + read, fix), stopped
+
+
+def _on_node(nodes: Mapping[str, NodeView] | None, name: str) -> str:
+    """What the orchestrator shows of the rank's node (`NodeView.placed`), after the rank's line; "" without it."""
+    node = (nodes or {}).get(name)
+    placed = node.placed() if node is not None else ""
+    return f" [{name}: {placed}]" if placed else ""
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,15 @@ class NodeView:
     deleting_since: datetime | None = None  # its deletionTimestamp: Karpenter drains it
     unhealthy: tuple[NodeHealth, ...] = ()
     expire_after: timedelta | None = None  # its NodePool's, when the doctor could read that NodePool
+    instance_id: str = ""  # the EC2 instance, from its providerID (aws:///<zone>/<instance id>)
+    node_claim: str = ""  # the Karpenter NodeClaim that owns it
+
+    def placed(self) -> str:
+        """Where this node is, as far as the API says: its instance, its NodeClaim, the conditions node repair acts on
+        that hold now; "" when it says none."""
+        said = [f"instance {self.instance_id}" if self.instance_id else "", f"NodeClaim {self.node_claim}" if
+                self.node_claim else "", *(health.quoted() for health in self.unhealthy)]  # fmt: skip
+        return ", ".join(part for part in said if part)
 
 
 @dataclass(frozen=True)
@@ -338,6 +347,7 @@ def node_view(name: str, node: dict[str, Any] | None, pools: dict[str, dict[str,
         return NodeView(name, exists=False)
     metadata = node.get("metadata") or {}
     labels = metadata.get("labels") or {}
+    owners = metadata.get("ownerReferences") or []  # Karpenter's NodeClaim owns the nodes it registers
     pool = (pools or {}).get(str(labels.get(NODE_POOL_LABEL) or ""))
     template = (((pool or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
     return NodeView(
@@ -352,7 +362,14 @@ def node_view(name: str, node: dict[str, Any] | None, pools: dict[str, dict[str,
         deleting_since=parse_time(metadata.get("deletionTimestamp")),
         unhealthy=node_health(node),
         expire_after=duration(template.get("expireAfter")),
+        instance_id=instance_of(str((node.get("spec") or {}).get("providerID") or "")),
+        node_claim=next((str(o.get("name") or "") for o in owners if o.get("kind") == "NodeClaim"), ""),
     )
+
+
+def instance_of(provider_id: str) -> str:
+    """The EC2 instance id of a node's providerID (`aws:///us-east-1a/i-0123456789abcdef0`); "" for another cloud's."""
+    return provider_id.rsplit("/", 1)[-1] if provider_id.startswith("aws://") else ""
 
 
 def belongs_to_job(job_name: str, kind: str, name: str, pods: set[str]) -> bool:
