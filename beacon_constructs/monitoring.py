@@ -246,8 +246,9 @@ class TrainingMonitoring(Construct):
             RunAlarm.STALLED,
             contract.STALL_RATIO,
             "The job is alive (heartbeat arrives) but no training step has finished, outside named phases, for the "
-            f"run's stall threshold ({contract.STALL_THRESHOLD_S} s, or {STALL_STEPS} of its slowest steps once it has "
-            f"a pace, at least {STALL_FLOOR_S:.0f} s): a hung DataLoader worker, a collective waiting on a dead rank, "
+            f"run's stall threshold (its stall_dump_after, {contract.STALL_THRESHOLD_S} s by default, or "
+            f"{STALL_STEPS} of its slowest steps once it has a pace, at least {STALL_FLOOR_S:.0f} s): a hung "
+            "DataLoader worker, a collective waiting on a dead rank, "
             "a deadlock, or a pause the loop did not wrap in run.phase (the doctor tells which).",
             Statistic="Maximum",
             Threshold=1,

@@ -280,7 +280,8 @@ def bench_detection(bench: Bench) -> dict[str, Any]:
     finally:
         end_process_tree(process.pid)
         process.wait()
-    stalled = bench.command("detect-stall", "--steps", "1000000", "--step-sleep", "0.05", "--hang-after-step", "100")
+    # past warm-up and the baseline's 50 steps after it, with room: the run's threshold is its pace's (30 s)
+    stalled = bench.command("detect-stall", "--steps", "1000000", "--step-sleep", "0.05", "--hang-after-step", "150")
     process = subprocess.Popen(
         stalled,
         cwd=ROOT,
@@ -297,7 +298,7 @@ def bench_detection(bench: Bench) -> dict[str, Any]:
                 break
         hung = time.time()
         results["stall_detection_s"] = time_until(lambda: bench.doctor("detect-stall") == "stalled", 400)
-        # The alarm needs the heartbeats that keep coming: record past its 180 s budget, then evaluate.
+        # The alarm needs the heartbeats that keep coming: record past its budget, then evaluate.
         time.sleep(max(0.0, hung + contract.STALLED_BUDGET_S + 5 - time.time()))
         alarms = alarm_set_for_run(bench.monitoring, "smoke", "detect-stall")
         samples = recorded_samples(bench.aws.client("cloudwatch", **bench.reader), alarms)
@@ -310,43 +311,53 @@ def bench_detection(bench: Bench) -> dict[str, Any]:
     return results
 
 
-def two_nodes(bench: Bench, run: str, *job: str) -> list[subprocess.Popen[str]]:
+class TwoNodes:
     """Four ranks of the smoke job as two torchrun nodes on CPU (gloo), pods train-0 and train-1 on nodes node-0 and
     node-1, the production heartbeat (15 s), no run alarms of their own (the bench evaluates the synthesized ones).
-    Node 1's stderr (ranks 2 and 3) is piped, to wait for a line of theirs (`node_1_says`)."""
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
-    command = bench.command(run, "--steps", "1000000", "--alarms", "false", *job)[3:]
-    port = free_port()
-    nodes = []
-    for node in (0, 1):
-        rendezvous = ["--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"]
-        env = {**bench.env(), "BEACON_POD_NAME": f"train-{node}", "BEACON_NODE_NAME": f"node-{node}"}
-        nodes.append(subprocess.Popen(
-            [torchrun, *rendezvous, "--nproc-per-node=2", "-m", "smoke_job.train", *command], cwd=ROOT, env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if node else subprocess.DEVNULL, text=True,
-            start_new_session=True,
-        ))  # fmt: skip
-    return nodes
+    Node 1's stderr (ranks 2 and 3) is read from the start, each line's time kept (`said`): a full pipe would block
+    the ranks' own logging, and their evidence with it."""
 
+    def __init__(self, bench: Bench, run: str, *job: str) -> None:
+        torchrun = str(Path(sys.executable).with_name("torchrun"))
+        command = bench.command(run, "--steps", "1000000", "--alarms", "false", *job)[3:]
+        port = free_port()
+        self.nodes: list[subprocess.Popen[str]] = []
+        for node in (0, 1):
+            rendezvous = ["--nnodes=2", f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"]
+            env = {**bench.env(), "BEACON_POD_NAME": f"train-{node}", "BEACON_NODE_NAME": f"node-{node}"}
+            self.nodes.append(subprocess.Popen(
+                [torchrun, *rendezvous, "--nproc-per-node=2", "-m", "smoke_job.train", *command], cwd=ROOT,
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if node else subprocess.DEVNULL,
+                text=True, start_new_session=True,
+            ))  # fmt: skip
+        self._lines: list[tuple[float, str]] = []
+        self._read = threading.Condition()
+        threading.Thread(target=self._follow, daemon=True).start()
 
-def node_1_says(nodes: list[subprocess.Popen[str]], words: str) -> float:
-    """When node 1's ranks logged `words`; its stderr drained from then on (a full pipe would block the ranks' own
-    logging, and their evidence with it)."""
-    stderr = nodes[1].stderr
-    assert stderr is not None
-    for line in stderr:
-        if words in line:
-            break
-    said = time.time()
-    threading.Thread(target=lambda: [None for _ in stderr], daemon=True).start()
-    return said
+    def _follow(self) -> None:
+        stderr = self.nodes[1].stderr
+        assert stderr is not None
+        for line in stderr:
+            with self._read:
+                self._lines.append((time.time(), line))
+                self._read.notify_all()
 
+    def said(self, words: str, limit: float = 1800) -> float:
+        """When node 1's ranks logged `words` (epoch seconds); inf if not within `limit` seconds."""
+        deadline = time.monotonic() + limit
+        with self._read:
+            while True:
+                found = next((at for at, line in self._lines if words in line), None)
+                if found is not None:
+                    return found
+                if not self._read.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    return float("inf")
 
-def end_nodes(nodes: list[subprocess.Popen[str]]) -> None:
-    for process in nodes:
-        if process.returncode is None:  # not yet ended and reaped here: its pid is still its own
-            end_process_tree(process.pid)
-            process.wait()
+    def end(self) -> None:
+        for process in self.nodes:
+            if process.returncode is None:  # not yet ended and reaped here: its pid is still its own
+                end_process_tree(process.pid)
+                process.wait()
 
 
 def seconds_after(since: float, predicate: Callable[[], bool], limit: float) -> float:
@@ -368,14 +379,14 @@ def alarm_at(bench: Bench, run: str, kind: contract.RunAlarm, since: float) -> f
 
 
 def bench_hang_named(bench: Bench, *, step_s: float = 1.0, hang_after: int = 120) -> dict[str, Any]:
-    """Issue 31: four ranks as two torchrun nodes (`two_nodes`), steps of about `step_s`; rank 3 hangs in the team's
+    """Issue 31: four ranks as two torchrun nodes (`TwoNodes`), steps of about `step_s`; rank 3 hangs in the team's
     code after `hang_after` steps (past warm-up and the baseline). Seconds from the hang until the doctor names rank
     3 (its stack in S3, from the live snapshot): `hang_named_s`; until its stalled alarm is in ALARM:
     `stall_alarm_s`."""
     run = "detect-hang-paced"
-    nodes = two_nodes(bench, run, "--step-sleep", str(step_s), "--hang-after-step", str(hang_after), "--hang-rank", "3")
+    nodes = TwoNodes(bench, run, "--step-sleep", str(step_s), "--hang-after-step", str(hang_after), "--hang-rank", "3")
     try:
-        hung = node_1_says(nodes, "hanging after step")  # rank 3 is node 1's
+        hung = nodes.said("hanging after step")  # rank 3 is node 1's
 
         def rank_3_named() -> bool:  # `paused` before stall_dump_after (90 s), `rank-hung` after: named either way
             found = bench.diagnosis(run)
@@ -390,11 +401,11 @@ def bench_hang_named(bench: Bench, *, step_s: float = 1.0, hang_after: int = 120
         alarmed = (at - hung) if at else float("inf")
         return {"hang_named_s": named, "hang_named_step_s": step_s, "stall_alarm_s": alarmed}
     finally:
-        end_nodes(nodes)
+        nodes.end()
 
 
 def bench_slow(bench: Bench, *, step_s: float = 1.0) -> dict[str, Any]:
-    """Issue 31, two runs side by side, each four ranks as two torchrun nodes (`two_nodes`) calling `run.watch` on
+    """Issue 31, two runs side by side, each four ranks as two torchrun nodes (`TwoNodes`) calling `run.watch` on
     their DDP model, steps of about `step_s`:
     - one rank of four 1.5x slower in its own work after step 60 (every rank's step interval stays the slowest's):
       seconds until the doctor names rank 2 (`rank-slow`) and its slow alarm is in ALARM, `slow_rank_named_s`;
@@ -402,10 +413,10 @@ def bench_slow(bench: Bench, *, step_s: float = 1.0) -> dict[str, Any]:
       doctor says `run-slowed` and its slowed alarm is in ALARM, `run_slowed_named_s`."""
     rank_run, whole_run = "detect-slow-rank", "detect-run-slowed"
     sleep = ["--step-sleep", str(step_s)]
-    ranks = two_nodes(bench, rank_run, *sleep, "--slow-after-step", "60", "--slow-rank", "2", "--slow-by", "1.5")
-    whole = two_nodes(bench, whole_run, *sleep, "--slow-after-step", "360", "--slow-by", "1.6")
+    ranks = TwoNodes(bench, rank_run, *sleep, "--slow-after-step", "60", "--slow-rank", "2", "--slow-by", "1.5")
+    whole = TwoNodes(bench, whole_run, *sleep, "--slow-after-step", "360", "--slow-by", "1.6")
     try:
-        one_slowed = node_1_says(ranks, "slowing by")  # rank 2 is node 1's
+        one_slowed = ranks.said("slowing by")  # rank 2 is node 1's
 
         def rank_2_named() -> bool:
             found = bench.diagnosis(rank_run)
@@ -416,8 +427,8 @@ def bench_slow(bench: Bench, *, step_s: float = 1.0) -> dict[str, Any]:
         alarmed = seconds_after(
             one_slowed, lambda: alarm_at(bench, rank_run, contract.RunAlarm.SLOW, one_slowed) is not None, 900
         )
-        end_nodes(ranks)  # measured: its CPU to the other run
-        slowed_at = node_1_says(whole, "slowing by")
+        ranks.end()  # measured: its CPU to the other run
+        slowed_at = whole.said("slowing by")
         said = seconds_after(slowed_at, lambda: bench.doctor(whole_run) == "run-slowed", 1200)
         whole_alarmed = seconds_after(
             slowed_at, lambda: alarm_at(bench, whole_run, contract.RunAlarm.SLOWED, slowed_at) is not None, 1200
@@ -431,8 +442,8 @@ def bench_slow(bench: Bench, *, step_s: float = 1.0) -> dict[str, Any]:
             "run_slowed_alarm_s": whole_alarmed,
         }
     finally:
-        end_nodes(ranks)
-        end_nodes(whole)
+        ranks.end()
+        whole.end()
 
 
 def free_port() -> int:
@@ -455,11 +466,11 @@ def bench_cost(bench: Bench, minutes: float = 1.0) -> dict[str, Any]:
     s3 = by_service.get("s3", 0)
     per_minute = cloudwatch / (seconds / 60)
     s3_per_hour = s3 / (seconds / 3600)
-    metrics = len(contract.JOB_METRICS) + len(contract.TEAM_ROLLUP_METRICS)
+    metrics = len(contract.JOB_METRICS) + len(contract.TEAM_ROLLUP_METRICS) + 1  # StepTimeRatio, once it has a baseline
     hourly = {
         "put_metric_data": per_minute * 60 * PRICES["put_metric_data_per_1000_requests"] / 1000,
         "custom_metrics": metrics * PRICES["custom_metric_per_month"] / HOURS_PER_MONTH,
-        # silent, stalled and slow (30 s periods: high resolution), and the composite that notifies
+        # silent, stalled, slow and slowed (30 s periods: high resolution), and the composite that notifies
         "alarms": (
             len(contract.RunAlarm.metric_alarms()) * PRICES["high_resolution_alarm_per_month"]
             + PRICES["composite_alarm_per_month"]

@@ -250,7 +250,7 @@ def alarm_of(as_writer: WriterSession, run: str) -> None:
         RunAlarms(as_writer.aws.client("cloudwatch"), as_writer.aws.client("ssm"), "demo", "smoke", run).arm()
         as_writer.aws.client("cloudwatch").set_alarm_state(
             AlarmName=contract.run_alarm_name("demo", "smoke", run, contract.RunAlarm.STALLED),
-            StateValue="ALARM", StateReason="ProgressAge above its threshold",
+            StateValue="ALARM", StateReason="StallRatio at or above 1",
         )  # fmt: skip
     finally:
         as_writer.aws.enforce_iam()

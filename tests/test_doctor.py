@@ -8,10 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from beacon import contract
+from beacon.contract.rank_evidence import RankProgress
 
 from beacon_ops.doctor import diagnosis
 from beacon_ops.doctor.diagnosis import Diagnosis, DoctorInputs, diagnose
@@ -239,3 +242,41 @@ def test_the_cli_names_the_team_it_cannot_read(as_writer: WriterSession) -> None
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("beacon doctor: ") and "unknown team 'nosuch'" in line
+
+
+# --- the run's pace against its baseline (issue 31): the pace check on the heartbeat's StepTimeRatio -------------
+class RatiosSent:
+    """CloudWatch as the doctor reads it, holding only the StepTimeRatio the heartbeat sent (`ratio` every beat of the
+    last `minutes`, the last one `then`)."""
+
+    def __init__(self, ratio: float, minutes: int, *, last: float | None = None) -> None:
+        from datetime import UTC, datetime, timedelta
+
+        self.now = datetime.now(UTC)
+        beats = [self.now - timedelta(seconds=ago) for ago in range(5, minutes * 60, 15)]
+        self.points = [{"Timestamp": at, "Minimum": ratio} for at in beats]
+        if last is not None:
+            self.points[0]["Minimum"] = last
+
+    def get_metric_statistics(self, **asked: object) -> dict[str, object]:
+        return {"Datapoints": self.points if asked["MetricName"] == contract.STEP_TIME_RATIO.name else []}
+
+
+def pace_check(sent: RatiosSent, documents: Sequence[RankProgress]) -> diagnosis.Verdict:
+    inputs = DoctorInputs("demo", "smoke", "r", "bucket", REGION, None, sent, now=sent.now)
+    dims = contract.run_dimensions("demo", "smoke", "r")
+    return diagnosis._pace(inputs, dims, sent.now, 45.0, documents)
+
+
+def test_the_pace_check_says_slowed_only_over_the_span_and_what_it_cannot_know_without_timed_waits() -> None:
+    slowed = pace_check(RatiosSent(1.7, 10), [])
+    assert (slowed.status, slowed.verdict) == ("warn", "slowed") and "no rank stands out" in slowed.evidence
+    document = RankProgress(0, 0, 4, 900, "training", 0.5, 1.0, 0.5, 1, "p", "n", "", 0)
+    untimed = pace_check(RatiosSent(1.7, 10), [replace(document, rank=r) for r in range(4)])  # waits not timed
+    assert "waits are not timed (run.watch)" in untimed.evidence, untimed
+    timed = [replace(document, rank=r, pace_steps=300, pace_window_s=301.0, pace_step_s=1.7, pace_wait_s=0.01)
+             for r in range(4)]  # fmt: skip
+    assert "no rank stands out" in pace_check(RatiosSent(1.7, 10), timed).evidence
+    assert pace_check(RatiosSent(1.7, 3), []).verdict == "slowing", "not yet for ten minutes"
+    assert pace_check(RatiosSent(1.7, 10, last=1.1), []).verdict == "at its baseline", "it recovered"
+    assert pace_check(RatiosSent(1.0, 0), []).verdict == "no ratio"

@@ -6,6 +6,7 @@ diagnosis names the root cause: a refused write explains silence, not the other 
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import time
@@ -16,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
-from beacon.contract.pace import RUN_SLOWED_FOR_S, rank_slow, run_slowed, run_stall_after
+from beacon.contract.pace import RUN_SLOWED_FOR_S, RUN_SLOWED_RATIO, rank_slow, run_slowed, run_stall_after
 from beacon.contract.rank_evidence import SIGNAL_DUMP, RankProgress, signal_stacks_name, stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -207,7 +208,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         rank_check,
         _spool(evidence),
         _divergence(inputs, dims, now),
-        _pace(inputs, dims, read_at, fresh_for),
+        _pace(inputs, dims, read_at, fresh_for, documents),
         _checkpoints(inputs, evidence, dims, now),
         _set_aside(evidence),
         _alarms(inputs),
@@ -770,21 +771,37 @@ def _divergence(inputs: DoctorInputs, dims: dict[str, str], now: datetime) -> Ve
     )
 
 
-def _pace(inputs: DoctorInputs, dims: dict[str, str], now: datetime, gap_s: float) -> Verdict:
+def _pace(
+    inputs: DoctorInputs, dims: dict[str, str], now: datetime, gap_s: float, documents: Sequence[RankProgress]
+) -> Verdict:
     """The run's step time against its own baseline, as its heartbeat sent it (StepTimeRatio, while it steps and no
-    rank stands out): slowed by the contract's rule (`contract.pace.run_slowed`), the one its slowed alarm keeps."""
+    rank stands out): slowed by the contract's rule (`contract.pace.run_slowed`), the one its slowed alarm keeps.
+    Whether no rank stands out is known only where the ranks timed their waits (`run.watch`)."""
     ratios = _samples(inputs, contract.STEP_TIME_RATIO, dims, "Minimum", now)
     if not ratios:
-        return Verdict("pace", INFO, "no baseline", "no StepTimeRatio yet (its first full window after warm-up)")
+        return Verdict(
+            "pace", INFO, "no ratio", "no StepTimeRatio: no baseline yet (its first full window after warm-up), or a "
+            "rank stands out (the rank check's)",
+        )  # fmt: skip
+    last = ratios[-1].value
     slowed = run_slowed([(s.at.timestamp(), s.value) for s in ratios], now.timestamp(), gap_s=gap_s)
     if slowed is None:
-        return Verdict("pace", OK, "at its baseline", f"its steps take {ratios[-1].value:.2f}x its baseline")
+        if last >= RUN_SLOWED_RATIO:
+            return Verdict("pace", OK, "slowing", f"its steps take {last:.2f}x its baseline, not yet for "
+                           f"{RUN_SLOWED_FOR_S / 60:.0f} minutes")  # fmt: skip
+        return Verdict("pace", OK, "at its baseline", f"its steps take {last:.2f}x its baseline")
+    untimed = len(documents) > 1 and any(math.isnan(d.pace.wait_s) for d in documents)
+    alike = (
+        "its ranks' waits are not timed (run.watch): whether one rank is the cause is not known"
+        if untimed
+        else "no rank stands out (each waits for the others alike)"
+    )
     return Verdict(
         "pace",
         WARN,
         "slowed",
-        f"every step takes {slowed:.2f}x the run's baseline or more, for {RUN_SLOWED_FOR_S / 60:.0f} minutes, and no "
-        "rank stands out (each waits for the others alike)",
+        f"every step takes {slowed:.2f}x the run's baseline or more, for {RUN_SLOWED_FOR_S / 60:.0f} minutes, and "
+        f"{alike}",
         SLOWED_RUN_FIX,
     )
 
