@@ -229,6 +229,27 @@ class TrainingMonitoring(Construct):
             **shape,
         }
 
+    def _sustained_alarm(
+        self, kind: RunAlarm, metric: Metric, meaning: str, *, at_least: float, span_s: float
+    ) -> dict[str, Any]:
+        """A run's alarm on `contract.pace.sustained`'s rule: every period of `span_s` at `at_least` or more. It
+        notifies the team's topic itself, not through the composite (`RunAlarm.notifying`): a run may be slow for
+        hours, and a composite notifies once. No datum (a rank stalled, no baseline yet, no run.watch): the state
+        stays, so a slow run that hangs sends no "OK" while its stalled alarm is counting."""
+        periods = int(span_s // contract.HEARTBEAT_PERIOD_S)
+        alarm = self._run_metric_alarm(
+            kind,
+            metric,
+            meaning,
+            Statistic="Minimum",
+            Threshold=at_least,
+            ComparisonOperator="GreaterThanOrEqualToThreshold",
+            EvaluationPeriods=periods,
+            DatapointsToAlarm=periods,
+            TreatMissingData="ignore",
+        )
+        return alarm | {"ActionsEnabled": True, "AlarmActions": self._topics(), "OKActions": self._topics()}
+
     def _run_alarm_template(self) -> dict[str, Any]:
         silent = self._run_metric_alarm(
             RunAlarm.SILENT,
@@ -257,38 +278,24 @@ class TrainingMonitoring(Construct):
             DatapointsToAlarm=contract.STALLED_EVALUATION_PERIODS,
             TreatMissingData="notBreaching",  # no heartbeat at all is the silent alarm's case
         )
-        slow = self._run_metric_alarm(
+        slow = self._sustained_alarm(
             RunAlarm.SLOW,
             contract.STRAGGLER_WAIT_SHARE,
             f"The ranks step together at the pace of one of them: the others wait for it {SLOW_RANK_SHARE:.0%} of "
             f"each step or more, over {SLOW_RANK_FOR_S:.0f} s and {SLOW_RANK_FOR_STEPS} steps (a throttled GPU, a "
             "flaky NIC, a noisy neighbour). Sent only by a job whose loop calls run.watch.",
-            Statistic="Minimum",
-            Threshold=SLOW_RANK_SHARE,
-            ComparisonOperator="GreaterThanOrEqualToThreshold",
-            EvaluationPeriods=int(SLOW_RANK_SUSTAINED_S // contract.HEARTBEAT_PERIOD_S),
-            DatapointsToAlarm=int(SLOW_RANK_SUSTAINED_S // contract.HEARTBEAT_PERIOD_S),
-            # No share: no run.watch, windows not yet full, or a rank stalled: keep the state (a slow run that hangs
-            # sends no "OK, not slow" while its stalled alarm is still counting)
-            TreatMissingData="ignore",
+            at_least=SLOW_RANK_SHARE,
+            span_s=SLOW_RANK_SUSTAINED_S,
         )
-        slowed = self._run_metric_alarm(
+        slowed = self._sustained_alarm(
             RunAlarm.SLOWED,
             contract.STEP_TIME_RATIO,
             f"The run's steps take {RUN_SLOWED_RATIO}x its own baseline or more, every rank alike, for "
             f"{RUN_SLOWED_FOR_S / 60:.0f} minutes (its data, storage or network: what every rank shares). The "
             "baseline is the median of its first full window after warm-up.",
-            Statistic="Minimum",
-            Threshold=RUN_SLOWED_RATIO,
-            ComparisonOperator="GreaterThanOrEqualToThreshold",
-            EvaluationPeriods=int(RUN_SLOWED_SUSTAINED_S // contract.HEARTBEAT_PERIOD_S),
-            DatapointsToAlarm=int(RUN_SLOWED_SUSTAINED_S // contract.HEARTBEAT_PERIOD_S),
-            # No ratio: no baseline yet, a rank stands out (the slow alarm's), or the run does not step: keep the state
-            TreatMissingData="ignore",
+            at_least=RUN_SLOWED_RATIO,
+            span_s=RUN_SLOWED_SUSTAINED_S,
         )
-        # Not in the composite: each notifies for itself (`RunAlarm.notifying`)
-        for alarm in (slow, slowed):
-            alarm |= {"ActionsEnabled": True, "AlarmActions": self._topics(), "OKActions": self._topics()}
         members = [silent["AlarmName"], stalled["AlarmName"]] + [
             contract.team_alarm_name(self.team, kind) for kind in (TeamAlarm.UPLOAD_FAILURES, TeamAlarm.SPOOL_BACKLOG)
         ]

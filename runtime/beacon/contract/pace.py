@@ -104,11 +104,9 @@ class Straggler:
 
     @property
     def window_full(self) -> bool:
-        """Its window reaches back SLOW_RANK_FOR_S and SLOW_RANK_FOR_STEPS of its steps (whichever is longer) on every
-        rank, or holds all the steps a rank keeps (a run of steps under 15 ms): what the slow verdict and its metric
-        wait for, so a run's first minutes raise nothing."""
-        long_enough = self.window_s >= SLOW_RANK_FOR_S * WINDOW_SLACK or self.steps >= PACE_WINDOW_MAX_STEPS
-        return self.steps >= SLOW_RANK_FOR_STEPS and long_enough
+        """Every rank's window is full (`window_full`): what the slow verdict and its metric wait for, so a run's
+        first minutes raise nothing."""
+        return window_full(self.window_s, self.steps)
 
     def is_slow(self, *, share: float = SLOW_RANK_SHARE) -> bool:
         """Slow for the verdict: waited for by `share` of the step or more (the window's medians: most of it), over
@@ -117,6 +115,13 @@ class Straggler:
 
 
 WINDOW_SLACK = 0.95  # a window written a pass before its span reached the mark still counts
+
+
+def window_full(window_s: float, steps: int) -> bool:
+    """A window of `steps` steps spanning `window_s` reaches back SLOW_RANK_FOR_S and SLOW_RANK_FOR_STEPS (whichever
+    is longer), or holds all the steps a rank keeps (a run of steps under 15 ms)."""
+    long_enough = window_s >= SLOW_RANK_FOR_S * WINDOW_SLACK or steps >= PACE_WINDOW_MAX_STEPS
+    return steps >= SLOW_RANK_FOR_STEPS and long_enough
 
 
 def straggler_of(paces: Sequence[RankPace]) -> Straggler | None:

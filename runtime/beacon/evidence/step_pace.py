@@ -41,12 +41,12 @@ from beacon.contract.pace import (
     SLOW_RANK_FOR_S,
     SLOW_RANK_FOR_STEPS,
     WARMUP_STEPS,
-    WINDOW_SLACK,
     Baseline,
     RankPace,
     baseline,
     stall_threshold_for,
     step_time_ratio,
+    window_full,
 )
 
 # The synchronous collectives a team's loop calls through `torch.distributed` that `run.watch` times.
@@ -182,11 +182,8 @@ class StepPace:
         if not samples:
             return None
         span = samples[-1].ended - samples[0].ended + samples[0].interval
-        full = len(samples) >= self.window_steps and (
-            span >= self.window_s * WINDOW_SLACK or len(samples) == self._samples.maxlen
-        )
         intervals = [sample.interval for sample in samples]
-        if self._baseline is None and full:
+        if self._baseline is None and window_full(span, len(samples)):
             self._baseline = baseline(intervals, warmup=WARMUP_STEPS - forgotten)
         if self._baseline is None:
             return None
