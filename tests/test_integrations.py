@@ -20,6 +20,7 @@ import pytest
 import torch
 from beacon import contract
 from beacon.checkpoint import AsyncCheckpointer, framework_checkpoint
+from beacon.contract.pace import straggler_of
 from beacon.integrations.common import StepRecords, numeric_metrics
 
 from beacon_ops.evidence.reading import read_run
@@ -360,16 +361,26 @@ def test_hf_trainer_records_each_step_once_evaluation_as_a_phase_and_commits_its
     assert contract.Phase.EVALUATION in phases_sent(as_writer, "hf-1"), "evaluation is work, not a stall"
 
 
-def test_hf_trainer_on_two_ranks_writes_from_rank_0_alone_each_step_once(
+def test_hf_trainer_on_two_ranks_writes_from_rank_0_alone_each_step_once_and_names_the_rank_it_waits_for(
     harness: JobHarness, as_writer: WriterSession, tmp_path: Path
 ) -> None:
-    done = run_job(hf_command(tmp_path / "trainer", ranks=2), environment(harness, "hf-2"))
+    """Issue 31: BeaconCallback finds the Trainer's DistributedDataParallel (the callbacks are handed the unwrapped
+    model) and calls run.watch with it, so rank 1, slower in its every forward, is the one rank 0 waits for in DDP's
+    gradient all_reduce, with no line in the team's script."""
+    slow = ("--slow-rank", "1", "--slow-by", "0.2")
+    done = run_job(hf_command(tmp_path / "trainer", *slow, ranks=2), environment(harness, "hf-2"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "train returned 0" in done.stdout and "train returned 1" in done.stdout
     records = records_by_step(as_writer, "hf", "hf-2")  # rank 0 alone, no step twice
     assert sorted(records) == list(range(1, 7))
     final = s3_json(as_writer, contract.final_status_key("hf", "hf-2"))
     assert (final["state"], final["world_size"], final["checkpoints"]) == ("finished", 2, [3, 6])
+    documents, _ = read_run(as_writer.client("s3"), as_writer.bucket, "hf", "hf-2").ranks()
+    waits = {d.rank: d.pace.wait_s for d in documents}
+    assert all(math.isfinite(wait) for wait in waits.values()), f"every rank's waits were timed: {waits}"
+    assert waits[0] >= 0.1 > waits[1], f"rank 0 waits for rank 1's 0.2 s: {waits}"
+    straggler = straggler_of([d.pace for d in documents])
+    assert straggler is not None and straggler.rank == 1, straggler
 
 
 def test_hf_trainer_records_an_exception_as_failed_after_delivering_what_was_logged(

@@ -70,6 +70,8 @@ def main() -> None:
     parser.add_argument("--fail-at", type=int, default=-1)
     parser.add_argument("--sigterm-at", type=int, default=-1)
     parser.add_argument("--hold-evaluation", action="store_true")
+    parser.add_argument("--slow-rank", type=int, default=-1, help="this rank's every forward is --slow-by s longer")
+    parser.add_argument("--slow-by", type=float, default=0.0)
     options = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -96,10 +98,13 @@ def main() -> None:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+    model = BertForSequenceClassification(config)
+    if int(os.environ.get("RANK", "0")) == options.slow_rank:  # a throttled GPU: its own work is slower
+        model.register_forward_pre_hook(lambda *_: time.sleep(options.slow_by))
     beacon_callback = BeaconCallback("hf")
     trouble = Trouble(beacon_callback, options.fail_at, options.sigterm_at, options.hold_evaluation)
     trainer = Trainer(
-        model=BertForSequenceClassification(config),
+        model=model,
         args=args,
         train_dataset=SyntheticSentences(),
         eval_dataset=SyntheticSentences(),

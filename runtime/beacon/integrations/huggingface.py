@@ -16,6 +16,7 @@ save, stop at the same step and record the run as `preempted`.
 
 from __future__ import annotations
 
+import inspect
 import os
 from types import TracebackType
 from typing import Any
@@ -27,6 +28,22 @@ import beacon
 from beacon.contract import Phase
 from beacon.integrations.common import PhaseMarks, StepRecords, numeric_metrics
 from beacon.settings import RunSettings, SettingsError
+
+
+def _trainer_calling(callback: TrainerCallback) -> Any:
+    """The Trainer up the calling frames whose callback handler holds `callback` (the one running its event), else
+    None."""
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            handler = getattr(owner, "callback_handler", None)
+            if any(each is callback for each in getattr(handler, "callbacks", ())):
+                return owner
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
 
 
 class BeaconCallback(TrainerCallback):
@@ -51,6 +68,7 @@ class BeaconCallback(TrainerCallback):
         self._run = run
         self._handle_signals = handle_signals
         self._training = False
+        self._watched = False
         self.steps = StepRecords()
         self.phases = PhaseMarks()
 
@@ -74,12 +92,30 @@ class BeaconCallback(TrainerCallback):
     ) -> None:
         run = self._start()  # a callback added after the Trainer was made
         self._training = True
+        if args.world_size > 1 and not self._watched:
+            self._watched = True
+            self._watch(run)
         if state.is_world_process_zero:
             model_config = getattr(kwargs.get("model"), "config", None)
             to_dict = getattr(model_config, "to_dict", None)
             run.log_hyperparams(
                 {"training_arguments": args.to_sanitized_dict(), "model_config": to_dict() if to_dict else {}}
             )
+
+    def _watch(self, run: beacon.Run) -> None:
+        """Each rank times what it waits for the others (`run.watch`, so a rank they wait for is named): DDP's gradient
+        all_reduce where the Trainer wrapped the model in a DistributedDataParallel with no communication hook of its
+        own (DDP takes one), and the collectives the model calls through torch.distributed. The callbacks are handed
+        the unwrapped model alone; the wrapper is the Trainer's `model_wrapped`, found on the Trainer that calls this
+        callback."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = getattr(_trainer_calling(self), "model_wrapped", None)
+        wrapped = getattr(wrapped, "_orig_mod", wrapped)  # torch.compile's wrapper around the DDP module
+        if isinstance(wrapped, DistributedDataParallel) and not getattr(wrapped, "_comm_hooks", None):
+            run.watch(wrapped)
+        else:
+            run.watch()
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
