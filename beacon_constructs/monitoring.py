@@ -75,10 +75,12 @@ class TrainingMonitoring(Construct):
         cluster_name: str,
         alarm_emails: list[str],
         alarm_topic_arns: list[str],
+        slow_rank_share: float = SLOW_RANK_SHARE,
     ) -> None:
         super().__init__(scope, construct_id)
         tag_component(self, "monitoring")
         self.team = team
+        self.slow_rank_share = slow_rank_share  # the team file's: its runs' slow alarm and their doctor read it
         self.namespace = contract.metric_namespace(team)
 
         self.topic_key = kms.Key(self, "TopicKey", description=f"Beacon {team}: alarm topic", enable_key_rotation=True)
@@ -281,10 +283,10 @@ class TrainingMonitoring(Construct):
         slow = self._sustained_alarm(
             RunAlarm.SLOW,
             contract.STRAGGLER_WAIT_SHARE,
-            f"The ranks step together at the pace of one of them: the others wait for it {SLOW_RANK_SHARE:.0%} of "
+            f"The ranks step together at the pace of one of them: the others wait for it {self.slow_rank_share:.0%} of "
             f"each step or more, over {SLOW_RANK_FOR_S:.0f} s and {SLOW_RANK_FOR_STEPS} steps (a throttled GPU, a "
             "flaky NIC, a noisy neighbour). Sent only by a job whose loop calls run.watch.",
-            at_least=SLOW_RANK_SHARE,
+            at_least=self.slow_rank_share,
             span_s=SLOW_RANK_SUSTAINED_S,
         )
         slowed = self._sustained_alarm(
@@ -471,7 +473,7 @@ class TrainingMonitoring(Construct):
             cw.GraphWidget(
                 title="Share of each step the ranks wait for the slowest (run.watch; `beacon doctor` names it)",
                 left=[self._search(contract.STRAGGLER_WAIT_SHARE, "Maximum", period, "")],
-                left_annotations=[cw.HorizontalAnnotation(value=SLOW_RANK_SHARE, label="slow")],
+                left_annotations=[cw.HorizontalAnnotation(value=self.slow_rank_share, label="slow")],
                 width=12,
             ),
             cw.GraphWidget(

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import botocore.loaders
 from beacon import contract
 from beacon.contract import whole_match
+from beacon.contract.pace import SLOW_RANK_SHARE, SLOW_RANK_SHARES
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
@@ -252,6 +253,9 @@ class MonitoringConfig(_Section):
     alarm_topic_arns: StrList = ()
     log_retention_days: int = 30
     heartbeat_interval_seconds: Annotated[int, Field(ge=1, le=30)] = contract.HEARTBEAT_INTERVAL_S
+    # A rank is slow once the others wait for it this share of each step (`beacon.contract.pace`): the run's slow
+    # alarm, its heartbeat and the doctor read this one number (the Job's BEACON_SLOW_RANK_SHARE, its preflight record).
+    slow_rank_share: Annotated[float, Field(ge=SLOW_RANK_SHARES[0], le=SLOW_RANK_SHARES[1])] = SLOW_RANK_SHARE
 
     @field_validator("alarm_email", mode="before")
     @classmethod
@@ -459,6 +463,11 @@ WHY = {
     "monitoring.heartbeat_interval_seconds": (
         "the silent alarm counts beats in 30 s periods and fires after 120 s without one, so a slower "
         f"heartbeat leaves periods empty and raises false alarms; use {contract.HEARTBEAT_INTERVAL_S} (the default)"
+    ),
+    "monitoring.slow_rank_share": (
+        f"the share of each step the other ranks wait for the slowest: under {SLOW_RANK_SHARES[0]} a healthy run's "
+        f"jitter names a rank, over {SLOW_RANK_SHARES[1]} only a hang would; {SLOW_RANK_SHARE} (the default) names a "
+        "rank about 1.33x slower than the others"
     ),
     "compute.gpu_limit": "a limit of 0 makes a GPU pool that can never start a node; set the most GPUs to run at once",
 }

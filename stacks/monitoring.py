@@ -34,6 +34,7 @@ class MonitoringStack(Stack):
             cluster_name=cluster_name,
             alarm_emails=list(config.monitoring.alarm_email),
             alarm_topic_arns=list(config.monitoring.alarm_topic_arns),
+            slow_rank_share=config.monitoring.slow_rank_share,
         )
         self.monitoring.grant_run_alarms(writer_role)
         self.alarm_verdict = AlarmVerdict(

@@ -132,6 +132,16 @@ BAD_CASES = {
         "monitoring.heartbeat_interval_seconds",
         "fires after 120 s without one",
     ),
+    "slow_rank_share_under_the_jitter": (
+        "[monitoring]\nslow_rank_share = 0.05",
+        "monitoring.slow_rank_share",
+        "a healthy run's jitter names a rank",
+    ),
+    "slow_rank_share_as_a_percentage": (
+        "[monitoring]\nslow_rank_share = 25",
+        "monitoring.slow_rank_share",
+        "less than or equal to 0.9",
+    ),
     "bad_email": ('[monitoring]\nalarm_email = "ops-at-example"', "monitoring.alarm_email", "e-mail"),
     # A trailing newline is not part of a name (issue 26, finding 7)
     "email_with_a_newline": ('[monitoring]\nalarm_email = "ops@example.com\\n"', "monitoring.alarm_email", "e-mail"),

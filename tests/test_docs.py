@@ -93,6 +93,8 @@ def another_value(name: str, default: object) -> str:
     """A valid value other than the default, as text in the environment."""
     if name == "wandb_mode":
         return "offline"
+    if name == "slow_rank_share":  # a share of the step
+        return "0.4"
     if isinstance(default, bool):
         return str(not default).lower()
     if isinstance(default, int | float):

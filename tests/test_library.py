@@ -391,6 +391,7 @@ def test_signal_handling_is_the_users_to_keep_and_finish_gives_it_back(tmp_path:
         ({"bucket": "b", "experiment": "smoke\n"}, {}, "experiment (BEACON_EXPERIMENT)"),
         ({"bucket": "b", "team": "demo\n"}, {}, "team (BEACON_TEAM)"),
         ({"bucket": "b", "cloudwatch_metrics": ["loss\n"]}, {}, "cloudwatch_metrics (BEACON_CLOUDWATCH_METRICS)"),
+        ({}, {"BEACON_BUCKET": "b", "BEACON_SLOW_RANK_SHARE": "25"}, "slow_rank_share (BEACON_SLOW_RANK_SHARE)"),
     ],
 )
 def test_an_unusable_setting_is_one_line_naming_it(given: dict[str, Any], environ: dict[str, str], names: str) -> None:

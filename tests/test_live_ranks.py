@@ -73,9 +73,12 @@ def aws(moto_server: MotoServer) -> MotoServer:
     return moto_server
 
 
-def rank_0(aws: MotoServer, tmp_path: Path, progress: ProgressClock | None = None) -> Telemetry:
+def rank_0(
+    aws: MotoServer, tmp_path: Path, progress: ProgressClock | None = None, *, more: dict[str, str] | None = None
+) -> Telemetry:
     """Rank 0's telemetry of a 4-rank run, as `beacon.run` builds it (ranks_dir set for world size > 1)."""
     flags = {"--bucket": BUCKET, "--experiment": EXPERIMENT, "--run-id": RUN, "--stall-dump-after": str(STALL)}
+    flags |= more or {}
     config = parse_args([part for pair in flags.items() for part in pair]).settings
     sink = Telemetry(config, s3=aws.client("s3"), cloudwatch=aws.client("cloudwatch"),
                      progress=progress or ProgressClock(), spool=Spool(tmp_path / "spool"), run_alarms=None,
@@ -273,6 +276,33 @@ def test_a_slow_rank_is_sent_snapshotted_once_and_named_by_the_doctor_until_it_r
     assert recovered.verdict == "none stands out", recovered
     listed = aws.client("cloudwatch").list_metrics(Namespace=contract.metric_namespace("demo"))["Metrics"]
     assert contract.STRAGGLER_WAIT_SHARE.name in {m["MetricName"] for m in listed}
+
+
+def test_a_teams_own_slow_rank_share_is_what_rank_0_and_the_doctor_hold_a_rank_to(
+    aws: MotoServer, tmp_path: Path
+) -> None:
+    """A team that set monitoring.slow_rank_share = 0.4: a rank waited for 33% of each step is not slow for its run.
+    Rank 0 (BEACON_SLOW_RANK_SHARE) takes no snapshot; the doctor reads the share from the run's preflight record."""
+    sink = rank_0(aws, tmp_path, more={"--slow-rank-share": "0.4"})
+    sink.heartbeat.cross_rank_metrics = True
+    write_ranks(tmp_path / "ranks", [paced(r, slow=2) for r in range(4)], dumped=False)
+    sent_every_beat(aws.client("cloudwatch"), "demo", EXPERIMENT, RUN, contract.STRAGGLER_WAIT_SHARE, 0.33)
+    beat(sink)
+    assert ranks_keys(aws) == [], "not slow at this run's share: no slow episode to snapshot"
+    upload_rank_evidence(aws.client("s3"), bucket=BUCKET, experiment=EXPERIMENT, run=RUN, attempt=0,
+                         directory=tmp_path / "ranks", live=0)  # fmt: skip
+    inputs = DoctorInputs("demo", EXPERIMENT, RUN, BUCKET, "us-east-1", aws.client("s3"), aws.client("cloudwatch"))
+
+    def rank_check() -> Any:
+        (check,) = [v for v in diagnose(inputs).verdicts if v.check == "rank"]
+        return check
+
+    assert rank_check().verdict == "slow", "a run of another version (no share in its preflight): the default 25%"
+    preflight = {"spool_dir": "/artifacts/spool", "spool_filesystem": "nfs4", "started_at": "2026-12-06T10:00:00+00:00",
+                 "slow_rank_share": 0.4}  # fmt: skip
+    aws.client("s3").put_object(Bucket=BUCKET, Key=contract.preflight_key(EXPERIMENT, RUN, "1-abc.json"),
+                                Body=json.dumps(preflight).encode())  # fmt: skip
+    assert rank_check().verdict == "none stands out"
 
 
 def test_a_slow_episode_is_snapshotted_when_it_begins_then_every_slow_refresh_beats_numbered_with_the_stalls() -> None:

@@ -110,6 +110,20 @@ def test_the_smoke_job_from_a_team_file_lasts_long_enough_for_its_run_alarms() -
     assert env["BEACON_STEPS"] == str(config.training.smoke_steps)
 
 
+def test_a_teams_slow_rank_share_reaches_its_jobs_on_eks_and_sagemaker_and_a_bad_one_is_named() -> None:
+    """The team file's monitoring.slow_rank_share becomes each run's BEACON_SLOW_RANK_SHARE: its heartbeat and its
+    preflight record (which the doctor reads) say the share its slow alarm was synthesized with."""
+    config = load_team("demo")
+    config = config.model_copy(update={"monitoring": config.monitoring.model_copy(update={"slow_rank_share": 0.4})})
+    spec = manifests.smoke_job_spec(config, image="i", bucket="b", region="us-east-1")
+    (job,) = manifests.smoke_job(spec)
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    assert env["BEACON_SLOW_RANK_SHARE"] == "0.4"
+    assert manifests.sagemaker_container(spec).environment["BEACON_SLOW_RANK_SHARE"] == "0.4"
+    with pytest.raises(ValueError, match=r"slow_rank_share: must be a share of the step from 0.1 to 0.9, got 25"):
+        dataclasses.replace(BASE, slow_rank_share=25).training_job()
+
+
 TEAM_JOB = manifests.TrainingJobSpec(
     team="vision",
     image="123456789012.dkr.ecr.us-east-1.amazonaws.com/beacon-vision:v7",

@@ -21,6 +21,7 @@ from beacon_ops.evidence.alarms import (
     series_key,
     team_alarm_definitions,
 )
+from beacon_ops.templates import Template as BeaconTemplate
 from tests.support.synth import Synthesized
 
 STACK = "beacon-demo-monitoring"
@@ -86,6 +87,19 @@ def test_slow_alarm_watches_the_stragglers_wait_share_at_the_contracts_threshold
     periods = slow["EvaluationPeriods"]
     assert periods == slow["DatapointsToAlarm"] and periods * slow["Period"] == SLOW_RANK_SUSTAINED_S
     assert slow["TreatMissingData"] == "ignore", "no share (no run.watch, a rank stalled): the state stays"
+
+
+def test_a_teams_slow_rank_share_is_its_slow_alarms_threshold_and_its_dashboards_line() -> None:
+    """The team file's monitoring.slow_rank_share (config → stack → here): the alarm its runs create says it too."""
+    stack = Stack(App(), "Probe")
+    TrainingMonitoring(stack, "Monitoring", team="demo", cluster_name="beacon-demo", alarm_emails=[],
+                       alarm_topic_arns=[], slow_rank_share=0.4)  # fmt: skip
+    monitoring = BeaconTemplate("probe", dict(Template.from_stack(stack).to_json()))
+    slow = by_name(run_alarm_definitions(monitoring, "exp-1", "run-1")[0], contract.RunAlarm.SLOW)
+    assert slow["Threshold"] == 0.4 and "wait for it 40% of each step" in slow["AlarmDescription"]
+    (dashboard,) = monitoring.of_type("AWS::CloudWatch::Dashboard").values()
+    body = "".join(part for part in dashboard["Properties"]["DashboardBody"]["Fn::Join"][1] if isinstance(part, str))
+    assert '"value":0.4,"label":"slow"' in body
 
 
 def test_slowed_alarm_watches_the_runs_step_time_over_its_baseline_for_the_sustained_span(run_alarms: Any) -> None:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from beacon import contract
+from beacon.contract.pace import SLOW_RANK_SHARE, slow_rank_share_problem
 from beacon.contract.rank_evidence import FLIGHT_RECORDER_ENTRIES, FLIGHT_RECORDER_PREFIX
 
 from config.model import TeamConfig
@@ -222,6 +223,7 @@ class TrainingJobSpec:
     processes_per_node: int = 1
     gpu: bool = False
     heartbeat_interval: int = contract.HEARTBEAT_INTERVAL_S
+    slow_rank_share: float = SLOW_RANK_SHARE  # the team file's monitoring.slow_rank_share
     shutdown_budget: int = 60
     namespace: str = contract.TRAINING_NAMESPACE
     environment: tuple[tuple[str, str], ...] = ()  # beside the BEACON_* settings
@@ -236,6 +238,8 @@ class TrainingJobSpec:
         for field_name in ("nodes", "processes_per_node", "heartbeat_interval", "shutdown_budget"):
             if getattr(self, field_name) < 1:
                 problems.append(f"{field_name}: must be >= 1, got {getattr(self, field_name)}")
+        if problem := slow_rank_share_problem(self.slow_rank_share):
+            problems.append(f"slow_rank_share: {problem}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -274,6 +278,7 @@ def _environment(
         "BEACON_SPOOL_DIR": f"{volume}/spool",
         "BEACON_CHECKPOINT_DIR": f"{volume}/checkpoints",
         "BEACON_HEARTBEAT_INTERVAL": str(spec.heartbeat_interval),
+        "BEACON_SLOW_RANK_SHARE": f"{spec.slow_rank_share:g}",
         "BEACON_HEARTBEAT_FILE": heartbeat_file,
         "BEACON_SHUTDOWN_BUDGET": str(spec.shutdown_budget),
         # PyTorch's flight recorder: each rank's last collectives, dumped beside its progress signal
@@ -444,6 +449,7 @@ class SmokeJobSpec:
     gpu: bool = False
     experiment: str = "smoke"
     heartbeat_interval: int = contract.HEARTBEAT_INTERVAL_S
+    slow_rank_share: float = SLOW_RANK_SHARE
     shutdown_budget: int = 60
     workers: int = 2
     namespace: str = contract.TRAINING_NAMESPACE
@@ -479,6 +485,7 @@ class SmokeJobSpec:
             processes_per_node=self.processes_per_node,
             gpu=self.gpu,
             heartbeat_interval=self.heartbeat_interval,
+            slow_rank_share=self.slow_rank_share,
             shutdown_budget=self.shutdown_budget,
             namespace=self.namespace,
             environment=(
@@ -508,6 +515,7 @@ def smoke_job_spec(config: TeamConfig, *, image: str, bucket: str, region: str, 
         nodes=training.smoke_nodes,
         processes_per_node=training.smoke_processes_per_node,
         heartbeat_interval=config.monitoring.heartbeat_interval_seconds,
+        slow_rank_share=config.monitoring.slow_rank_share,
         name_suffix=name_suffix,
         min_duration=contract.smoke_min_duration_s(config.monitoring.heartbeat_interval_seconds),
     )

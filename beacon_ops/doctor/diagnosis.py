@@ -17,7 +17,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from beacon import contract
-from beacon.contract.pace import RUN_SLOWED_FOR_S, RUN_SLOWED_RATIO, rank_slow, run_slowed, run_stall_after
+from beacon.contract.pace import (
+    RUN_SLOWED_FOR_S,
+    RUN_SLOWED_RATIO,
+    SLOW_RANK_SHARE,
+    rank_slow,
+    run_slowed,
+    run_stall_after,
+)
 from beacon.contract.rank_evidence import SIGNAL_DUMP, RankProgress, signal_stacks_name, stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -181,16 +188,21 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     world_size = max((r.world_size for r in evidence.ranks()[0]), default=0)
     recorder = read_flight_recorder(evidence.flight_recorder_dumps(), world_size=world_size)
     # A slow rank is named from the ranks' documents rank 0 uploaded while it was slow, if its heartbeat has said so for
-    # the verdict's span and still does (`contract.pace.rank_slow`)
+    # the verdict's span and still does (`contract.pace.rank_slow`), at the run's own share (its team file's, as its
+    # preflight record states it; the default for a run of another version)
     shares = _samples(inputs, contract.STRAGGLER_WAIT_SHARE, dims, "Minimum", now)
     fresh_for = max(SILENT_FLOOR_S, SILENT_BEATS * interval)
-    slow_share = rank_slow([(s.at.timestamp(), s.value) for s in shares], read_at.timestamp(), gap_s=fresh_for)
+    share = float((evidence.preflight or {}).get("slow_rank_share", SLOW_RANK_SHARE))
+    samples = [(s.at.timestamp(), s.value) for s in shares]
+    slow_share = rank_slow(samples, read_at.timestamp(), gap_s=fresh_for, share=share)
     # A rank stopped outside a collective while the others wait, its progress not yet `stall_after` old: named, as a
     # pause it may be (an evaluation on one rank the loop did not wrap), not yet as a hang
     stall = Stall(stall_after, read_at.timestamp(), progress_age)
     job = inputs.orchestrator.job if inputs.orchestrator is not None else None
     nodes = {node.name: node for node in job.nodes if node.exists} if job is not None else {}
-    rank_check, stopped = _stopped_rank(evidence, recorder, slow_share=slow_share, stall=stall, nodes=nodes)
+    rank_check, stopped = _stopped_rank(
+        evidence, recorder, slow_share=slow_share, share=share, stall=stall, nodes=nodes
+    )
     platform = inputs.orchestrator_verdict()
     newest = evidence.newest_record_at
     gap = beats[-1].at if beats else (datetime.fromtimestamp(newest[0], UTC) if newest is not None else None)
@@ -647,6 +659,7 @@ def _stopped_rank(
     recorder: FlightRecorderReading | None,
     *,
     slow_share: float | None = None,
+    share: float = SLOW_RANK_SHARE,
     stall: Stall | None = None,
     nodes: Mapping[str, NodeView] | None = None,
 ) -> tuple[Verdict, RankVerdict | None]:
@@ -654,7 +667,7 @@ def _stopped_rank(
     they did not all join, where their flight recorders say; the rank's node as its orchestrator shows it (`nodes`:
     its instance, NodeClaim and conditions), when the doctor read it. With none stopped, the rank the others wait
     for, while the run's heartbeat says it is slow (`slow_share`: the least StragglerWaitShare of the verdict's span,
-    `contract.pace.rank_slow`)."""
+    `contract.pace.rank_slow`) and its documents name it at the run's `share`."""
     documents, stacks = evidence.ranks()
     if len(documents) < 2 and which_rank(documents, stacks) is None:
         if slow_share is not None:
@@ -673,7 +686,7 @@ def _stopped_rank(
         # Rank 0 writes the records: its newest one says more than its document, rewritten every few seconds
         stopped = replace(stopped, step=max(stopped.step, newest))
     if stopped is None:
-        if slow_share is not None and (slow := slow_rank(documents)) is not None:
+        if slow_share is not None and (slow := slow_rank(documents, share=share)) is not None:
             fix = SLOW_RANK_0_FIX if slow.straggler.rank == 0 else SLOW_RANK_FIX
             return Verdict("rank", WARN, "slow", slow.line() + _on_node(nodes, slow.node) + read, fix), None
         if slow_share is not None:

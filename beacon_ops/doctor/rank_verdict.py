@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from beacon.contract import FinalState, Phase
-from beacon.contract.pace import Straggler, straggler_of
+from beacon.contract.pace import SLOW_RANK_SHARE, Straggler, straggler_of
 from beacon.contract.rank_evidence import STALL_DUMP, RankProgress
 
 # A rank whose document is this much older than the newest one stopped writing it: dead or frozen.
@@ -336,12 +336,12 @@ class SlowRank:
         )
 
 
-def slow_rank(ranks: list[RankProgress]) -> SlowRank | None:
+def slow_rank(ranks: list[RankProgress], *, share: float = SLOW_RANK_SHARE) -> SlowRank | None:
     """The straggler of a run whose ranks time their collectives (`run.watch`), when it is slow for the verdict;
     None otherwise. Every rank's step interval is the same: the rank is named by what it does not wait for."""
     live = [r for r in ranks if not r.ended]
     straggler = straggler_of([r.pace for r in live])
-    if straggler is None or not straggler.is_slow():
+    if straggler is None or not straggler.is_slow(share=share):
         return None
     document = next(r for r in live if r.rank == straggler.rank)
     return SlowRank(straggler, document.pod, document.node, document.instance, document.pace_step_s)

@@ -165,6 +165,7 @@ def team_job(request: TeamJobRequest, config: TeamConfig, outputs: TeamOutputs) 
         processes_per_node=max(1, request.gpus_per_node),  # one rank per GPU; one on a CPU node
         gpu=request.gpus_per_node > 0,
         heartbeat_interval=config.monitoring.heartbeat_interval_seconds,
+        slow_rank_share=config.monitoring.slow_rank_share,
         namespace=outputs.namespace,
         environment=request.environment,
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from beacon import contract
+from beacon.contract.pace import SLOW_RANK_SHARE, slow_rank_share_problem
 
 ENV_PREFIX = "BEACON_"
 # The trackers a run can be mirrored to (beacon/sinks/mirrors): replayed from the spool, never on the loop.
@@ -48,6 +49,8 @@ class RunSettings:
     stall_dump_after: float = float(contract.STALL_THRESHOLD_S)
     # A named phase (checkpoint, evaluation, a team's own) pauses the stall clock this long at most.
     phase_limit: float = float(contract.PHASE_LIMIT_S)
+    # A rank is slow once the others wait for it this share of each step (the team file's monitoring.slow_rank_share).
+    slow_rank_share: float = SLOW_RANK_SHARE
     alarms: bool = True  # create this run's alarms from the team's template, delete them on exit
     allow_ephemeral_spool: bool = False  # a spool on tmpfs/overlay/emptyDir: local development only
     telemetry: bool = True  # every sink on; off only to measure overhead
@@ -79,6 +82,8 @@ class RunSettings:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise SettingsError(f"{_label(name)}: must be a number > 0, got {value!r}")
+        if problem := slow_rank_share_problem(self.slow_rank_share):
+            raise SettingsError(f"{_label('slow_rank_share')}: {problem}")
         if not isinstance(self.chunk_records, int) or self.chunk_records <= 0:
             raise SettingsError(f"{_label('chunk_records')}: must be an integer > 0, got {self.chunk_records!r}")
         if self.telemetry and not self.bucket:

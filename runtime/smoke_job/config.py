@@ -43,6 +43,7 @@ class JobConfig:
     region: str
     shutdown_budget: float
     stall_dump_after: float
+    slow_rank_share: float
     alarms: bool
     allow_ephemeral_spool: bool
     telemetry: bool
@@ -170,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
         _positive_float,
         float(contract.STALL_THRESHOLD_S),
         "seconds without progress after which a rank dumps its stacks",
+    )
+    add(
+        "--slow-rank-share",
+        _positive_float,
+        RUNTIME["slow_rank_share"],
+        "a rank is slow once the others wait for it this share of each step (the team file's)",
     )
     add("--alarms", _bool, True, "create this run's alarms from the team's template, delete them on exit")
     add("--allow-ephemeral-spool", _bool, False, "accept a spool on tmpfs/overlay (local development only)")

@@ -21,7 +21,9 @@ BASELINE_MIN_STEPS = 50  # step times after warm-up before a baseline is stated
 STALL_FLOOR_S = 30.0  # never sooner than this: a checkpoint-free pause of a fast run is not a hang
 STALL_STEPS = 20  # ... nor sooner than this many of the run's slowest (p99) steps
 # The slow verdicts' defaults (issue 31): one rank the others wait for, or the whole run slower than its baseline.
-SLOW_RANK_SHARE = 0.25  # of the step, waited for one rank
+SLOW_RANK_SHARE = 0.25  # of the step, waited for one rank: a rank 1.33x slower (the team file may set it)
+# The shares a team may set: under the least a healthy run's jitter names a rank; from the most on, only a hang is slow.
+SLOW_RANK_SHARES = (0.1, 0.9)
 SLOW_RANK_FOR_S = 300.0  # ... for this long, or SLOW_RANK_FOR_STEPS, whichever is longer
 SLOW_RANK_FOR_STEPS = 100
 # Rank 0's heartbeat sends StragglerWaitShare, the window's medians: it passes SLOW_RANK_SHARE some 3 minutes into a
@@ -169,10 +171,21 @@ def sustained(
     return least if least >= at_least else None
 
 
-def rank_slow(shares: Sequence[tuple[float, float]], now: float, *, gap_s: float) -> float | None:
+def rank_slow(
+    shares: Sequence[tuple[float, float]], now: float, *, gap_s: float, share: float = SLOW_RANK_SHARE
+) -> float | None:
     """The share of each step the ranks wait for the straggler when it is slow for the verdict: each StragglerWaitShare
-    of the last SLOW_RANK_SUSTAINED_S at SLOW_RANK_SHARE or more (`sustained`); the least of them, else None."""
-    return sustained(shares, now, span_s=SLOW_RANK_SUSTAINED_S, at_least=SLOW_RANK_SHARE, gap_s=gap_s)
+    of the last SLOW_RANK_SUSTAINED_S at the run's `share` or more (`sustained`); the least of them, else None."""
+    return sustained(shares, now, span_s=SLOW_RANK_SUSTAINED_S, at_least=share, gap_s=gap_s)
+
+
+def slow_rank_share_problem(share: object) -> str | None:
+    """Why `share` cannot be a run's slow-rank share (`SLOW_RANK_SHARES`), or None: one rule for the team file, the
+    run's settings and its preflight record."""
+    least, most = SLOW_RANK_SHARES
+    if isinstance(share, bool) or not isinstance(share, int | float) or not least <= share <= most:
+        return f"must be a share of the step from {least} to {most}, got {share!r}"
+    return None
 
 
 def run_slowed(ratios: Sequence[tuple[float, float]], now: float, *, gap_s: float) -> float | None:

@@ -73,11 +73,11 @@ class LiveEvidence:
         """The ranks dump their stacks at the run's stall threshold, each within one rank-signal pass."""
         return stall_threshold(self.settings.stall_dump_after, self.settings.heartbeat_interval, everyone)
 
-    @staticmethod
-    def slow_rank(everyone: list[RankProgress]) -> Straggler | None:
-        """The rank the others wait for, when it is slow for the verdict (`contract.pace`)."""
+    def slow_rank(self, everyone: list[RankProgress]) -> Straggler | None:
+        """The rank the others wait for, when it is slow for the verdict (`contract.pace`, the run's share)."""
         straggler = straggler_of([r.pace for r in everyone if not r.ended])
-        return straggler if straggler is not None and straggler.is_slow() else None
+        slow = straggler is not None and straggler.is_slow(share=self.settings.slow_rank_share)
+        return straggler if slow else None
 
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -297,6 +297,7 @@ def run_preflight(
         namespace=config.namespace,
         heartbeat_interval=config.heartbeat_interval,
         stall_dump_after=config.stall_dump_after,
+        slow_rank_share=config.slow_rank_share,
     )
     # CloudWatch and the run's alarms first: the record, written last, then says whether this start passed (its
     # write is the probe of the job's S3 rights; a refused write is the error raised, whatever else failed).

@@ -154,7 +154,8 @@ class Heartbeat:
             stalled = self.evidence is not None and self.evidence.stalled(ranks, now)
             if straggler is not None and straggler.window_full and not stalled:
                 data.append(datum(contract.STRAGGLER_WAIT_SHARE, run_dims, Value=straggler.waited_share))
-            standing_out = straggler if straggler is not None and straggler.is_slow() else None
+            slow = straggler is not None and straggler.is_slow(share=self.config.slow_rank_share)
+            standing_out = straggler if slow else None
         # The run's pace against its baseline, while it steps (a hang's frozen window says nothing of its pace) and no
         # rank stands out (that is the slow rank's alarm)
         ratio = self.progress.pace.step_time_ratio()
