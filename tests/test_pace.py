@@ -10,11 +10,14 @@ from beacon.contract.pace import (
     BASELINE_MIN_STEPS,
     RUN_SLOWED_RATIO,
     RUN_SLOWED_SUSTAINED_S,
+    SLOW_RANK_SHARE,
     STALL_FLOOR_S,
     WARMUP_STEPS,
+    Straggler,
     baseline,
     run_slowed,
     stall_threshold_for,
+    stands_out,
     step_time_ratio,
 )
 
@@ -66,3 +69,13 @@ def test_the_run_slowed_only_when_every_ratio_over_the_sustained_span_is_at_the_
     assert run_slowed([(at, RUN_SLOWED_RATIO) for at in beats], now, gap_s=gap) == RUN_SLOWED_RATIO
     assert run_slowed([], now, gap_s=gap) is None
     assert step_time_ratio(1.5, 1.0) == 1.5 and step_time_ratio(1.0, 0.0) == float("inf")
+
+
+def test_a_rank_under_a_teams_raised_share_still_stands_out_so_the_run_is_not_said_slowed_for_it() -> None:
+    """A team at 40 %: a rank 1.6x slower (the others wait 37.5 % of each step) is not slow for its verdict, but its
+    run's 1.6x is that rank's, so the heartbeat sends no StepTimeRatio for it (the run-slowed verdict's evidence)."""
+    rank_1_6x = Straggler(rank=2, step_ratio=1.6, waited_share=0.375, window_s=301.0, steps=200)
+    assert not rank_1_6x.is_slow(share=0.4) and stands_out(rank_1_6x, 0.4)
+    assert stands_out(rank_1_6x, SLOW_RANK_SHARE) and stands_out(rank_1_6x, 0.3), "a lowered share: its own"
+    assert not stands_out(Straggler(2, 1.1, 0.1, 301.0, 200), 0.4) and not stands_out(None, 0.4)
+    assert not stands_out(Straggler(2, 1.6, 0.375, 100.0, 100), 0.4), "a window not yet full says nothing"

@@ -179,6 +179,13 @@ def rank_slow(
     return sustained(shares, now, span_s=SLOW_RANK_SUSTAINED_S, at_least=share, gap_s=gap_s)
 
 
+def stands_out(straggler: Straggler | None, share: float) -> bool:
+    """Whether a rank stands out enough that the run must not be said slowed as a whole (its StepTimeRatio is then not
+    sent): slow at the run's `share`, or at the default where a team raised it. A rank waited for 37 % of each step is
+    not slow for a team at 40 %, but the run's 1.6x is still that rank's, not its data's."""
+    return straggler is not None and straggler.is_slow(share=min(share, SLOW_RANK_SHARE))
+
+
 def slow_rank_share_problem(share: object) -> str | None:
     """Why `share` cannot be a run's slow-rank share (`SLOW_RANK_SHARES`), or None: one rule for the team file, the
     run's settings and its preflight record."""

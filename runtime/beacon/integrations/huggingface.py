@@ -17,6 +17,7 @@ save, stop at the same step and record the run as `preempted`.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from types import TracebackType
 from typing import Any
@@ -29,6 +30,8 @@ from beacon.contract import Phase
 from beacon.integrations.common import PhaseMarks, StepRecords, numeric_metrics
 from beacon.settings import RunSettings, SettingsError
 
+log = logging.getLogger(__name__)
+
 
 def _trainer_calling(callback: TrainerCallback) -> Any:
     """The Trainer up the calling frames whose callback handler holds `callback` (the one running its event), else
@@ -38,7 +41,7 @@ def _trainer_calling(callback: TrainerCallback) -> Any:
         while frame is not None:
             owner = frame.f_locals.get("self")
             handler = getattr(owner, "callback_handler", None)
-            if any(each is callback for each in getattr(handler, "callbacks", ())):
+            if any(each is callback for each in getattr(handler, "callbacks", None) or ()):
                 return owner
             frame = frame.f_back
         return None
@@ -110,12 +113,21 @@ class BeaconCallback(TrainerCallback):
         callback."""
         from torch.nn.parallel import DistributedDataParallel
 
-        wrapped = getattr(_trainer_calling(self), "model_wrapped", None)
+        try:  # the Trainer's internals: what it does not have, the collectives alone are timed
+            wrapped = getattr(_trainer_calling(self), "model_wrapped", None)
+        except Exception as error:
+            wrapped = None
+            log.warning("BeaconCallback: the Trainer's model not found (%s); DDP's all_reduce is not timed", error)
         wrapped = getattr(wrapped, "_orig_mod", wrapped)  # torch.compile's wrapper around the DDP module
         if isinstance(wrapped, DistributedDataParallel) and not getattr(wrapped, "_comm_hooks", None):
             run.watch(wrapped)
-        else:
-            run.watch()
+            return
+        log.warning(
+            "BeaconCallback: no DistributedDataParallel of the Trainer's without a communication hook of its own "
+            "(%s): a slow rank is named only by the collectives the model calls through torch.distributed",
+            type(wrapped).__name__,
+        )
+        run.watch()
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

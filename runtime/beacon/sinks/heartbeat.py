@@ -15,7 +15,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract
-from beacon.contract.pace import run_stall_after, straggler_of
+from beacon.contract.pace import run_stall_after, stands_out, straggler_of
 from beacon.contract.rank_evidence import RankProgress
 from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory
 from beacon.evidence.progress import ProgressClock
@@ -154,8 +154,7 @@ class Heartbeat:
             stalled = self.evidence is not None and self.evidence.stalled(ranks, now)
             if straggler is not None and straggler.window_full and not stalled:
                 data.append(datum(contract.STRAGGLER_WAIT_SHARE, run_dims, Value=straggler.waited_share))
-            slow = straggler is not None and straggler.is_slow(share=self.config.slow_rank_share)
-            standing_out = straggler if slow else None
+            standing_out = straggler if stands_out(straggler, self.config.slow_rank_share) else None
         # The run's pace against its baseline, while it steps (a hang's frozen window says nothing of its pace) and no
         # rank stands out (that is the slow rank's alarm)
         ratio = self.progress.pace.step_time_ratio()
