@@ -9,6 +9,7 @@ function and its rights are asserted on the synthesized templates, the rights as
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 from beacon import contract
+from beacon.contract.goodput import PRICES_AS_OF
 from beacon.contract.preflight import PreflightRecord
 from beacon.contract.rank_evidence import RankProgress, flight_recorder_name, rank_document_name, stacks_name
 from beacon.evidence.progress import ProgressClock
@@ -305,6 +307,14 @@ def test_the_notification_names_the_rank_its_step_phase_place_and_hanging_frame_
     assert "in dump_stacks" in stack[0] and "in forward" in stack[1], stack  # faulthandler's own dump
     assert f"Then run: beacon doctor --team {TEAM} --experiment {EXPERIMENT} --run {RUN}" in text
     assert f"Alarm {composite_name} is in ALARM" in text
+    # Issue 30: what the hang has cost so far, its instances as the ranks' documents place them
+    (cost,) = [line for line in text.splitlines() if line.startswith("  [info] cost: ")]
+    assert re.fullmatch(
+        r"  \[info\] cost: so far: hung for \d+ s on 3 instances of an unrecorded type: [0-9.]+ instance-hours \(no "
+        r"instance type recorded\); on 1 instance of g6\.12xlarge: [0-9.]+ instance-hours, \$[0-9.]+ at on-demand "
+        rf"\(capacity type not recorded\) \(list prices of {PRICES_AS_OF}\)",
+        cost,
+    ), cost
 
 
 def test_without_torch_the_verdict_says_where_the_flight_recorder_dumps_are_and_who_reads_them(

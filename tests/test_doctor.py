@@ -265,7 +265,8 @@ class RatiosSent:
 def pace_check(sent: RatiosSent, documents: Sequence[RankProgress]) -> diagnosis.Verdict:
     inputs = DoctorInputs("demo", "smoke", "r", "bucket", REGION, None, sent, now=sent.now)
     dims = contract.run_dimensions("demo", "smoke", "r")
-    return diagnosis._pace(inputs, dims, sent.now, 45.0, documents)
+    ratios = diagnosis._samples(inputs, contract.STEP_TIME_RATIO, dims, "Minimum", sent.now)
+    return diagnosis._pace(ratios, sent.now, 45.0, documents)
 
 
 def test_the_pace_check_says_slowed_only_over_the_span_and_what_it_cannot_know_without_timed_waits() -> None:

@@ -5,7 +5,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from beacon.contract.goodput import Attempt, Category, PhaseInterval, ledger
+from beacon.contract.goodput import (
+    INSTANCE_PRICES,
+    ON_DEMAND,
+    PRICES_AS_OF,
+    SPOT,
+    Attempt,
+    Category,
+    PhaseInterval,
+    cost_of,
+    ledger,
+)
 
 INSTANCES = 2
 
@@ -103,3 +113,21 @@ def test_a_runs_ledger_from_its_evidence_counts_the_steps_a_restart_redid_as_was
     assert book.seconds[Category.RESTART_GAP] == 200 - 109
     assert book.why == {"after the last step: the drain and the exit": 222 - 219}
     assert book.total == 222 - 90
+
+
+# --- dollars (issue 30): instance-hours at the instance's hourly price, dated ----------------------------------
+def test_instance_hours_are_priced_at_the_dated_list_price_or_the_teams_own_and_spot_only_where_stated() -> None:
+    hung = cost_of(14 * 60, instances=8, instance_type="p5.48xlarge", capacity=ON_DEMAND)
+    assert hung.instance_hours == pytest.approx(8 * 14 / 60) and hung.dollars == pytest.approx(8 * 14 / 60 * 55.04)
+    assert hung.on() == "8 instances of p5.48xlarge"
+    assert hung.priced() == f"1.87 instance-hours, $103 at on-demand (list prices of {PRICES_AS_OF})"
+    spot = cost_of(3600, instances=2, instance_type="g6.12xlarge", capacity=SPOT)
+    assert spot.dollars is None, "spot moves by the hour: no list price for it"
+    assert spot.priced() == f"2.00 instance-hours (no spot price for g6.12xlarge in the list prices of {PRICES_AS_OF})"
+    negotiated = cost_of(3600, instances=2, instance_type="g6.12xlarge", capacity=SPOT,
+                         prices={SPOT: {"g6.12xlarge": 1.5}})  # fmt: skip
+    assert negotiated.priced() == "2.00 instance-hours, $3.00 at spot (the team's prices)"
+    unrecorded = cost_of(1800, instances=1, instance_type="g6.xlarge")
+    assert unrecorded.priced().endswith("at on-demand (capacity type not recorded) (list prices of 2026-12-01)")
+    assert cost_of(60, instances=3, instance_type="").priced() == "0.05 instance-hours (no instance type recorded)"
+    assert all(p.on_demand_hourly > 0 and p.gpus >= 0 for p in INSTANCE_PRICES.values())

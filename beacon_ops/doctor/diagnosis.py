@@ -32,6 +32,7 @@ from beacon_ops.doctor.flight_recorder import FlightRecorderReading, ranks_in_a_
 from beacon_ops.doctor.orchestrator import CHECK as CHECK_ORCHESTRATOR
 from beacon_ops.doctor.orchestrator import NodeView, OrchestratorState, orchestrator_verdict, running_now
 from beacon_ops.doctor.rank_verdict import RankVerdict, slow_rank, which_rank
+from beacon_ops.doctor.run_cost import cost_verdict, placement
 from beacon_ops.doctor.sagemaker_state import TrainingJobReading
 from beacon_ops.doctor.timeline import (
     Moment,
@@ -203,6 +204,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     rank_check, stopped = _stopped_rank(
         evidence, recorder, slow_share=slow_share, share=share, stall=stall, nodes=nodes
     )
+    ratios = _samples(inputs, contract.STEP_TIME_RATIO, dims, "Minimum", now)
     platform = inputs.orchestrator_verdict()
     newest = evidence.newest_record_at
     gap = beats[-1].at if beats else (datetime.fromtimestamp(newest[0], UTC) if newest is not None else None)
@@ -220,7 +222,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         rank_check,
         _spool(evidence),
         _divergence(inputs, dims, now),
-        _pace(inputs, dims, read_at, fresh_for, documents),
+        _pace(ratios, read_at, fresh_for, documents),
         _checkpoints(inputs, evidence, dims, now),
         _set_aside(evidence),
         _alarms(inputs),
@@ -269,6 +271,14 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
             cause, lead = "paused", "rank"
         elif cause == "healthy" and by_check["liveness"].verdict == "paused":  # not yet a stall: say what it may be
             cause, lead = "paused", "liveness"
+    # What it has cost so far (idle) or costs each hour (waiting), where its instances are placed
+    slowed = run_slowed([(s.at.timestamp(), s.value) for s in ratios], read_at.timestamp(), gap_s=fresh_for)
+    where = placement(nodes, documents, inputs.training_job.description if inputs.training_job else None)
+    idle_s = _idle_since(stopped, documents, read_at) or progress_age
+    costed = cost_verdict(cause, where, progress_age=idle_s, heartbeat_age=heartbeat_age,
+                          slow_share=slow_share, slowed_ratio=slowed)  # fmt: skip
+    if costed is not None:
+        verdicts.append(costed)
     return Diagnosis(
         inputs.team,
         inputs.experiment,
@@ -284,6 +294,12 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         inputs.training_job,
         _run_timeline(inputs, evidence, job_logs, beats, progress, stopped, gap),
     )
+
+
+def _idle_since(stopped: RankVerdict | None, documents: Sequence[RankProgress], now: datetime) -> float | None:
+    """Seconds since the rank that stopped the run last made progress, as its document says (the others wait since)."""
+    last = [d.last_step_wall_time for d in documents if stopped is not None and d.rank == stopped.rank]
+    return now.timestamp() - last[0] if last and last[0] > 0 else None
 
 
 def _run_timeline(
@@ -784,13 +800,10 @@ def _divergence(inputs: DoctorInputs, dims: dict[str, str], now: datetime) -> Ve
     )
 
 
-def _pace(
-    inputs: DoctorInputs, dims: dict[str, str], now: datetime, gap_s: float, documents: Sequence[RankProgress]
-) -> Verdict:
+def _pace(ratios: Sequence[Any], now: datetime, gap_s: float, documents: Sequence[RankProgress]) -> Verdict:
     """The run's step time against its own baseline, as its heartbeat sent it (StepTimeRatio, while it steps and no
     rank stands out): slowed by the contract's rule (`contract.pace.run_slowed`), the one its slowed alarm keeps.
     Whether no rank stands out is known only where the ranks timed their waits (`run.watch`)."""
-    ratios = _samples(inputs, contract.STEP_TIME_RATIO, dims, "Minimum", now)
     if not ratios:
         return Verdict(
             "pace", INFO, "no ratio", "no StepTimeRatio: no baseline yet (its first full window after warm-up), or a "

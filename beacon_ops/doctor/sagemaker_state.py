@@ -30,6 +30,7 @@ KEPT = (
     "TrainingStartTime",
     "TrainingEndTime",
     "ResourceConfig",
+    "EnableManagedSpotTraining",
 )
 
 

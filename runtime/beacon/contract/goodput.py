@@ -175,3 +175,95 @@ def _insert(taken: list[tuple[float, float]], start: float, stop: float) -> None
     if index < len(taken) and taken[index][0] == stop:
         stop = taken.pop(index)[1]
     taken.insert(index, (start, stop))
+
+
+# --- dollars: instance-hours at the instance's hourly price ------------------------------------------------------
+@dataclass(frozen=True)
+class InstancePrice:
+    gpus: int
+    on_demand_hourly: float  # USD, Linux, PRICES_REGION
+
+
+# List prices by hand, dated (every figure priced from them says the date); nothing here calls a pricing API. Spot
+# prices move by the hour: a spot instance is priced only where a team states its price. Check before quoting.
+PRICES_AS_OF = "2026-12-01"
+PRICES_REGION = "us-east-1"
+INSTANCE_PRICES: dict[str, InstancePrice] = {
+    "m7i.large": InstancePrice(0, 0.1008),
+    "m7i.xlarge": InstancePrice(0, 0.2016),
+    "g5.xlarge": InstancePrice(1, 1.006),
+    "g5.12xlarge": InstancePrice(4, 5.672),
+    "g5.48xlarge": InstancePrice(8, 16.288),
+    "g6.xlarge": InstancePrice(1, 0.8048),
+    "g6.12xlarge": InstancePrice(4, 4.6016),
+    "g6.48xlarge": InstancePrice(8, 13.3504),
+    "g6e.xlarge": InstancePrice(1, 1.861),
+    "g6e.12xlarge": InstancePrice(4, 10.493),
+    "g6e.48xlarge": InstancePrice(8, 30.131),
+    "p4d.24xlarge": InstancePrice(8, 21.96),
+    "p5.48xlarge": InstancePrice(8, 55.04),
+    "ml.m5.xlarge": InstancePrice(0, 0.23),
+    "ml.g5.xlarge": InstancePrice(1, 1.408),
+}
+ON_DEMAND, SPOT = "on-demand", "spot"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What `instances` instances of one type cost over `seconds` (or per hour, `rate`): instance-hours, and dollars
+    where the type's price is known."""
+
+    seconds: float
+    instances: int
+    instance_type: str
+    capacity: str  # on-demand or spot; "" where nothing recorded it (priced as on-demand, and said so)
+    hourly: float | None  # one instance's, None: no price known
+    source: str  # where the price came from: "list prices of <date>", "the team's prices"
+
+    @property
+    def instance_hours(self) -> float:
+        return self.seconds * self.instances / 3600
+
+    @property
+    def dollars(self) -> float | None:
+        return None if self.hourly is None else self.instance_hours * self.hourly
+
+    def on(self) -> str:
+        """`2 instances of g6.12xlarge`."""
+        plural = "s" if self.instances != 1 else ""
+        return f"{self.instances} instance{plural} of {self.instance_type or 'an unrecorded type'}"
+
+    def priced(self) -> str:
+        """`0.51 instance-hours, $2.35 at on-demand (list prices of 2026-12-01)`, or why there is no dollar figure."""
+        hours = f"{self.instance_hours:.2f} instance-hours"
+        if self.dollars is None and not self.instance_type:
+            return f"{hours} (no instance type recorded)"
+        if self.dollars is None:
+            kind = self.capacity or ON_DEMAND
+            return f"{hours} (no {kind} price for {self.instance_type} in the list prices of {PRICES_AS_OF})"
+        at = self.capacity or f"{ON_DEMAND} (capacity type not recorded)"
+        return f"{hours}, ${_dollars(self.dollars)} at {at} ({self.source})"
+
+
+def cost_of(
+    seconds: float,
+    *,
+    instances: int,
+    instance_type: str,
+    capacity: str = "",
+    prices: dict[str, dict[str, float]] | None = None,
+) -> Cost:
+    """The cost of `instances` instances of `instance_type` for `seconds`: at the team's own price for it (`prices`:
+    {"on-demand": {type: hourly}, "spot": {...}}, negotiated rates) where it states one, else the list price
+    (on-demand only: spot moves by the hour)."""
+    kind = capacity or ON_DEMAND
+    own = (prices or {}).get(kind, {}).get(instance_type)
+    if own is not None:
+        return Cost(seconds, instances, instance_type, capacity, own, "the team's prices")
+    listed = INSTANCE_PRICES.get(instance_type)
+    hourly = listed.on_demand_hourly if listed is not None and kind == ON_DEMAND else None
+    return Cost(seconds, instances, instance_type, capacity, hourly, f"list prices of {PRICES_AS_OF}")
+
+
+def _dollars(amount: float) -> str:
+    return f"{amount:,.0f}" if amount >= 100 else f"{amount:,.2f}"

@@ -1,0 +1,52 @@
+"""The doctor's cost of a hung, silent or slow run (issue 30): its instances placed as far as the evidence reaches,
+priced by the contract's cost function (`beacon_ops.doctor.run_cost`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from beacon.contract.goodput import PRICES_AS_OF
+from beacon.contract.rank_evidence import RankProgress
+
+from beacon_ops.doctor.orchestrator import NodeView
+from beacon_ops.doctor.run_cost import cost_verdict, placement
+
+DOCUMENT = RankProgress(0, 0, 4, 900, "training", 0.5, 1.0, 0.5, 1, "train-0", "node-0", "g6.12xlarge", 0)
+LISTED = f"(list prices of {PRICES_AS_OF})"
+
+
+def test_the_run_is_placed_from_its_nodes_then_sagemakers_resources_then_the_ranks_documents() -> None:
+    nodes = {name: NodeView(name, exists=True, capacity_type=capacity, instance_type="p5.48xlarge")
+             for name, capacity in (("a", "on-demand"), ("b", "on-demand"), ("c", "spot"))}  # fmt: skip
+    assert placement(nodes, [], None) == [("p5.48xlarge", "on-demand", 2), ("p5.48xlarge", "spot", 1)]
+    job = {"ResourceConfig": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 2}, "EnableManagedSpotTraining": True}
+    assert placement({}, [], job) == [("ml.g5.xlarge", "spot", 2)]
+    documents = [replace(DOCUMENT, rank=r, node=f"node-{r // 2}") for r in range(4)]
+    assert placement({}, documents, None) == [("g6.12xlarge", "", 2)], "each node once, capacity not recorded"
+    assert placement({}, [replace(DOCUMENT, node="")], None) == []
+
+
+def test_a_hang_says_what_it_cost_so_far_and_a_slow_rank_what_each_hour_of_it_wastes() -> None:
+    where = [("p5.48xlarge", "on-demand", 8)]
+    ages = {"progress_age": 14 * 60.0, "heartbeat_age": 10.0, "slow_share": None, "slowed_ratio": None}
+    hung = cost_verdict("rank-hung", where, **ages)
+    assert hung is not None and (hung.check, hung.status, hung.verdict) == ("cost", "info", "so far")
+    assert (
+        hung.evidence
+        == f"hung for 14 min on 8 instances of p5.48xlarge: 1.87 instance-hours, $103 at on-demand {LISTED}"
+    )
+    silent = cost_verdict("silent", where, **{**ages, "heartbeat_age": 300.0})
+    assert silent is not None and silent.evidence.startswith("silent for 5 min on 8 instances")
+    slow = cost_verdict("rank-slow", [("g6.12xlarge", "", 2)], **{**ages, "slow_share": 0.33})
+    assert (
+        slow is not None
+        and slow.verdict == "each hour"
+        and slow.evidence
+        == (
+            "the other ranks wait for it: 33% of every instance-hour; each hour it stays so wastes, on 2 instances of "
+            f"g6.12xlarge: 0.66 instance-hours, $3.04 at on-demand (capacity type not recorded) {LISTED}"
+        )
+    )
+    slowed = cost_verdict("run-slowed", where, **{**ages, "slowed_ratio": 2.0})
+    assert slowed is not None and "its steps take 2.00x its baseline: 50% of every instance-hour" in slowed.evidence
+    assert cost_verdict("healthy", where, **ages) is None and cost_verdict("rank-hung", [], **ages) is None
