@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 from beacon import contract
 from beacon.contract import RunAlarm, TeamAlarm
-from beacon.contract.pace import STALL_FLOOR_S
+from beacon.contract.pace import SLOW_RANK_SHARE, STALL_FLOOR_S, SentShare, slow_share_hold_s, stands_out
 
 from beacon_ops.evidence.alarms import (
     ALARM,
@@ -289,6 +289,7 @@ def slow_rank_samples(job_ranks: SynchronousRanks, steps: Callable[[int], list[f
     full, and StepTimeRatio once rank 0 keeps a baseline (`heartbeat.metric_batch`), from the four ranks' own paces;
     times from the run's start."""
     start, next_beat = job_ranks.clock.t, job_ranks.clock.t + contract.HEARTBEAT_INTERVAL_S
+    sent = SentShare()
     shares: list[tuple[float, float]] = []
     ratios: list[tuple[float, float]] = []
     step = 0
@@ -299,10 +300,12 @@ def slow_rank_samples(job_ranks: SynchronousRanks, steps: Callable[[int], list[f
             next_beat += contract.HEARTBEAT_INTERVAL_S
             straggler = job_ranks.straggler()
             if straggler is not None and straggler.window_full:
-                shares.append((job_ranks.clock.t - start, straggler.waited_share))
+                shares.append((job_ranks.clock.t - start, sent.sent(straggler, job_ranks.clock.t)))
+            else:
+                sent.none_sent()
             # ... and StepTimeRatio, rank 0's window over its kept baseline, while no rank stands out
             ratio = job_ranks.paces[0].step_time_ratio()
-            if ratio is not None and not (straggler is not None and straggler.is_slow()):
+            if ratio is not None and not stands_out(straggler, SLOW_RANK_SHARE):
                 ratios.append((job_ranks.clock.t - start, ratio))
     dims = contract.run_dimensions("demo", EXPERIMENT, RUN)
     return {
@@ -327,6 +330,28 @@ def test_a_rank_slowed_by_half_is_in_alarm_within_six_minutes(alarms: AlarmSet) 
     # Then a rank hangs: rank 0 stops sending the share, and the slow alarm keeps its state (no "OK" mail)
     slow = alarms.metric_alarms[name(RunAlarm.SLOW)]
     assert slow.state({}, at=1900.0, previous=ALARM) == ALARM
+
+
+def test_at_long_steps_a_slow_rank_is_named_only_once_slow_for_about_a_hundred_steps(alarms: AlarmSet) -> None:
+    """6 s steps, then 9 s once rank 2 is 1.5x slower: the window's medians pass the share after some 50 slowed
+    steps, so rank 0 holds the share it sends (`contract.pace.slow_share_hold_s`) and the alarm's 2 minutes end at
+    about 100 slowed steps (the issue's "5 minutes or 100 steps, whichever is longer"), not at 63."""
+    noise, slowed_at = random.Random(6), 1200.0
+    ranks = SynchronousRanks(4)
+    slowed_steps: list[float] = []
+
+    def steps(_: int) -> list[float]:
+        slowed = ranks.clock.t - 1000.0 >= slowed_at
+        if slowed:
+            slowed_steps.append(ranks.clock.t - 1000.0)
+        return [6 * noise.uniform(0.7, 1.3) * (1.5 if slowed and rank == 2 else 1.0) for rank in range(4)]
+
+    samples = {**job().samples(3000.0), **slow_rank_samples(ranks, steps, 3000.0)}
+    slow_at = alarms.first_alarm(name(RunAlarm.SLOW), samples, ARMED, 3000.0)
+    assert slow_at is not None, "named"
+    named_after = sum(1 for t in slowed_steps if t <= slow_at)
+    assert 95 <= named_after <= 125, (named_after, slow_at - slowed_at)
+    assert slow_share_hold_s(1.0) == 0.0 and slow_share_hold_s(2.7) == 0.0, "short steps: as before"
 
 
 def test_an_hour_of_a_healthy_run_with_a_long_checkpoint_and_pauses_never_raises_the_slow_alarm(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -177,6 +178,38 @@ def rank_slow(
     """The share of each step the ranks wait for the straggler when it is slow for the verdict: each StragglerWaitShare
     of the last SLOW_RANK_SUSTAINED_S at the run's `share` or more (`sustained`); the least of them, else None."""
     return sustained(shares, now, span_s=SLOW_RANK_SUSTAINED_S, at_least=share, gap_s=gap_s)
+
+
+def slow_share_hold_s(step_s: float) -> float:
+    """How far back rank 0 holds the share it sends to the least of the values it saw, so that a rank is named only
+    once slow for SLOW_RANK_FOR_STEPS steps where they outlast SLOW_RANK_FOR_S (steps over 2.7 s). The window's
+    medians pass the share once half its span is slowed, and the verdict asks SLOW_RANK_SUSTAINED_S more: at 6 s
+    steps, 300 s + 120 s is 70 steps, so the share is held 180 s. 0 at shorter steps, where the verdict is as it was."""
+    window_s = max(SLOW_RANK_FOR_S, SLOW_RANK_FOR_STEPS * step_s)
+    return max(0.0, SLOW_RANK_FOR_STEPS * step_s - window_s / 2 - SLOW_RANK_SUSTAINED_S)
+
+
+class SentShare:
+    """What rank 0's heartbeat sends as StragglerWaitShare, beat by beat: the straggler's waited share (its window's
+    medians), held to the least of those sent over the last `slow_share_hold_s` while the same rank is the straggler
+    (a new straggler, or a beat that sends none, starts the hold again). One rule for the runtime and the project's
+    own alarm evaluator."""
+
+    def __init__(self) -> None:
+        self._rank: int | None = None
+        self._seen: deque[tuple[float, float]] = deque()
+
+    def sent(self, straggler: Straggler, now: float) -> float:
+        if straggler.rank != self._rank:
+            self._rank, self._seen = straggler.rank, deque()
+        self._seen.append((now, straggler.waited_share))
+        hold_s = slow_share_hold_s(straggler.window_s / straggler.steps if straggler.steps else 0.0)
+        while self._seen[0][0] < now - hold_s:
+            self._seen.popleft()
+        return min(share for _, share in self._seen)
+
+    def none_sent(self) -> None:
+        self._rank, self._seen = None, deque()
 
 
 def stands_out(straggler: Straggler | None, share: float) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from beacon import contract
-from beacon.contract.pace import run_stall_after, stands_out, straggler_of
+from beacon.contract.pace import SentShare, run_stall_after, stands_out, straggler_of
 from beacon.contract.rank_evidence import RankProgress
 from beacon.evidence.live_evidence import LiveEvidence, RanksDirectory
 from beacon.evidence.progress import ProgressClock
@@ -58,6 +58,7 @@ class Heartbeat:
         self.cross_rank_metrics = cross_rank_metrics
         self.evidence = evidence
         self._phases_of_other_ranks = PhaseFollower(progress)
+        self._sent_share = SentShare()
         self._cloudwatch_metrics = frozenset(config.cloudwatch_metrics)
         self._first_beat_at: float | None = None
         self._last_rate_sample = (time.monotonic(), progress.steps)
@@ -153,7 +154,10 @@ class Heartbeat:
             # Not while a rank is stalled: the frozen windows would go on saying slow, and hide the hang
             stalled = self.evidence is not None and self.evidence.stalled(ranks, now)
             if straggler is not None and straggler.window_full and not stalled:
-                data.append(datum(contract.STRAGGLER_WAIT_SHARE, run_dims, Value=straggler.waited_share))
+                share = self._sent_share.sent(straggler, now)  # held where steps are long (`contract.pace`)
+                data.append(datum(contract.STRAGGLER_WAIT_SHARE, run_dims, Value=share))
+            else:
+                self._sent_share.none_sent()
             standing_out = straggler if stands_out(straggler, self.config.slow_rank_share) else None
         # The run's pace against its baseline, while it steps (a hang's frozen window says nothing of its pace) and no
         # rank stands out (that is the slow rank's alarm)
