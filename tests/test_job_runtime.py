@@ -125,7 +125,8 @@ def test_a_refused_connection_that_clears_within_its_budget_passes_preflight(
             **as_writer.credentials,
         )
 
-    config = parse_args(["--bucket", as_writer.bucket, "--run-id", "pre-late", "--alarms", "false"]).settings
+    flags = ["--bucket", as_writer.bucket, "--run-id", "pre-late", "--alarms", "false", "--slow-rank-share", "0.4"]
+    config = parse_args(flags).settings
     try:
         record = run_preflight(
             config,
@@ -142,3 +143,4 @@ def test_a_refused_connection_that_clears_within_its_budget_passes_preflight(
             relay.server_close()
     assert relays, "the first attempt was refused"
     assert record.run == "pre-late"
+    assert record.slow_rank_share == 0.4, "the team's share, in the record the doctor reads it from"

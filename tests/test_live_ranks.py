@@ -268,7 +268,7 @@ def test_a_slow_rank_is_sent_snapshotted_once_and_named_by_the_doctor_until_it_r
 
     named = rank_check()
     assert named.verdict == "slow", named
-    assert named.evidence.startswith("rank 2 on pod train-1, node node-1, instance g6.12xlarge is slow: the other "
+    assert named.evidence.startswith("rank 2 on pod train-1, node node-1, instance type g6.12xlarge is slow: the other "
                                      "ranks wait for it 33% of each 1.50 s step"), named  # fmt: skip
     write_ranks(tmp_path / "ranks", [paced(r, slow=None) for r in range(4)], dumped=False)  # it recovered
     beat(sink)
@@ -303,6 +303,10 @@ def test_a_teams_own_slow_rank_share_is_what_rank_0_and_the_doctor_hold_a_rank_t
     aws.client("s3").put_object(Bucket=BUCKET, Key=contract.preflight_key(EXPERIMENT, RUN, "1-abc.json"),
                                 Body=json.dumps(preflight).encode())  # fmt: skip
     assert rank_check().verdict == "none stands out"
+    preflight["slow_rank_share"] = 25  # a percentage where a share belongs: not this run's rule, the default's
+    aws.client("s3").put_object(Bucket=BUCKET, Key=contract.preflight_key(EXPERIMENT, RUN, "1-abc.json"),
+                                Body=json.dumps(preflight).encode())  # fmt: skip
+    assert rank_check().verdict == "slow"
 
 
 def test_a_slow_episode_is_snapshotted_when_it_begins_then_every_slow_refresh_beats_numbered_with_the_stalls() -> None:
@@ -347,8 +351,8 @@ def test_the_doctor_says_a_slow_rank_it_cannot_place_yet_and_points_rank_0_at_it
     placed, _ = _stopped_rank(RunEvidence(EXPERIMENT, RUN, rank_files=files), None, slow_share=0.33,
                               nodes={"node-1": node})  # fmt: skip
     assert placed.evidence.startswith(
-        "rank 2 on pod train-1, node node-1, instance g6.12xlarge is slow: the other ranks wait for it 33% of each "
-        "1.50 s step"
+        "rank 2 on pod train-1, node node-1, instance type g6.12xlarge is slow: the other ranks wait for it 33% of "
+        "each 1.50 s step"
     ), placed
     assert "[node-1: instance i-0abc, NodeClaim gpu-x7k2p]" in placed.evidence, placed
 

@@ -213,3 +213,14 @@ def test_a_rank_whose_c_call_holds_the_gil_dumps_its_stacks_before_the_liveness_
     for heartbeat in (1.0, 15.0, 60.0):
         watchdog = contract.STALL_THRESHOLD_S + rank_signal_interval(heartbeat)
         assert watchdog < manifests.HEARTBEAT_TOLERANCE_S, (heartbeat, watchdog)
+
+
+def test_beacon_run_gives_a_teams_job_its_team_files_slow_rank_share() -> None:
+    from beacon_ops.jobs.flow import TeamOutputs
+    from beacon_ops.jobs.team import TeamJobRequest, team_job
+
+    config = load_team("demo")
+    config = config.model_copy(update={"monitoring": config.monitoring.model_copy(update={"slow_rank_share": 0.4})})
+    outputs = TeamOutputs("demo", "us-east-1", "b", "w", "r", "k", "beacon-demo", "training", "i", "repo", "t", "p", ())
+    spec = team_job(TeamJobRequest(image="repo:v1", command=("train.py",)), config, outputs)
+    assert spec.slow_rank_share == 0.4

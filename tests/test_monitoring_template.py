@@ -22,6 +22,7 @@ from beacon_ops.evidence.alarms import (
     team_alarm_definitions,
 )
 from beacon_ops.templates import Template as BeaconTemplate
+from config import TeamConfig
 from tests.support.synth import Synthesized
 
 STACK = "beacon-demo-monitoring"
@@ -100,6 +101,25 @@ def test_a_teams_slow_rank_share_is_its_slow_alarms_threshold_and_its_dashboards
     (dashboard,) = monitoring.of_type("AWS::CloudWatch::Dashboard").values()
     body = "".join(part for part in dashboard["Properties"]["DashboardBody"]["Fn::Join"][1] if isinstance(part, str))
     assert '"value":0.4,"label":"slow"' in body
+
+
+def test_the_monitoring_stack_builds_its_alarms_at_the_team_files_slow_rank_share(demo_config: TeamConfig) -> None:
+    from aws_cdk import aws_iam as iam
+    from aws_cdk import aws_s3 as s3
+
+    from stacks.monitoring import MonitoringStack
+
+    config = demo_config.model_copy(
+        update={"monitoring": demo_config.monitoring.model_copy(update={"slow_rank_share": 0.4})}
+    )
+    app = App()
+    given = Stack(app, "Given")
+    role = iam.Role.from_role_arn(given, "Role", "arn:aws:iam::123456789012:role/beacon-demo-writer")
+    stack = MonitoringStack(app, "Monitoring", config=config, cluster_name="beacon-demo", writer_role=role,
+                            bucket=s3.Bucket.from_bucket_name(given, "Bucket", "beacon-demo-artifacts"),
+                            verdict_role=role, verdict_reader_role=role)  # fmt: skip
+    monitoring = BeaconTemplate("monitoring", dict(Template.from_stack(stack).to_json()))
+    assert by_name(run_alarm_definitions(monitoring, "exp-1", "run-1")[0], contract.RunAlarm.SLOW)["Threshold"] == 0.4
 
 
 def test_slowed_alarm_watches_the_runs_step_time_over_its_baseline_for_the_sustained_span(run_alarms: Any) -> None:

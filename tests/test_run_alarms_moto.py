@@ -54,3 +54,14 @@ def test_the_writer_arms_its_run_alarms_from_the_template_and_disarms_them_on_ex
     alarms.disarm()
     seen = run_alarms_seen_by_admin(as_writer)
     assert seen["MetricAlarms"] == [] and seen["CompositeAlarms"] == []
+
+
+def test_a_run_given_its_own_slow_rank_share_arms_its_slow_alarm_at_it(as_writer: WriterSession) -> None:
+    """`beacon.init(slow_rank_share=0.4)` (or its BEACON_ variable) beside a team file at 25 %: the run's alarm, its
+    rank 0 and its doctor (the preflight record) hold a rank to the run's one number."""
+    alarms = RunAlarms(as_writer.client("cloudwatch"), as_writer.client("ssm"), "demo", "exp-1", "run-2", 0.4)
+    alarms.arm()
+    slow_name = contract.run_alarm_name("demo", "exp-1", "run-2", contract.RunAlarm.SLOW)
+    (slow,) = [a for a in run_alarms_seen_by_admin(as_writer)["MetricAlarms"] if a["AlarmName"] == slow_name]
+    assert slow["Threshold"] == 0.4 and "wait for it 40% of each step" in slow["AlarmDescription"], slow
+    alarms.disarm()

@@ -24,6 +24,7 @@ from beacon.contract.pace import (
     rank_slow,
     run_slowed,
     run_stall_after,
+    slow_rank_share_problem,
 )
 from beacon.contract.rank_evidence import SIGNAL_DUMP, RankProgress, signal_stacks_name, stacks_name
 from botocore.exceptions import BotoCoreError, ClientError
@@ -193,7 +194,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     # preflight record states it; the default for a run of another version)
     shares = _samples(inputs, contract.STRAGGLER_WAIT_SHARE, dims, "Minimum", now)
     fresh_for = max(SILENT_FLOOR_S, SILENT_BEATS * interval)
-    share = float((evidence.preflight or {}).get("slow_rank_share", SLOW_RANK_SHARE))
+    stated = (evidence.preflight or {}).get("slow_rank_share", SLOW_RANK_SHARE)
+    share = SLOW_RANK_SHARE if slow_rank_share_problem(stated) else float(stated)
     samples = [(s.at.timestamp(), s.value) for s in shares]
     slow_share = rank_slow(samples, read_at.timestamp(), gap_s=fresh_for, share=share)
     # A rank stopped outside a collective while the others wait, its progress not yet `stall_after` old: named, as a

@@ -708,7 +708,11 @@ def _writer_telemetry(settings: RunSettings, world: World, progress: ProgressClo
             reconciled.continued_after_chunk,
             spool.last_step,
         )
-    alarms = RunAlarms(cloudwatch, ssm, settings.team, settings.experiment, settings.run) if ssm is not None else None
+    alarms = (
+        RunAlarms(cloudwatch, ssm, settings.team, settings.experiment, settings.run, settings.slow_rank_share)
+        if ssm is not None
+        else None
+    )
     telemetry = Telemetry(
         settings, s3=s3, cloudwatch=cloudwatch, progress=progress, spool=spool, run_alarms=alarms,
         ranks_dir=settings.run_ranks_dir, world_size=world.size, node_rank=int(os.environ.get("GROUP_RANK", "-1")),

@@ -100,12 +100,22 @@ def run_alarm_parameter_name(team: str) -> str:
     return f"/beacon/{team}/run-alarm-template"
 
 
-def render_run_alarms(template: str, experiment: str, run: str) -> dict[str, Any]:
-    """Fill a run-alarm template (JSON from the monitoring stack) for one run."""
+def render_run_alarms(
+    template: str, experiment: str, run: str, *, slow_rank_share: float | None = None
+) -> dict[str, Any]:
+    """Fill a run-alarm template (JSON from the monitoring stack) for one run; `slow_rank_share`: the run's own (its
+    settings, as its preflight record states them), the slow alarm's threshold, so the alarm, rank 0 and the doctor
+    hold a rank to one number even where the run was given another than its team file's."""
     validate_id("experiment", experiment)
     validate_id("run", run)
-    filled = template.replace(EXPERIMENT_PLACEHOLDER, experiment).replace(RUN_PLACEHOLDER, run)
-    return dict(json.loads(filled))
+    filled = dict(json.loads(template.replace(EXPERIMENT_PLACEHOLDER, experiment).replace(RUN_PLACEHOLDER, run)))
+    slow = f"-{RunAlarm.SLOW.value}"
+    for alarm in filled["metric_alarms"] if slow_rank_share is not None else ():
+        if alarm["AlarmName"].endswith(slow) and alarm["Threshold"] != slow_rank_share:
+            said = f"{alarm['Threshold']:.0%} of each step"
+            alarm["AlarmDescription"] = alarm["AlarmDescription"].replace(said, f"{slow_rank_share:.0%} of each step")
+            alarm["Threshold"] = slow_rank_share
+    return filled
 
 
 def run_alarms_arm_at(first_heartbeat_at: float) -> float:

@@ -16,6 +16,7 @@ class RunAlarms:
     team: str
     experiment: str
     run: str
+    slow_rank_share: float | None = None  # the run's own: its slow alarm's threshold (the template's when None)
     armed: bool = False
 
     def names(self) -> list[str]:
@@ -23,7 +24,8 @@ class RunAlarms:
 
     def arm(self) -> None:
         parameter = self.ssm.get_parameter(Name=contract.run_alarm_parameter_name(self.team))
-        rendered = contract.render_run_alarms(parameter["Parameter"]["Value"], self.experiment, self.run)
+        template = parameter["Parameter"]["Value"]
+        rendered = contract.render_run_alarms(template, self.experiment, self.run, slow_rank_share=self.slow_rank_share)
         for alarm in rendered["metric_alarms"]:
             self.cloudwatch.put_metric_alarm(**alarm)
         self.cloudwatch.put_composite_alarm(**rendered["composite_alarm"])
