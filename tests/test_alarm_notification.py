@@ -298,7 +298,7 @@ def test_the_notification_names_the_rank_its_step_phase_place_and_hanging_frame_
     text = message["Message"]
     verdict = text.splitlines()[0]
     assert verdict.startswith(
-        f"rank-hung: rank 3 on pod {STOPPED.pod}, node {STOPPED.node}, instance {STOPPED.instance} "
+        f"rank-hung: rank 3 on pod {STOPPED.pod}, node {STOPPED.node}, instance type {STOPPED.instance} "
         "hung at step 51 in training ("
     ), verdict
     assert "in forward)" in verdict, "the hanging frame of the team's code"
@@ -383,7 +383,7 @@ def test_while_the_run_still_hangs_rank_0s_live_snapshot_lets_the_notification_n
     notification = notify_as_the_function(as_writer, topic, publisher)
     assert notification is not None
     assert notification.message.startswith(
-        f"rank-hung: rank 3 on pod {STOPPED.pod}, node {STOPPED.node}, instance {STOPPED.instance} "
+        f"rank-hung: rank 3 on pod {STOPPED.pod}, node {STOPPED.node}, instance type {STOPPED.instance} "
         "hung at step 51 in training ("
     ), notification.message
     verdict = notification.message.splitlines()[0]
@@ -433,7 +433,7 @@ def test_a_slow_rank_is_named_in_the_notification_at_once_from_rank_0s_snapshot(
     assert notification is not None and waits == [], "the slow rank is named: nothing more to wait for"
     assert notification.subject == f"Beacon {TEAM}: {EXPERIMENT}/{RUN} rank-slow"
     assert notification.message.startswith(
-        f"rank-slow: rank 2 on pod {STOPPED.pod}, node {STOPPED.node}, instance {STOPPED.instance} is slow: the "
+        f"rank-slow: rank 2 on pod {STOPPED.pod}, node {STOPPED.node}, instance type {STOPPED.instance} is slow: the "
         "other ranks wait for it 33% of each 1.50 s step"
     ), notification.message
 

@@ -116,7 +116,7 @@ def test_a_frozen_rank_with_no_dump_while_the_others_dumped_and_wait_went_silent
     verdict = which_rank(documents, stacks)
     assert verdict is not None and (verdict.rank, verdict.how, verdict.step) == (0, "silent", 50)
     assert verdict.line() == (
-        "rank 0 on pod train-0, node node-0, instance g6.12xlarge went silent at step 50 in training; "
+        "rank 0 on pod train-0, node node-0, instance type g6.12xlarge went silent at step 50 in training; "
         "3 rank(s) wait in all_reduce (1, 2, 3)"
     )
     rewritten = [doc(0, written=NOW - 1), *documents[1:]]
@@ -207,7 +207,7 @@ def test_on_node_local_directories_node_1s_leader_uploads_its_ranks_and_the_doct
     inputs = DoctorInputs(team="demo", experiment=EXPERIMENT, run=RUN, bucket=BUCKET, region="us-east-1", s3=s3,
                           cloudwatch=aws.client("cloudwatch"))  # fmt: skip
     (named,) = [v for v in diagnose(inputs).verdicts if v.check == "rank"]
-    assert named.evidence.startswith("rank 3 on pod train-1, node node-1, instance g6.12xlarge hung at step 51")
+    assert named.evidence.startswith("rank 3 on pod train-1, node node-1, instance type g6.12xlarge hung at step 51")
     assert named.fix.startswith(f"its stack: ranks/{live}stacks-rank-00003.txt (live snapshot: node 1's leader")
 
 

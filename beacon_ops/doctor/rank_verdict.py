@@ -169,7 +169,7 @@ class RankVerdict:
 
     def line(self) -> str:
         place = ", ".join(
-            f"{k} {v}" for k, v in (("pod", self.pod), ("node", self.node), ("instance", self.instance)) if v
+            f"{k} {v}" for k, v in (("pod", self.pod), ("node", self.node), ("instance type", self.instance)) if v
         )
         how = "went silent" if self.how == "silent" else self.how
         text = f"rank {self.rank}{f' on {place}' if place else ''} {how} at step {self.step_named} in {self.phase}"
@@ -327,8 +327,8 @@ class SlowRank:
 
     def line(self) -> str:
         s = self.straggler
-        place = ", ".join(f"{k} {v}" for k, v in (("pod", self.pod), ("node", self.node), ("instance", self.instance))
-                          if v)  # fmt: skip
+        where = (("pod", self.pod), ("node", self.node), ("instance type", self.instance))
+        place = ", ".join(f"{k} {v}" for k, v in where if v)
         return (
             f"rank {s.rank}{f' on {place}' if place else ''} is slow: the other ranks wait for it "
             f"{s.waited_share:.0%} of each {self.step_s:.2f} s step, its own work {s.step_ratio:.2f}x theirs, "
