@@ -58,7 +58,7 @@ def test_the_cli_reference_is_every_subcommand_and_option_of_the_real_command(si
     page = html.unescape((site / "cli" / "index.html").read_text())
     sections = re.findall(r'<h3 id="([\w-]+)"', page)
     assert sections == sorted(reference.command.commands)  # type: ignore[attr-defined]
-    assert {"smoke", "run", "doctor", "local", "sync", "tensorboard"} <= set(sections)
+    assert {"smoke", "run", "doctor", "local", "sync", "tensorboard", "goodput"} <= set(sections)
     for name, command in reference.command.commands.items():  # type: ignore[attr-defined]
         section = page.split(f'<h3 id="{name}"', 1)[1].split("<h3 ", 1)[0]
         assert f"beacon {name} [OPTIONS]" in section, name

@@ -9,7 +9,6 @@ the conditions of the reader's policy (s3:prefix, kms:ViaService): the policy ev
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 import socket
@@ -23,9 +22,9 @@ import requests
 from beacon import contract
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from beacon_ops.local.provision import OPERATOR
 from config import names
 from tests.conftest import WriterSession
+from tests.support.cli import operator_of_the_artifacts_stack
 from tests.support.job_harness import JobHarness, keys_under, wait_for
 from tests.support.moto_server import REGION
 from tests.support.policy_eval import Decision, Deployment, Request
@@ -36,36 +35,7 @@ TEAM, EXPERIMENT, RUN, STEPS = "demo", "smoke", "tb-cli", 60
 
 @pytest.fixture
 def operator(as_writer: WriterSession) -> dict[str, str]:
-    """The team's artifacts stack as CloudFormation holds it (its outputs), and an operator that may read them."""
-    aws, store = as_writer.aws, as_writer.provisioned.store
-    aws.reset_auth_only()
-    try:
-        aws.client("iam").put_user_policy(
-            UserName=OPERATOR,
-            PolicyName="read-beacon-stacks",
-            PolicyDocument=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [{"Effect": "Allow", "Action": "cloudformation:DescribeStacks", "Resource": "*"}],
-                }
-            ),
-        )
-        aws.client("cloudformation").create_stack(
-            StackName=names.stack_name(TEAM, "artifacts"),
-            TemplateBody=json.dumps(
-                {
-                    "Resources": {"StandIn": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
-                    "Outputs": {
-                        "BucketName": {"Value": store.bucket},
-                        "ReaderRoleArn": {"Value": store.reader_role_arn},
-                        "WriterRoleArn": {"Value": store.writer_role_arn},
-                    },
-                }
-            ),
-        )
-    finally:
-        aws.enforce_iam()
-    return as_writer.provisioned.operator_keys
+    return operator_of_the_artifacts_stack(as_writer, TEAM)
 
 
 @pytest.fixture

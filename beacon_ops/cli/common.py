@@ -80,6 +80,20 @@ LocalWorkdir = Annotated[
     Path, typer.Option(envvar="BEACON_DEMO_DIR", help="with --local: beacon local's work directory")
 ]
 DEFAULT_LOCAL_WORKDIR = Path(".beacon/demo")
+# The options of a command that reads one run as the team's reader (`beacon tensorboard`, `beacon goodput`)
+RunId = Annotated[str, typer.Option(envvar="BEACON_RUN_ID", help="run id", callback=identifier("run"))]
+ReaderTeam = Annotated[str | None, typer.Option(envvar="BEACON_TEAM", help="team name (not with --local)")]
+ReaderExperiment = Annotated[
+    str | None,
+    typer.Option(
+        envvar="BEACON_EXPERIMENT",
+        callback=identifier("experiment"),
+        help="default: smoke; with --local, the one the run was started in",
+    ),
+]
+ReaderBucket = Annotated[str | None, typer.Option(envvar="BEACON_BUCKET", help="default: the stack output")]
+ReaderRegion = Annotated[str | None, typer.Option(help=REGION_HELP)]
+ReaderRoleArn = Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")]
 
 
 def kept_or_fail(command: str, workdir: Path, *, as_json: bool = False) -> LocalAws:
@@ -91,3 +105,41 @@ def kept_or_fail(command: str, workdir: Path, *, as_json: bool = False) -> Local
         raise fail(command, f"--local: no embedded AWS running from {workdir / KEPT}: start one with "
                    f"`beacon local --workdir {workdir} --keep -- <command>`", as_json=as_json)  # fmt: skip
     return kept
+
+
+def team_reader_or_fail(
+    command: str,
+    team: str,
+    *,
+    region: str | None,
+    bucket: str | None,
+    reader_role_arn: str | None,
+    as_json: bool = False,
+) -> tuple[Any, str, str]:
+    """An S3 client as the team's reader (its role from the artifacts stack's outputs, unless given), the team's
+    bucket, and the words that name where it reads ("team 'demo' in us-east-1"); or the one line that says why not."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from beacon_ops.aws_access import deployed_stack_outputs, describe_aws_error
+    from beacon_ops.credentials import assume_role_credentials
+    from config import names
+    from stacks import outputs as outputs_of
+
+    config = team_or_fail(command, team, as_json=as_json)
+    session = session_or_fail(command, region=region, config=config, as_json=as_json)
+    where = f"team {team!r} in {session.region_name}"
+    try:
+        if bucket is None or reader_role_arn is None:
+            stack = names.stack_name(team, "artifacts")
+            outputs = deployed_stack_outputs(session.client("cloudformation"), stack, str(session.region_name), team)
+            bucket = bucket or outputs[outputs_of.BUCKET_NAME]
+            reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
+        sts = session.client("sts")
+        reader = assume_role_credentials(sts, reader_role_arn, f"beacon-{command}") if reader_role_arn else {}
+        return session.client("s3", **reader), bucket, where
+    except AccessError as error:
+        raise fail(command, str(error), as_json=as_json) from None
+    except (ClientError, BotoCoreError) as error:
+        raise fail(command, f"cannot read {where}: {describe_aws_error(error)}", as_json=as_json) from None
+    except KeyError as error:
+        raise fail(command, f"cannot read {where}: stack output {error} is missing", as_json=as_json) from None

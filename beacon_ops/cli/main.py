@@ -20,6 +20,7 @@ from typer._click.exceptions import NoArgsIsHelpError, UsageError
 
 from beacon_ops.cli.common import BeaconError
 from beacon_ops.cli.doctor import doctor
+from beacon_ops.cli.goodput import goodput
 from beacon_ops.cli.local import local
 from beacon_ops.cli.run import run
 from beacon_ops.cli.smoke import smoke
@@ -54,7 +55,7 @@ def main_options(
 
 
 # In the order `beacon --help` has always listed them.
-for command in (doctor, tensorboard, smoke, run, local, sync):
+for command in (doctor, tensorboard, smoke, run, local, sync, goodput):
     # `beacon local -- <command>`: what follows `--` is the team's own command, passed on as it is
     if command is local:
         app.command(context_settings={"allow_extra_args": True}, options_metavar="[OPTIONS] [-- COMMAND...]")(local)

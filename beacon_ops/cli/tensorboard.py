@@ -19,22 +19,22 @@ import typer
 from beacon import contract
 from botocore.exceptions import BotoCoreError, ClientError
 
-from beacon_ops.aws_access import AccessError, deployed_stack_outputs, describe_aws_error
+from beacon_ops.aws_access import AccessError, describe_aws_error
 from beacon_ops.cli.common import (
     DEFAULT_LOCAL_WORKDIR,
-    REGION_HELP,
     Local,
     LocalWorkdir,
+    ReaderBucket,
+    ReaderExperiment,
+    ReaderRegion,
+    ReaderRoleArn,
+    ReaderTeam,
+    RunId,
     fail,
-    identifier,
     kept_or_fail,
-    session_or_fail,
-    team_or_fail,
+    team_reader_or_fail,
 )
-from beacon_ops.credentials import assume_role_credentials
 from beacon_ops.local.processes import stop_process
-from config import names
-from stacks import outputs as outputs_of
 
 DEFAULT_PORT = 6006
 
@@ -124,16 +124,9 @@ def serve_directory(directory: Path, port: int) -> int:
 
 
 def tensorboard(
-    run: Annotated[str, typer.Option(envvar="BEACON_RUN_ID", help="run id", callback=identifier("run"))],
-    team: Annotated[str | None, typer.Option(envvar="BEACON_TEAM", help="team name (not with --local)")] = None,
-    experiment: Annotated[
-        str | None,
-        typer.Option(
-            envvar="BEACON_EXPERIMENT",
-            callback=identifier("experiment"),
-            help="default: smoke; with --local, the one the run was started in",
-        ),
-    ] = None,
+    run: RunId,
+    team: ReaderTeam = None,
+    experiment: ReaderExperiment = None,
     port: Annotated[int, typer.Option(min=1, max=65535, help="TensorBoard's port on localhost")] = 6006,
     directory: Annotated[
         Path | None,
@@ -142,9 +135,9 @@ def tensorboard(
     serve: Annotated[
         bool, typer.Option("--serve/--no-serve", help="--no-serve: download only, and print the directory")
     ] = True,
-    bucket: Annotated[str | None, typer.Option(envvar="BEACON_BUCKET", help="default: the stack output")] = None,
-    region: Annotated[str | None, typer.Option(help=REGION_HELP)] = None,
-    reader_role_arn: Annotated[str | None, typer.Option(envvar="BEACON_READER_ROLE_ARN")] = None,
+    bucket: ReaderBucket = None,
+    region: ReaderRegion = None,
+    reader_role_arn: ReaderRoleArn = None,
     local: Local = False,
     workdir: LocalWorkdir = DEFAULT_LOCAL_WORKDIR,
 ) -> None:
@@ -155,28 +148,15 @@ def tensorboard(
     if team is None:
         raise fail("tensorboard", "Missing option '--team' (or --local, for a run of beacon local)")
     experiment = experiment or "smoke"
-    config = team_or_fail("tensorboard", team, as_json=False)
-    session = session_or_fail("tensorboard", region=region, config=config, as_json=False)
-    region = str(session.region_name)
     target = directory or default_directory(team, experiment, run)
+    s3, bucket, where = team_reader_or_fail("tensorboard", team, region=region, bucket=bucket,
+                                            reader_role_arn=reader_role_arn)  # fmt: skip
     try:
-        if bucket is None or reader_role_arn is None:
-            stack = names.stack_name(team, "artifacts")
-            outputs = deployed_stack_outputs(session.client("cloudformation"), stack, region, team)
-            bucket = bucket or outputs[outputs_of.BUCKET_NAME]
-            reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
-        sts = session.client("sts")
-        reader = assume_role_credentials(sts, reader_role_arn, "beacon-tensorboard") if reader_role_arn else {}
-        fetched = fetch_run(
-            session.client("s3", **reader), bucket=bucket, experiment=experiment, run=run, directory=target
-        )
-    except (TensorBoardError, AccessError) as error:
+        fetched = fetch_run(s3, bucket=bucket, experiment=experiment, run=run, directory=target)
+    except TensorBoardError as error:
         raise fail("tensorboard", str(error)) from None
     except (ClientError, BotoCoreError) as error:
-        why = describe_aws_error(error)
-        raise fail("tensorboard", f"cannot read team {team!r} in {region}: {why}") from None
-    except KeyError as error:
-        raise fail("tensorboard", f"cannot read team {team!r} in {region}: stack output {error} is missing") from None
+        raise fail("tensorboard", f"cannot read {where}: {describe_aws_error(error)}") from None
     except OSError as error:
         raise fail("tensorboard", f"--dir {target}: {error.strerror or error}") from None
     show_fetched(fetched, serve=serve, port=port)

@@ -5,10 +5,12 @@ is counted as the steps or the setup around them, and each attempt begins at its
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from beacon import contract
-from beacon.contract.goodput import Attempt, Ledger, ledger
+from beacon.contract.goodput import PRICES_AS_OF, Attempt, Category, Cost, Ledger, cost_of, ledger
 
 from beacon_ops.evidence.reading import RunEvidence
 
@@ -48,3 +50,90 @@ def _seconds(iso: object) -> float | None:
         return datetime.fromisoformat(iso).timestamp()
     except ValueError:
         return None
+
+
+# --- the report `beacon goodput` prints: the ledger, a bar per attempt, the dollars where the run is placed ------
+BAR_WIDTH = 60
+# One mark per category in the bars, in PRECEDENCE's order and then the rest
+MARKS = {
+    Category.PRODUCTIVE: "#", Category.START: "s", Category.SETUP: "u", Category.CHECKPOINT: "c",
+    Category.EVALUATION: "e", Category.HANG: "H", Category.WASTED_PROGRESS: "w", Category.RESTART_GAP: "g",
+    Category.UNACCOUNTED: "?",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GoodputReport:
+    experiment: str
+    run: str
+    book: Ledger
+    instances: int
+    instance_type: str  # "" where no document recorded it
+    why_instances: str  # where the instance count comes from
+
+    def cost(self, seconds: float) -> Cost:
+        """`seconds` of the run's instance-seconds, priced (the instance count is already in them)."""
+        return cost_of(seconds, instances=1, instance_type=self.instance_type)
+
+    def as_dict(self) -> dict[str, Any]:
+        total = self.cost(self.book.total)
+        return {
+            "experiment": self.experiment,
+            "run": self.run,
+            "instances": self.instances,
+            "instance_type": self.instance_type,
+            "goodput": self.book.goodput(),
+            "instance_seconds": {c.value: s for c, s in self.book.seconds.items()},
+            "unaccounted_why": self.book.why,
+            "attempts": {n: {c.value: s for c, s in b.seconds.items()} for n, b in self.book.by_attempt.items()},
+            "instance_hours": total.instance_hours,
+            "dollars": total.dollars,
+            "prices": f"list prices of {PRICES_AS_OF}",
+        }
+
+    def lines(self) -> list[str]:
+        book, total = self.book, self.cost(self.book.total)
+        attempts = len(book.by_attempt)
+        head = (f"run {self.run} (experiment {self.experiment}): {attempts} attempt{'s' if attempts != 1 else ''} on "
+                f"{self.instances} instance{'s' if self.instances != 1 else ''} ({self.why_instances}); goodput "
+                f"{book.goodput():.1%} of {total.priced()}")  # fmt: skip
+        lines = [head, "", f"  {'category':<16} {'instance time':>13} {'share':>7}  {'dollars':>9}"]
+        for category in Category:
+            seconds = book.seconds[category]
+            dollars = self.cost(seconds).dollars
+            shown = "" if dollars is None else f"${dollars:,.2f}"
+            share = seconds / book.total if book.total else 0.0
+            lines.append(f"  {category.value:<16} {clock(seconds):>13} {share:>7.1%}  {shown:>9}")
+        lines += [f"    unaccounted: {why}: {clock(seconds)}" for why, seconds in book.why.items()]
+        lines += ["", f"  attempts (each mark is 1/{BAR_WIDTH} of the run's instance-seconds):"]
+        for number, attempt in sorted(book.by_attempt.items()):
+            lines.append(f"  {number:>3} {bar(attempt, book.total)}")
+        legend = ", ".join(f"{mark} {category.value}" for category, mark in MARKS.items())
+        lines += [f"  ({legend})"]
+        return lines
+
+
+def clock(seconds: float) -> str:
+    """Instance-seconds as h:mm:ss."""
+    whole = round(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def bar(attempt: Ledger, run_total: float) -> str:
+    """The attempt's categories as marks, each BAR_WIDTH-th of the run's total: the attempts' bars add up to it."""
+    if run_total <= 0:
+        return ""
+    return "".join(MARKS[c] * round(attempt.seconds[c] / run_total * BAR_WIDTH) for c in MARKS)
+
+
+def goodput_report(evidence: RunEvidence) -> GoodputReport:
+    """The run's ledger at the instance count its ranks' documents place it on (each node once; 1 where none does),
+    with the instance type they recorded, for its dollars."""
+    documents, _ = evidence.ranks()
+    nodes = {d.node: d.instance for d in documents if d.node}
+    instances = max(1, len(nodes))
+    kinds = {kind for kind in nodes.values() if kind}
+    why = (f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} in the ranks' documents" if nodes
+           else "no rank document places it: counted as one")  # fmt: skip
+    return GoodputReport(evidence.experiment, evidence.run, run_ledger(evidence, instances=instances), instances,
+                         kinds.pop() if len(kinds) == 1 else "", why)  # fmt: skip

@@ -73,6 +73,8 @@ class Ledger:
 
     seconds: dict[Category, float] = field(default_factory=lambda: dict.fromkeys(Category, 0.0))
     why: dict[str, float] = field(default_factory=dict)
+    # The run's ledger: each attempt's own, the restart gap before it included (they sum to the run's)
+    by_attempt: dict[int, Ledger] = field(default_factory=dict)
 
     @property
     def total(self) -> float:
@@ -94,17 +96,23 @@ def ledger(attempts: Iterable[Attempt]) -> Ledger:
     instance count: the gap's nodes are those it held). Attempts are taken in their order; one whose clock says it
     began before the one before it ended (a pod's time against a process's) begins at that end, so no second is
     counted twice. The categories sum to the run's instance-seconds (to the floats' rounding)."""
-    book = Ledger()
+    run = Ledger()
     cursor: float | None = None  # where the run's accounted time has reached
     previous: Attempt | None = None
     for attempt in sorted(attempts, key=lambda a: a.attempt):
+        book = run.by_attempt.setdefault(attempt.attempt, Ledger())
         begin = _begin(attempt) if cursor is None else max(_begin(attempt), cursor)
         end = max(attempt.end, begin)
         if previous is not None and cursor is not None:
             book._add(Category.RESTART_GAP, (begin - cursor) * previous.instances)
         _account(book, attempt, begin, end)
         cursor, previous = end, attempt
-    return book
+    for book in run.by_attempt.values():
+        for category, seconds in book.seconds.items():
+            run.seconds[category] += seconds
+        for why, seconds in book.why.items():
+            run.why[why] = run.why.get(why, 0.0) + seconds
+    return run
 
 
 def _begin(attempt: Attempt) -> float:
