@@ -301,8 +301,6 @@ def slow_rank_samples(job_ranks: SynchronousRanks, steps: Callable[[int], list[f
             straggler = job_ranks.straggler()
             if straggler is not None and straggler.window_full:
                 shares.append((job_ranks.clock.t - start, sent.sent(straggler, job_ranks.clock.t)))
-            else:
-                sent.none_sent()
             # ... and StepTimeRatio, rank 0's window over its kept baseline, while no rank stands out
             ratio = job_ranks.paces[0].step_time_ratio()
             if ratio is not None and not stands_out(straggler, SLOW_RANK_SHARE):

@@ -192,8 +192,8 @@ def slow_share_hold_s(step_s: float) -> float:
 class SentShare:
     """What rank 0's heartbeat sends as StragglerWaitShare, beat by beat: the straggler's waited share (its window's
     medians), held to the least of those sent over the last `slow_share_hold_s` while the same rank is the straggler
-    (a new straggler, or a beat that sends none, starts the hold again). One rule for the runtime and the project's
-    own alarm evaluator."""
+    (a new straggler starts the hold again; a stall, which sends none, does not: a slow rank that hangs a while is
+    not named sooner after). One rule for the runtime and the project's own alarm evaluator."""
 
     def __init__(self) -> None:
         self._rank: int | None = None
@@ -207,9 +207,6 @@ class SentShare:
         while self._seen[0][0] < now - hold_s:
             self._seen.popleft()
         return min(share for _, share in self._seen)
-
-    def none_sent(self) -> None:
-        self._rank, self._seen = None, deque()
 
 
 def stands_out(straggler: Straggler | None, share: float) -> bool:

@@ -156,8 +156,6 @@ class Heartbeat:
             if straggler is not None and straggler.window_full and not stalled:
                 share = self._sent_share.sent(straggler, now)  # held where steps are long (`contract.pace`)
                 data.append(datum(contract.STRAGGLER_WAIT_SHARE, run_dims, Value=share))
-            else:
-                self._sent_share.none_sent()
             standing_out = straggler if stands_out(straggler, self.config.slow_rank_share) else None
         # The run's pace against its baseline, while it steps (a hang's frozen window says nothing of its pace) and no
         # rank stands out (that is the slow rank's alarm)
