@@ -13,6 +13,7 @@ app's output directory, and that directory is the function's asset. Lambda's Pyt
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -47,6 +48,7 @@ HANDLER = "beacon_ops.doctor.notify.handler"
 # The function's environment (beacon_ops.doctor.notify reads the same names).
 ENV_TEAM, ENV_BUCKET, ENV_TOPIC_ARN = "BEACON_TEAM", "BEACON_BUCKET", "BEACON_TOPIC_ARN"
 ENV_READER_ROLE_ARN = "BEACON_READER_ROLE_ARN"
+ENV_PRICES = "BEACON_PRICES"
 STATE_CHANGE = "CloudWatch Alarm State Change"
 # The diagnosis takes seconds; a run of several ranks whose evidence is still on its way is read again for up
 # to `notify.RANK_EVIDENCE_WAIT_S` (150 s), which the function's time must cover with room to publish.
@@ -89,6 +91,7 @@ class AlarmVerdict(Construct):
         reader_role: iam.IRole,
         alarm_arns: list[str],
         log_retention_days: int,
+        prices: dict[str, dict[str, float]] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         tag_component(self, "alarm-verdict")
@@ -142,6 +145,8 @@ class AlarmVerdict(Construct):
                 ENV_BUCKET: bucket.bucket_name,
                 ENV_TOPIC_ARN: topic.topic_arn,
                 ENV_READER_ROLE_ARN: reader_role.role_arn,  # taken per alarm, scoped to the alarmed run
+                # the team file's own prices, for the verdict's cost (none: the list prices)
+                ENV_PRICES: json.dumps(prices or {}, sort_keys=True),
             },
         )
         self.function.node.add_dependency(self.policy)

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import botocore.loaders
 from beacon import contract
 from beacon.contract import whole_match
+from beacon.contract.goodput import ON_DEMAND, SPOT
 from beacon.contract.pace import SLOW_RANK_SHARE, SLOW_RANK_SHARES
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
@@ -347,6 +348,25 @@ LEAN_PROFILE: dict[str, dict[str, object]] = {
 }
 
 
+class PricesConfig(_Section):
+    # The team's own hourly prices (USD) by instance type, e.g. negotiated rates or its usual spot price; the doctor's
+    # cost, the alarm's mail and `beacon goodput` take them over the dated list prices (`beacon.contract.goodput`).
+    on_demand: dict[str, Annotated[float, Field(gt=0)]] = {}
+    spot: dict[str, Annotated[float, Field(gt=0)]] = {}
+
+    @field_validator("on_demand", "spot")
+    @classmethod
+    def _instance_types(cls, value: dict[str, float]) -> dict[str, float]:
+        for instance_type in value:
+            if not whole_match(rf"(ml\.)?{INSTANCE_TYPE}", instance_type):
+                raise ValueError(f"not an instance type: {instance_type!r} (p5.48xlarge, ml.g5.xlarge)")
+        return value
+
+    def table(self) -> dict[str, dict[str, float]]:
+        """As `contract.goodput.cost_of` takes them."""
+        return {ON_DEMAND: dict(self.on_demand), SPOT: dict(self.spot)}
+
+
 class TeamConfig(_Section):
     team: str
     account: str | None = None
@@ -359,6 +379,7 @@ class TeamConfig(_Section):
     artifacts: ArtifactsConfig = ArtifactsConfig()
     images: ImagesConfig = ImagesConfig()
     training: TrainingConfig = TrainingConfig()
+    prices: PricesConfig = PricesConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -48,6 +48,7 @@ class MonitoringStack(Stack):
             reader_role=verdict_reader_role,
             alarm_arns=self.monitoring.own_alarm_arns,
             log_retention_days=config.monitoring.log_retention_days,
+            prices=config.prices.table(),
         )
         CfnOutput(self, outputs.ALARM_TOPIC_ARN, value=self.monitoring.topic.topic_arn)
         CfnOutput(self, outputs.RUN_ALARM_TEMPLATE_PARAMETER, value=self.monitoring.run_alarm_parameter.parameter_name)

@@ -33,6 +33,7 @@ from smoke_job.config import parse_args
 
 from beacon_constructs.alarm_verdict import (
     BUNDLE,
+    ENV_PRICES,
     ENV_READER_ROLE_ARN,
     HANDLER,
     TIMEOUT_S,
@@ -684,8 +685,11 @@ def test_the_rule_sends_only_the_teams_notifying_run_alarms_going_to_alarm_to_th
     assert properties["Runtime"].startswith("python3.")
     assert properties["Timeout"] == TIMEOUT_S >= notify.RANK_EVIDENCE_WAIT_S + 60, "its bounded wait, and time after"
     variables = properties["Environment"]["Variables"]
-    assert set(variables) == {notify.ENV_TEAM, notify.ENV_BUCKET, notify.ENV_TOPIC_ARN, notify.ENV_READER_ROLE_ARN}
-    assert ENV_READER_ROLE_ARN == notify.ENV_READER_ROLE_ARN
+    assert set(variables) == {
+        notify.ENV_TEAM, notify.ENV_BUCKET, notify.ENV_TOPIC_ARN, notify.ENV_READER_ROLE_ARN, notify.ENV_PRICES
+    }  # fmt: skip
+    assert (ENV_READER_ROLE_ARN, ENV_PRICES) == (notify.ENV_READER_ROLE_ARN, notify.ENV_PRICES)
+    assert notify.prices_of(variables[notify.ENV_PRICES]) == demo.config.prices.table(), "the team file's prices"
     assert variables[notify.ENV_TEAM] == TEAM
     assert variables[notify.ENV_TOPIC_ARN] == {"Ref": demo.template("monitoring").one_of_type("AWS::SNS::Topic")[0]}
     assert "Layers" not in properties and "VpcConfig" not in properties, "no Kubernetes API, nothing but AWS APIs"

@@ -142,6 +142,8 @@ BAD_CASES = {
         "monitoring.slow_rank_share",
         "less than or equal to 0.9",
     ),
+    "price_of_no_instance_type": ('[prices]\non_demand = {"a100" = 30.0}', "prices.on_demand", "not an instance type"),
+    "price_not_positive": ('[prices]\nspot = {"p5.48xlarge" = 0.0}', "prices.spot.p5.48xlarge", "greater than 0"),
     "bad_email": ('[monitoring]\nalarm_email = "ops-at-example"', "monitoring.alarm_email", "e-mail"),
     # A trailing newline is not part of a name (issue 26, finding 7)
     "email_with_a_newline": ('[monitoring]\nalarm_email = "ops@example.com\\n"', "monitoring.alarm_email", "e-mail"),

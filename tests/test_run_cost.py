@@ -10,6 +10,7 @@ from beacon.contract.rank_evidence import RankProgress
 
 from beacon_ops.doctor.orchestrator import NodeView
 from beacon_ops.doctor.run_cost import cost_verdict, placement
+from beacon_ops.doctor.verdict import Verdict
 
 DOCUMENT = RankProgress(0, 0, 4, 900, "training", 0.5, 1.0, 0.5, 1, "train-0", "node-0", "g6.12xlarge", 0)
 LISTED = f"(list prices of {PRICES_AS_OF})"
@@ -26,18 +27,30 @@ def test_the_run_is_placed_from_its_nodes_then_sagemakers_resources_then_the_ran
     assert placement({}, [replace(DOCUMENT, node="")], None) == []
 
 
+def costed(
+    cause: str,
+    where: list[tuple[str, str, int]],
+    *,
+    progress_age: float = 14 * 60.0,
+    heartbeat_age: float = 10.0,
+    slow_share: float | None = None,
+    slowed_ratio: float | None = None,
+    prices: dict[str, dict[str, float]] | None = None,
+) -> Verdict | None:
+    return cost_verdict(cause, where, progress_age=progress_age, heartbeat_age=heartbeat_age, slow_share=slow_share,
+                        slowed_ratio=slowed_ratio, prices=prices)  # fmt: skip
+
+
 def test_a_hang_says_what_it_cost_so_far_and_a_slow_rank_what_each_hour_of_it_wastes() -> None:
     where = [("p5.48xlarge", "on-demand", 8)]
-    ages = {"progress_age": 14 * 60.0, "heartbeat_age": 10.0, "slow_share": None, "slowed_ratio": None}
-    hung = cost_verdict("rank-hung", where, **ages)
+    hung = costed("rank-hung", where)
     assert hung is not None and (hung.check, hung.status, hung.verdict) == ("cost", "info", "so far")
-    assert (
-        hung.evidence
-        == f"hung for 14 min on 8 instances of p5.48xlarge: 1.87 instance-hours, $103 at on-demand {LISTED}"
+    assert hung.evidence == (
+        f"hung for 14 min on 8 instances of p5.48xlarge: 1.87 instance-hours, $103 at on-demand {LISTED}"
     )
-    silent = cost_verdict("silent", where, **{**ages, "heartbeat_age": 300.0})
+    silent = costed("silent", where, heartbeat_age=300.0)
     assert silent is not None and silent.evidence.startswith("silent for 5 min on 8 instances")
-    slow = cost_verdict("rank-slow", [("g6.12xlarge", "", 2)], **{**ages, "slow_share": 0.33})
+    slow = costed("rank-slow", [("g6.12xlarge", "", 2)], slow_share=0.33)
     assert (
         slow is not None
         and slow.verdict == "each hour"
@@ -47,6 +60,26 @@ def test_a_hang_says_what_it_cost_so_far_and_a_slow_rank_what_each_hour_of_it_wa
             f"g6.12xlarge: 0.66 instance-hours, $3.04 at on-demand (capacity type not recorded) {LISTED}"
         )
     )
-    slowed = cost_verdict("run-slowed", where, **{**ages, "slowed_ratio": 2.0})
+    slowed = costed("run-slowed", where, slowed_ratio=2.0)
     assert slowed is not None and "its steps take 2.00x its baseline: 50% of every instance-hour" in slowed.evidence
-    assert cost_verdict("healthy", where, **ages) is None and cost_verdict("rank-hung", [], **ages) is None
+    assert costed("healthy", where) is None and costed("rank-hung", []) is None
+
+
+def test_the_teams_own_prices_win_over_the_list_and_price_its_spot_instances() -> None:
+    where = [("p5.48xlarge", "on-demand", 8), ("p5.48xlarge", "spot", 2)]
+    own = {"on-demand": {"p5.48xlarge": 40.0}, "spot": {"p5.48xlarge": 20.0}}
+    hung = costed("stalled", where, progress_age=3600.0, prices=own)
+    assert hung is not None and hung.evidence == (
+        "stalled for 60 min on 8 instances of p5.48xlarge: 8.00 instance-hours, $320 at on-demand (the team's "
+        "prices); on 2 instances of p5.48xlarge: 2.00 instance-hours, $40.00 at spot (the team's prices)"
+    )
+    listed = costed("stalled", where, progress_age=3600.0)
+    assert listed is not None and "2.00 instance-hours (no spot price for p5.48xlarge" in listed.evidence
+
+
+def test_the_alarms_function_reads_the_team_files_prices_from_its_environment_or_falls_back_to_the_list() -> None:
+    from beacon_ops.doctor.notify import prices_of
+
+    assert prices_of('{"on-demand": {"p5.48xlarge": 40}, "spot": {}}') == {"on-demand": {"p5.48xlarge": 40.0},
+                                                                          "spot": {}}  # fmt: skip
+    assert prices_of("") == {} and prices_of("not json") == {} and prices_of('["a"]') == {}

@@ -115,9 +115,10 @@ def team_reader_or_fail(
     bucket: str | None,
     reader_role_arn: str | None,
     as_json: bool = False,
-) -> tuple[Any, str, str]:
+) -> tuple[Any, str, str, TeamConfig]:
     """An S3 client as the team's reader (its role from the artifacts stack's outputs, unless given), the team's
-    bucket, and the words that name where it reads ("team 'demo' in us-east-1"); or the one line that says why not."""
+    bucket, the words that name where it reads ("team 'demo' in us-east-1") and its team file; or the one line that
+    says why not."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from beacon_ops.aws_access import deployed_stack_outputs, describe_aws_error
@@ -136,7 +137,7 @@ def team_reader_or_fail(
             reader_role_arn = reader_role_arn or outputs.get(outputs_of.READER_ROLE_ARN)
         sts = session.client("sts")
         reader = assume_role_credentials(sts, reader_role_arn, f"beacon-{command}") if reader_role_arn else {}
-        return session.client("s3", **reader), bucket, where
+        return session.client("s3", **reader), bucket, where, config
     except AccessError as error:
         raise fail(command, str(error), as_json=as_json) from None
     except (ClientError, BotoCoreError) as error:

@@ -237,6 +237,7 @@ def doctor(
                 orchestrator=state,
                 training_job=training_job,
                 read_logs=logs,
+                prices=config.prices.table(),
             )
         )
     except (ClientError, BotoCoreError) as error:

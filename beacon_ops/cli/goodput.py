@@ -50,14 +50,15 @@ def goodput(
         kept = kept_or_fail("goodput", workdir, as_json=as_json)
         experiment = experiment or kept.runs.get(run, "default")
         s3, bucket, where = kept.client("s3", kept.reader), kept.bucket, f"the embedded AWS at {kept.url}"
-        team = TEAM
+        team, prices = TEAM, {}
     elif team is None:
         raise fail("goodput", "Missing option '--team' (or --local, for a run of beacon local)", as_json=as_json)
     else:
         experiment = experiment or "smoke"
-        s3, bucket, where = team_reader_or_fail(
+        s3, bucket, where, config = team_reader_or_fail(
             "goodput", team, region=region, bucket=bucket, reader_role_arn=reader_role_arn, as_json=as_json
         )
+        prices = config.prices.table()
     try:
         evidence = read_run(s3, bucket, experiment, run)
     except (ClientError, BotoCoreError) as error:
@@ -66,7 +67,7 @@ def goodput(
         raise fail("goodput", f"run {run!r} of experiment {experiment!r} has no records in s3://{bucket} (has it "
                    f"recorded a step? `beacon doctor --run {run} --experiment {experiment}` says why not)",
                    as_json=as_json)  # fmt: skip
-    show(goodput_report(evidence), team=team, as_json=as_json)
+    show(goodput_report(evidence, prices=prices), team=team, as_json=as_json)
 
 
 def show(report: GoodputReport, *, team: str, as_json: bool) -> None:

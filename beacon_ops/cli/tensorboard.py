@@ -149,7 +149,7 @@ def tensorboard(
         raise fail("tensorboard", "Missing option '--team' (or --local, for a run of beacon local)")
     experiment = experiment or "smoke"
     target = directory or default_directory(team, experiment, run)
-    s3, bucket, where = team_reader_or_fail("tensorboard", team, region=region, bucket=bucket,
+    s3, bucket, where, _ = team_reader_or_fail("tensorboard", team, region=region, bucket=bucket,
                                             reader_role_arn=reader_role_arn)  # fmt: skip
     try:
         fetched = fetch_run(s3, bucket=bucket, experiment=experiment, run=run, directory=target)

@@ -134,6 +134,8 @@ class DoctorInputs:
     # Or how to read them once the gap is known (the last heartbeat, else the newest record): the last lines
     # before it are read too (`beacon doctor` passes this; the alarm's Lambda reads no logs).
     read_logs: Callable[[datetime | None], tuple[Verdict, ...]] | None = None
+    # The team's own hourly prices ({"on-demand": {type: $}, "spot": {...}}, its team file's), over the list prices
+    prices: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def orchestrator_verdict(self) -> Verdict | None:
         if self.orchestrator is not None:
@@ -278,7 +280,7 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
     where = placement(nodes, documents, inputs.training_job.description if inputs.training_job else None)
     idle_s = _idle_since(stopped, documents, read_at) or progress_age
     costed = cost_verdict(cause, where, progress_age=idle_s, heartbeat_age=heartbeat_age,
-                          slow_share=slow_share, slowed_ratio=slowed)  # fmt: skip
+                          slow_share=slow_share, slowed_ratio=slowed, prices=inputs.prices)  # fmt: skip
     if costed is not None:
         verdicts.append(costed)
     return Diagnosis(

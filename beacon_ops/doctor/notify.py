@@ -34,6 +34,7 @@ ENV_TEAM = "BEACON_TEAM"
 ENV_BUCKET = "BEACON_BUCKET"
 ENV_TOPIC_ARN = "BEACON_TOPIC_ARN"
 ENV_READER_ROLE_ARN = "BEACON_READER_ROLE_ARN"  # the artifact store's verdict reader role
+ENV_PRICES = "BEACON_PRICES"  # the team file's own prices, as JSON (`config.PricesConfig.table`)
 READER_SESSION_NAME = "beacon-verdict"  # then the run, as CloudTrail shows which run a session read
 READER_SESSION_S = 900  # STS's shortest; the function's timeout is shorter
 
@@ -224,6 +225,7 @@ def notify(
     now: datetime | None = None,
     rank_wait_s: float = RANK_EVIDENCE_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
+    prices: dict[str, dict[str, float]] | None = None,
 ) -> Notification | None:
     """Publish the doctor's verdict on the run whose metrics-lost alarm this event reports; None (and
     nothing published) for any other event. `s3_for_run(experiment, run)` gives the S3 client the run's
@@ -242,7 +244,8 @@ def notify(
     else:
         try:
             s3 = s3_for_run(alarmed.experiment, alarmed.run)
-            inputs = DoctorInputs(team, alarmed.experiment, alarmed.run, bucket, region, s3, cloudwatch, now=now)
+            inputs = DoctorInputs(team, alarmed.experiment, alarmed.run, bucket, region, s3, cloudwatch, now=now,
+                                  prices=prices or {})  # fmt: skip
             diagnosis, waited = diagnose_naming_the_rank(
                 inputs, wait_s=rank_wait_s, poll_s=RANK_EVIDENCE_POLL_S, sleep=sleep
             )
@@ -333,6 +336,19 @@ def rank_wait_for(context: object) -> float:
     return max(0.0, min(RANK_EVIDENCE_WAIT_S, float(remaining()) / 1000 - AFTER_THE_WAIT_S))
 
 
+def prices_of(text: str) -> dict[str, dict[str, float]]:
+    """The team's own prices from the function's environment; none (the list prices) where it holds none, or
+    something else than the stack writes (said in the log, never a failed notification)."""
+    if not text:
+        return {}
+    try:
+        table = json.loads(text)
+        return {str(kind): {str(t): float(p) for t, p in by_type.items()} for kind, by_type in table.items()}
+    except (ValueError, TypeError, AttributeError) as error:
+        log.warning("%s is not the team's prices (%s): the list prices are used", ENV_PRICES, error)
+        return {}
+
+
 def handler(event: dict[str, Any], context: object) -> dict[str, Any]:
     """The Lambda entry point: clients from the function's role, names from its environment."""
     import boto3  # Lambda's Python runtime provides it; imported here so tests need no environment
@@ -351,5 +367,6 @@ def handler(event: dict[str, Any], context: object) -> dict[str, Any]:
         cloudwatch=session.client("cloudwatch"),
         sns=session.client("sns"),
         rank_wait_s=rank_wait_for(context),
+        prices=prices_of(os.environ.get(ENV_PRICES, "")),
     )
     return {"published": notification is not None, "subject": notification.subject if notification else ""}

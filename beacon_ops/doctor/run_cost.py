@@ -44,6 +44,7 @@ def cost_verdict(
     heartbeat_age: float | None,
     slow_share: float | None,
     slowed_ratio: float | None,
+    prices: dict[str, dict[str, float]] | None = None,
 ) -> Verdict | None:
     """The cost check of a run whose instances sit idle (hung, stalled, silent: so far) or wait (a slow rank, the
     run slowed: each hour it stays so); None for any other cause, or where nothing places the run."""
@@ -54,18 +55,22 @@ def cost_verdict(
     elif cause in IDLE_SINCE_HEARTBEAT and heartbeat_age is not None:
         how, seconds = IDLE_SINCE_HEARTBEAT[cause], heartbeat_age
     elif cause == "rank-slow" and slow_share is not None:
-        return _waiting("the other ranks wait for it", slow_share, where)
+        return _waiting("the other ranks wait for it", slow_share, where, prices)
     elif cause == "run-slowed" and slowed_ratio is not None:
-        return _waiting(f"its steps take {slowed_ratio:.2f}x its baseline", 1 - 1 / slowed_ratio, where)
+        return _waiting(f"its steps take {slowed_ratio:.2f}x its baseline", 1 - 1 / slowed_ratio, where, prices)
     else:
         return None
-    costs = [cost_of(seconds, instances=n, instance_type=kind, capacity=capacity) for kind, capacity, n in where]
+    costs = [cost_of(seconds, instances=n, instance_type=kind, capacity=capacity, prices=prices)
+             for kind, capacity, n in where]  # fmt: skip
     return Verdict("cost", INFO, "so far", f"{how} for {_minutes(seconds)} on {_each(costs)}")
 
 
-def _waiting(what: str, share: float, where: list[tuple[str, str, int]]) -> Verdict:
+def _waiting(
+    what: str, share: float, where: list[tuple[str, str, int]], prices: dict[str, dict[str, float]] | None
+) -> Verdict:
     """Each hour of waiting: `share` of every instance's hour."""
-    costs = [cost_of(3600 * share, instances=n, instance_type=kind, capacity=capacity) for kind, capacity, n in where]
+    costs = [cost_of(3600 * share, instances=n, instance_type=kind, capacity=capacity, prices=prices)
+             for kind, capacity, n in where]  # fmt: skip
     return Verdict("cost", INFO, "each hour", f"{what}: {share:.0%} of every instance-hour; each hour it stays so "
                    f"wastes, on {_each(costs)}")  # fmt: skip
 

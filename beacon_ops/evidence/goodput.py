@@ -70,10 +70,11 @@ class GoodputReport:
     instances: int
     instance_type: str  # "" where no document recorded it
     why_instances: str  # where the instance count comes from
+    prices: dict[str, dict[str, float]]  # the team's own, over the list prices
 
     def cost(self, seconds: float) -> Cost:
         """`seconds` of the run's instance-seconds, priced (the instance count is already in them)."""
-        return cost_of(seconds, instances=1, instance_type=self.instance_type)
+        return cost_of(seconds, instances=1, instance_type=self.instance_type, prices=self.prices)
 
     def as_dict(self) -> dict[str, Any]:
         total = self.cost(self.book.total)
@@ -88,7 +89,7 @@ class GoodputReport:
             "attempts": {n: {c.value: s for c, s in b.seconds.items()} for n, b in self.book.by_attempt.items()},
             "instance_hours": total.instance_hours,
             "dollars": total.dollars,
-            "prices": f"list prices of {PRICES_AS_OF}",
+            "prices": total.source if total.hourly is not None else f"list prices of {PRICES_AS_OF}",
         }
 
     def lines(self) -> list[str]:
@@ -126,7 +127,7 @@ def bar(attempt: Ledger, run_total: float) -> str:
     return "".join(MARKS[c] * round(attempt.seconds[c] / run_total * BAR_WIDTH) for c in MARKS)
 
 
-def goodput_report(evidence: RunEvidence) -> GoodputReport:
+def goodput_report(evidence: RunEvidence, *, prices: dict[str, dict[str, float]] | None = None) -> GoodputReport:
     """The run's ledger at the instance count its ranks' documents place it on (each node once; 1 where none does),
     with the instance type they recorded, for its dollars."""
     documents, _ = evidence.ranks()
@@ -136,4 +137,4 @@ def goodput_report(evidence: RunEvidence) -> GoodputReport:
     why = (f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} in the ranks' documents" if nodes
            else "no rank document places it: counted as one")  # fmt: skip
     return GoodputReport(evidence.experiment, evidence.run, run_ledger(evidence, instances=instances), instances,
-                         kinds.pop() if len(kinds) == 1 else "", why)  # fmt: skip
+                         kinds.pop() if len(kinds) == 1 else "", why, prices or {})  # fmt: skip
