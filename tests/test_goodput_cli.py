@@ -50,3 +50,19 @@ def test_a_run_with_no_records_is_one_line_naming_it_and_exit_2(env: dict[str, s
     assert missing.returncode == 2 and missing.stdout == ""
     (line,) = missing.stderr.strip().splitlines()
     assert line.startswith("beacon goodput: run 'never-ran' of experiment 'smoke' has no records in s3://"), line
+
+
+def test_a_period_lists_every_run_started_in_it_worst_first_with_totals(env: dict[str, str]) -> None:
+    shown = beacon("goodput", "--team", TEAM, "--since", "30d", env=env)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith("since ") and "goodput" in lines[0], lines[0]
+    assert any(line.split()[:2] == [RUN, EXPERIMENT] for line in lines[3:]), lines
+    answer = json.loads(beacon("goodput", "--team", TEAM, "--since", "12h", "--json", env=env).stdout)
+    (run,) = [r for r in answer["runs"] if r["run"] == RUN]
+    assert answer["instance_seconds"] >= sum(run["instance_seconds"].values()) > 0
+    for argv, said in ((["--since", "30x"], "--since '30x': a number and d, h or m"),
+                       ([], "give one of --run (one run) or --since"),
+                       (["--run", RUN, "--since", "1d"], "give one of --run (one run) or --since")):  # fmt: skip
+        refused = beacon("goodput", "--team", TEAM, *argv, env=env)
+        assert refused.returncode == 2 and said in refused.stderr and len(refused.stderr.splitlines()) == 1, refused

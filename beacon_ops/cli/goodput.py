@@ -5,6 +5,8 @@ instance type is recorded; `--json` for the same as one object."""
 from __future__ import annotations
 
 import json
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import typer
@@ -20,17 +22,25 @@ from beacon_ops.cli.common import (
     ReaderRegion,
     ReaderRoleArn,
     ReaderTeam,
-    RunId,
     fail,
+    identifier,
     kept_or_fail,
     team_reader_or_fail,
 )
-from beacon_ops.evidence.goodput import GoodputReport, goodput_report
+from beacon_ops.evidence.goodput import GoodputReport, PeriodReport, goodput_report, runs_since
 from beacon_ops.evidence.reading import read_run
+
+SINCE = re.compile(r"([1-9][0-9]*)([dhm])")
+UNIT_S = {"d": 86400, "h": 3600, "m": 60}
 
 
 def goodput(
-    run: RunId,
+    run: Annotated[
+        str | None, typer.Option(envvar="BEACON_RUN_ID", help="run id (or --since)", callback=identifier("run"))
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="every run started in this period, the worst first: 30d, 12h, 90m")
+    ] = None,
     team: ReaderTeam = None,
     experiment: ReaderExperiment = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object on stdout")] = False,
@@ -44,11 +54,16 @@ def goodput(
     progress, restart gaps, and what no evidence covers, in hours and dollars.
 
     Exit codes: 0 the ledger was read; 2 bad input, or the run cannot be read."""
+    if (run is None) == (since is None):
+        raise fail("goodput", "give one of --run (one run) or --since (a period, e.g. 30d)", as_json=as_json)
+    period = SINCE.fullmatch(since or "1d")
+    if period is None:
+        raise fail("goodput", f"--since {since!r}: a number and d, h or m (30d, 12h, 90m)", as_json=as_json)
     if local:
         from beacon_ops.local.demo import TEAM
 
         kept = kept_or_fail("goodput", workdir, as_json=as_json)
-        experiment = experiment or kept.runs.get(run, "default")
+        experiment = experiment or kept.runs.get(run or "", "default")
         s3, bucket, where = kept.client("s3", kept.reader), kept.bucket, f"the embedded AWS at {kept.url}"
         team, prices = TEAM, {}
     elif team is None:
@@ -59,6 +74,11 @@ def goodput(
             "goodput", team, region=region, bucket=bucket, reader_role_arn=reader_role_arn, as_json=as_json
         )
         prices = config.prices.table()
+    if since is not None:
+        start = datetime.now(UTC) - timedelta(seconds=int(period[1]) * UNIT_S[period[2]])
+        show_period(s3, bucket, where, start, prices=prices, team=team, as_json=as_json)
+        return
+    assert run is not None
     try:
         evidence = read_run(s3, bucket, experiment, run)
     except (ClientError, BotoCoreError) as error:
@@ -68,6 +88,21 @@ def goodput(
                    f"recorded a step? `beacon doctor --run {run} --experiment {experiment}` says why not)",
                    as_json=as_json)  # fmt: skip
     show(goodput_report(evidence, prices=prices), team=team, as_json=as_json)
+
+
+def show_period(
+    s3: Any, bucket: str, where: str, start: datetime, *, prices: dict[str, dict[str, float]], team: str, as_json: bool
+) -> None:
+    try:
+        runs, undated = runs_since(s3, bucket, start)
+        reports = [goodput_report(read_run(s3, bucket, experiment, run), prices=prices) for experiment, run in runs]
+    except (ClientError, BotoCoreError) as error:
+        raise fail("goodput", f"cannot read {where}: {describe_aws_error(error)}", as_json=as_json) from None
+    period = PeriodReport(start, [r for r in reports if r.book.total > 0], undated)
+    if as_json:
+        print(json.dumps({"command": "goodput", "ok": True, "team": team, **period.as_dict()}))
+        return
+    print("\n".join(period.lines()))
 
 
 def show(report: GoodputReport, *, team: str, as_json: bool) -> None:

@@ -138,3 +138,71 @@ def goodput_report(evidence: RunEvidence, *, prices: dict[str, dict[str, float]]
            else "no rank document places it: counted as one")  # fmt: skip
     return GoodputReport(evidence.experiment, evidence.run, run_ledger(evidence, instances=instances), instances,
                          kinds.pop() if len(kinds) == 1 else "", why, prices or {})  # fmt: skip
+
+
+# --- a period of the team's runs: `beacon goodput --since 30d` -----------------------------------------------------
+def runs_since(s3: Any, bucket: str, since: datetime) -> tuple[list[tuple[str, str]], int]:
+    """(experiment, run) of every run a start of which wrote its preflight record at or after `since`, newest first;
+    and how many runs have no preflight record to date them (left out)."""
+    dated: list[tuple[datetime, str, str]] = []
+    undated = 0
+    for experiment in _folders(s3, bucket, contract.EXPERIMENTS_PREFIX):
+        for run in _folders(s3, bucket, f"{contract.EXPERIMENTS_PREFIX}{experiment}/"):
+            prefix = contract.preflight_key(experiment, run, "")
+            times = [o["LastModified"] for page in s3.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix) for o in page.get("Contents", [])]  # fmt: skip
+            if not times:
+                undated += 1
+            elif max(times) >= since:
+                dated.append((max(times), experiment, run))
+    return [(experiment, run) for _, experiment, run in sorted(dated, reverse=True)], undated
+
+
+def _folders(s3: Any, bucket: str, prefix: str) -> list[str]:
+    names = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+        names += [p["Prefix"].removeprefix(prefix).rstrip("/") for p in page.get("CommonPrefixes", [])]
+    return names
+
+
+@dataclass(frozen=True)
+class PeriodReport:
+    """Every run of a period, the worst first: the most instance time not spent on the live history's steps."""
+
+    since: datetime
+    reports: list[GoodputReport]
+    undated: int  # runs left out: no preflight record dates them
+
+    def __post_init__(self) -> None:
+        self.reports.sort(key=lambda r: r.book.total - r.book.seconds[Category.PRODUCTIVE], reverse=True)
+
+    def totals(self) -> tuple[float, float, float | None]:
+        """Instance-seconds, productive instance-seconds, and dollars where every run is priced (else None)."""
+        total = sum(r.book.total for r in self.reports)
+        productive = sum(r.book.seconds[Category.PRODUCTIVE] for r in self.reports)
+        dollars = [r.cost(r.book.total).dollars for r in self.reports]
+        return total, productive, None if None in dollars else sum(d for d in dollars if d is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        total, productive, dollars = self.totals()
+        return {"since": self.since.isoformat(), "runs": [r.as_dict() for r in self.reports], "undated": self.undated,
+                "instance_seconds": total, "goodput": productive / total if total else 0.0, "dollars": dollars,
+                "prices": f"list prices of {PRICES_AS_OF}"}  # fmt: skip
+
+    def lines(self) -> list[str]:
+        total, productive, dollars = self.totals()
+        runs = len(self.reports)
+        priced = f", ${dollars:,.2f} (list prices of {PRICES_AS_OF})" if dollars is not None else ""
+        head = (f"since {self.since:%Y-%m-%d %H:%M} UTC: {runs} run{'s' if runs != 1 else ''}, instance time "
+                f"{clock(total)}, goodput {productive / total if total else 0.0:.1%}{priced}")  # fmt: skip
+        lines = [head, "", f"  {'run':<32} {'experiment':<16} {'attempts':>8} {'instance time':>13} {'goodput':>8} "
+                           f"{'not productive':>14} {'dollars':>9}"]  # fmt: skip
+        for r in self.reports:
+            waste = r.book.total - r.book.seconds[Category.PRODUCTIVE]
+            cost = r.cost(r.book.total).dollars
+            shown = "" if cost is None else f"${cost:,.2f}"
+            lines.append(f"  {r.run:<32} {r.experiment:<16} {len(r.book.by_attempt):>8} {clock(r.book.total):>13} "
+                         f"{r.book.goodput():>8.1%} {clock(waste):>14} {shown:>9}")  # fmt: skip
+        if self.undated:
+            lines.append(f"  ({self.undated} run(s) with no preflight record to date them: left out)")
+        return lines
