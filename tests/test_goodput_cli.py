@@ -43,6 +43,8 @@ def test_a_runs_ledger_is_a_table_a_bar_per_attempt_and_one_json_object_that_sum
     assert seconds["productive"] > 0 and seconds["setup"] > 0, seconds
     assert sum(seconds.values()) == pytest.approx(sum(answer["attempts"]["0"].values()))
     assert answer["goodput"] == pytest.approx(seconds["productive"] / sum(seconds.values()))
+    assert any("no phase intervals are recorded yet" in note for note in answer["notes"]), "said, not hidden"
+    assert "  note: no phase intervals are recorded yet" in shown.stdout
 
 
 def test_a_run_with_no_records_is_one_line_naming_it_and_exit_2(env: dict[str, str]) -> None:

@@ -62,6 +62,14 @@ MARKS = {
 }  # fmt: skip
 
 
+# What no run records yet, so every ledger says what it cannot tell apart (issue 30 builds the evidence)
+NOT_YET_RECORDED = (
+    "no phase intervals are recorded yet: checkpoint and evaluation time counts in the steps around it",
+    "no pod or node times are recorded yet: each attempt begins at its process's preflight (no start time), and "
+    "ends at its last record: a hang until the kill counts in the restart gap after it",
+)
+
+
 @dataclass(frozen=True)
 class GoodputReport:
     experiment: str
@@ -90,6 +98,7 @@ class GoodputReport:
             "instance_hours": total.instance_hours,
             "dollars": total.dollars,
             "prices": total.source if total.hourly is not None else f"list prices of {PRICES_AS_OF}",
+            "notes": list(NOT_YET_RECORDED),
         }
 
     def lines(self) -> list[str]:
@@ -110,7 +119,7 @@ class GoodputReport:
         for number, attempt in sorted(book.by_attempt.items()):
             lines.append(f"  {number:>3} {bar(attempt, book.total)}")
         legend = ", ".join(f"{mark} {category.value}" for category, mark in MARKS.items())
-        lines += [f"  ({legend})"]
+        lines += [f"  ({legend})", "", *(f"  note: {note}" for note in NOT_YET_RECORDED)]
         return lines
 
 
