@@ -297,7 +297,16 @@ def bench_detection(bench: Bench) -> dict[str, Any]:
             if "hanging after step" in line:
                 break
         hung = time.time()
-        results["stall_detection_s"] = time_until(lambda: bench.doctor("detect-stall") == "stalled", 400)
+        # A stall the doctor names: `stalled`, or the rank itself with its stack (`rank-hung`, its document and dump
+        # past `stall_dump_after`; `paused` before that is not yet a stall)
+        said: list[str] = []
+
+        def named_stall() -> bool:
+            said.append(bench.doctor("detect-stall"))
+            return said[-1] in ("stalled", "rank-hung")
+
+        results["stall_detection_s"] = time_until(named_stall, 400)
+        results["stall_detection_verdict"] = said[-1] if said else ""
         # The alarm needs the heartbeats that keep coming: record past its budget, then evaluate.
         time.sleep(max(0.0, hung + contract.STALLED_BUDGET_S + 5 - time.time()))
         alarms = alarm_set_for_run(bench.monitoring, "smoke", "detect-stall")
@@ -620,12 +629,18 @@ def main() -> None:
     parser.add_argument(
         "--only-slow", action="store_true", help="only slow_rank_named_s and run_slowed_named_s (about 17 minutes)"
     )
+    parser.add_argument(
+        "--only-detection", action="store_true", help="only the production heartbeat's silent and stall figures"
+    )
     args = parser.parse_args()
-    if args.only_hang or args.only_slow:
+    if args.only_hang or args.only_slow or args.only_detection:
         with tempfile.TemporaryDirectory(dir=ROOT / ".beacon") as scratch:
             bench = open_bench(Path(scratch))
             try:
-                print(json.dumps(bench_hang_named(bench) if args.only_hang else bench_slow(bench)), flush=True)
+                if args.only_detection:
+                    print(json.dumps(bench_detection(bench)), flush=True)
+                else:
+                    print(json.dumps(bench_hang_named(bench) if args.only_hang else bench_slow(bench)), flush=True)
             finally:
                 bench.aws.stop()
         return
