@@ -63,8 +63,10 @@ def test_a_period_lists_every_run_started_in_it_worst_first_with_totals(env: dic
     answer = json.loads(beacon("goodput", "--team", TEAM, "--since", "12h", "--json", env=env).stdout)
     (run,) = [r for r in answer["runs"] if r["run"] == RUN]
     assert answer["instance_seconds"] >= sum(run["instance_seconds"].values()) > 0
+    assert answer["prices"] == f"list prices of {PRICES_AS_OF}" and answer["without_records"] == 0
     for argv, said in ((["--since", "30x"], "--since '30x': a number and d, h or m"),
                        ([], "give one of --run (one run) or --since"),
-                       (["--run", RUN, "--since", "1d"], "give one of --run (one run) or --since")):  # fmt: skip
+                       (["--run", RUN, "--since", "1d"], "give one of --run (one run) or --since"),
+                       (["--since", "1d", "--experiment", EXPERIMENT], "--experiment goes with --run")):  # fmt: skip
         refused = beacon("goodput", "--team", TEAM, *argv, env=env)
         assert refused.returncode == 2 and said in refused.stderr and len(refused.stderr.splitlines()) == 1, refused

@@ -83,3 +83,30 @@ def test_the_alarms_function_reads_the_team_files_prices_from_its_environment_or
     assert prices_of('{"on-demand": {"p5.48xlarge": 40}, "spot": {}}') == {"on-demand": {"p5.48xlarge": 40.0},
                                                                           "spot": {}}  # fmt: skip
     assert prices_of("") == {} and prices_of("not json") == {} and prices_of('["a"]') == {}
+
+
+def test_an_ended_run_or_released_job_is_not_priced_as_idle_and_only_the_nodes_its_pods_hold_are() -> None:
+    """The doctor's cost stops growing where the run no longer holds its instances (review of issue 30)."""
+    from datetime import UTC, datetime
+
+    from beacon_ops.doctor import diagnosis
+    from beacon_ops.doctor.orchestrator import JobState, OrchestratorState, PodState
+    from beacon_ops.doctor.sagemaker_state import TrainingJobReading
+    from beacon_ops.evidence.reading import RunEvidence
+
+    now = datetime.now(UTC)
+
+    def inputs(*pods: PodState, training_job: TrainingJobReading | None = None) -> diagnosis.DoctorInputs:
+        job = JobState("training", "r", now, (), 1, 0, 0, pods=pods) if pods else None
+        state = OrchestratorState("eks", "c", "training", "r", now, job=job) if job else None
+        return diagnosis.DoctorInputs("demo", "e", "r", "b", "us-east-1", None, None, orchestrator=state,
+                                      training_job=training_job)  # fmt: skip
+
+    running, done = PodState("r-0", "Running", "node-b", now), PodState("r-0-old", "Failed", "node-a", now)
+    assert diagnosis._released(inputs(), RunEvidence("e", "r", final={"state": "failed"})), "its final state"
+    assert diagnosis._released(inputs(done), RunEvidence("e", "r")), "its pods are done: nothing held"
+    assert not diagnosis._released(inputs(done, running), RunEvidence("e", "r"))
+    ended = TrainingJobReading("j", {"TrainingJobStatus": "Stopped"}, Verdict("orchestrator", "ok", "", ""))
+    assert diagnosis._released(inputs(training_job=ended), RunEvidence("e", "r"))
+    nodes = {n: NodeView(n, exists=True, instance_type="p5.48xlarge") for n in ("node-a", "node-b")}
+    assert list(diagnosis._held(inputs(done, running), nodes)) == ["node-b"], "an earlier attempt's node is not held"

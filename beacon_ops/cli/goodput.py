@@ -56,6 +56,8 @@ def goodput(
     Exit codes: 0 the ledger was read; 2 bad input, or the run cannot be read."""
     if (run is None) == (since is None):
         raise fail("goodput", "give one of --run (one run) or --since (a period, e.g. 30d)", as_json=as_json)
+    if since is not None and experiment is not None:
+        raise fail("goodput", "--experiment goes with --run: --since takes every experiment's runs", as_json=as_json)
     period = SINCE.fullmatch(since or "1d")
     if period is None:
         raise fail("goodput", f"--since {since!r}: a number and d, h or m (30d, 12h, 90m)", as_json=as_json)
@@ -98,7 +100,8 @@ def show_period(
         reports = [goodput_report(read_run(s3, bucket, experiment, run), prices=prices) for experiment, run in runs]
     except (ClientError, BotoCoreError) as error:
         raise fail("goodput", f"cannot read {where}: {describe_aws_error(error)}", as_json=as_json) from None
-    period = PeriodReport(start, [r for r in reports if r.book.total > 0], undated)
+    recorded = [r for r in reports if r.book.total > 0]
+    period = PeriodReport(start, recorded, undated, without_records=len(reports) - len(recorded))
     if as_json:
         print(json.dumps({"command": "goodput", "ok": True, "team": team, **period.as_dict()}))
         return

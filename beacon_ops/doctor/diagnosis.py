@@ -277,7 +277,8 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
             cause, lead = "paused", "liveness"
     # What it has cost so far (idle) or costs each hour (waiting), where its instances are placed
     slowed = run_slowed([(s.at.timestamp(), s.value) for s in ratios], read_at.timestamp(), gap_s=fresh_for)
-    where = placement(nodes, documents, inputs.training_job.description if inputs.training_job else None)
+    training_job = inputs.training_job.description if inputs.training_job is not None else None
+    where = [] if _released(inputs, evidence) else placement(_held(inputs, nodes), documents, training_job)
     idle_s = _idle_since(stopped, documents, read_at) or progress_age
     costed = cost_verdict(cause, where, progress_age=idle_s, heartbeat_age=heartbeat_age,
                           slow_share=slow_share, slowed_ratio=slowed, prices=inputs.prices)  # fmt: skip
@@ -298,6 +299,27 @@ def diagnose(inputs: DoctorInputs, *, evidence: RunEvidence | None = None) -> Di
         inputs.training_job,
         _run_timeline(inputs, evidence, job_logs, beats, progress, stopped, gap),
     )
+
+
+def _held(inputs: DoctorInputs, nodes: Mapping[str, NodeView]) -> dict[str, NodeView]:
+    """The nodes the job's pods hold now (pending or running, not being deleted): an earlier attempt's nodes that
+    still exist, or a draining one, cost the run nothing more."""
+    job = inputs.orchestrator.job if inputs.orchestrator is not None else None
+    live = {p.node for p in job.pods if p.phase in ("Pending", "Running") and not p.deleting} if job else set()
+    return {name: node for name, node in nodes.items() if name in live}
+
+
+def _released(inputs: DoctorInputs, evidence: RunEvidence) -> bool:
+    """The run holds no instance now, as far as the evidence says: its newest attempt wrote its final state, its
+    Job's pods are gone or done (EKS), or its training job ended (SageMaker). Its cost is then no longer growing,
+    and the doctor does not price an idle time that has no end."""
+    if evidence.final is not None:
+        return True
+    job = inputs.orchestrator.job if inputs.orchestrator is not None else None
+    if job is not None and not any(p.phase in ("Pending", "Running") and not p.deleting for p in job.pods):
+        return True
+    description = inputs.training_job.description if inputs.training_job is not None else None
+    return description is not None and description.get("TrainingJobStatus") in ("Completed", "Failed", "Stopped")
 
 
 def _idle_since(stopped: RankVerdict | None, documents: Sequence[RankProgress], now: datetime) -> float | None:

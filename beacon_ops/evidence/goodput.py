@@ -66,7 +66,8 @@ MARKS = {
 NOT_YET_RECORDED = (
     "no phase intervals are recorded yet: checkpoint and evaluation time counts in the steps around it",
     "no pod or node times are recorded yet: each attempt begins at its process's preflight (no start time), and "
-    "ends at its last record: a hang until the kill counts in the restart gap after it",
+    "ends at its last record: a hang until the kill counts in the restart gap after it, and after the run's last "
+    "attempt in no category",
 )
 
 
@@ -181,6 +182,12 @@ class PeriodReport:
     since: datetime
     reports: list[GoodputReport]
     undated: int  # runs left out: no preflight record dates them
+    without_records: int = 0  # runs of the period left out: no step recorded
+
+    @property
+    def prices(self) -> str:
+        own = any(any(r.prices.values()) for r in self.reports)
+        return f"list prices of {PRICES_AS_OF}" + (", and the team's own where it states one" if own else "")
 
     def __post_init__(self) -> None:
         self.reports.sort(key=lambda r: r.book.total - r.book.seconds[Category.PRODUCTIVE], reverse=True)
@@ -196,12 +203,12 @@ class PeriodReport:
         total, productive, dollars = self.totals()
         return {"since": self.since.isoformat(), "runs": [r.as_dict() for r in self.reports], "undated": self.undated,
                 "instance_seconds": total, "goodput": productive / total if total else 0.0, "dollars": dollars,
-                "prices": f"list prices of {PRICES_AS_OF}"}  # fmt: skip
+                "without_records": self.without_records, "prices": self.prices}  # fmt: skip
 
     def lines(self) -> list[str]:
         total, productive, dollars = self.totals()
         runs = len(self.reports)
-        priced = f", ${dollars:,.2f} (list prices of {PRICES_AS_OF})" if dollars is not None else ""
+        priced = f", ${dollars:,.2f} ({self.prices})" if dollars is not None else ""
         head = (f"since {self.since:%Y-%m-%d %H:%M} UTC: {runs} run{'s' if runs != 1 else ''}, instance time "
                 f"{clock(total)}, goodput {productive / total if total else 0.0:.1%}{priced}")  # fmt: skip
         lines = [head, "", f"  {'run':<32} {'experiment':<16} {'attempts':>8} {'instance time':>13} {'goodput':>8} "
@@ -214,4 +221,6 @@ class PeriodReport:
                          f"{r.book.goodput():>8.1%} {clock(waste):>14} {shown:>9}")  # fmt: skip
         if self.undated:
             lines.append(f"  ({self.undated} run(s) with no preflight record to date them: left out)")
+        if self.without_records:
+            lines.append(f"  ({self.without_records} run(s) of the period with no step recorded: left out)")
         return lines
