@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from beacon.contract.goodput import Cost, cost_of
+from beacon.contract.goodput import cost_of
 from beacon.contract.rank_evidence import RankProgress
 
 from beacon_ops.doctor.orchestrator import NodeView
@@ -60,22 +60,21 @@ def cost_verdict(
         return _waiting(f"its steps take {slowed_ratio:.2f}x its baseline", 1 - 1 / slowed_ratio, where, prices)
     else:
         return None
-    costs = [cost_of(seconds, instances=n, instance_type=kind, capacity=capacity, prices=prices)
-             for kind, capacity, n in where]  # fmt: skip
-    return Verdict("cost", INFO, "so far", f"{how} for {_minutes(seconds)} on {_each(costs)}")
+    return Verdict("cost", INFO, "so far", f"{how} for {_minutes(seconds)} on {_each(seconds, where, prices)}")
 
 
 def _waiting(
     what: str, share: float, where: list[tuple[str, str, int]], prices: dict[str, dict[str, float]] | None
 ) -> Verdict:
     """Each hour of waiting: `share` of every instance's hour."""
-    costs = [cost_of(3600 * share, instances=n, instance_type=kind, capacity=capacity, prices=prices)
-             for kind, capacity, n in where]  # fmt: skip
     return Verdict("cost", INFO, "each hour", f"{what}: {share:.0%} of every instance-hour; each hour it stays so "
-                   f"wastes, on {_each(costs)}")  # fmt: skip
+                   f"wastes, on {_each(3600 * share, where, prices)}")  # fmt: skip
 
 
-def _each(costs: list[Cost]) -> str:
+def _each(seconds: float, where: list[tuple[str, str, int]], prices: dict[str, dict[str, float]] | None) -> str:
+    """`seconds` of every placed instance, priced: one part per instance type and capacity."""
+    costs = [cost_of(seconds, instances=n, instance_type=kind, capacity=capacity, prices=prices)
+             for kind, capacity, n in where]  # fmt: skip
     return "; on ".join(f"{cost.on()}: {cost.priced()}" for cost in costs)
 
 
